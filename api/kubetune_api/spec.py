@@ -1,0 +1,655 @@
+"""The FineTuneJob API (kubetune.io/v1alpha1): the typed spec and status.
+
+This module is the one source of truth for the API. The CRD in ``crds/`` is generated from it
+(``python -m kubetune_api.crd > crds/kubetune.io_finetunejobs.yaml``) and a test fails when they
+drift. It imports nothing heavy so that the operator, the trainer and the CLI all use it.
+
+Wire names are camelCase (``gradientAccumulationSteps``); Python names are snake_case. Every model
+is strict about unknown fields, as the API server is (the CRD is a structural schema).
+
+Validation that the API server enforces is declared here as ``cel(...)`` rules (CEL,
+``x-kubernetes-validations``) next to the field they check, with messages that name the field.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "kubetune.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "FineTuneJob"
+PLURAL = "finetunejobs"
+SINGULAR = "finetunejob"
+SHORT_NAMES = ("ftj",)
+
+# The longest child name suffix is the PyTorchJob worker Service "<job>-train-worker-<i>"; Services
+# are DNS-1035 labels (<= 63 characters, starting with a letter). 40 leaves room for 999 workers.
+MAX_NAME_LENGTH = 40
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# Environment variable names that look like they carry a secret must come from a Secret.
+SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"
+
+
+def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One CEL validation rule for ``x-kubernetes-validations``."""
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+def rules(*items: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(items)}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, without unset optionals."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --- enums ------------------------------------------------------------------------------------------
+
+
+class Method(StrEnum):
+    LORA = "lora"
+    FULL = "full"
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class Toggle(StrEnum):
+    """A three-way switch. Not on/off: YAML 1.1 reads those as booleans."""
+
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+class DatasetFormat(StrEnum):
+    AUTO = "auto"
+    MESSAGES = "messages"
+    PROMPT_COMPLETION = "promptCompletion"
+    TEXT = "text"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    TRAINING = "Training"
+    SUSPENDED = "Suspended"
+    REGISTERING = "Registering"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+# --- references -----------------------------------------------------------------------------------
+
+
+class SecretKeyRef(_Model):
+    """A key in a Secret in the FineTuneJob's namespace. Secrets are only ever referenced."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
+        description="Name of the Secret (in the FineTuneJob's namespace)."
+    )
+    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
+        description="Key inside the Secret."
+    )
+
+
+class VolumeSource(_Model):
+    """A PersistentVolumeClaim that holds a model or data set, mounted read-only."""
+
+    claim_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
+        description="PersistentVolumeClaim to mount read-only."
+    )
+    sub_path: str | None = Field(default=None, max_length=1024, description="Sub-path inside the claim.")
+
+
+_PATH_RULES = (
+    cel(
+        "has(self.name) != has(self.path)",
+        "set exactly one of name (a Hugging Face Hub id) or path (a file or folder on a volume)",
+    ),
+    cel("!has(self.volume) || has(self.path)", "volume is only used with path", field_path=".volume"),
+    cel(
+        "!has(self.path) || self.path.startsWith('/')",
+        "path must be absolute (where the volume is mounted, or a path inside the image)",
+        field_path=".path",
+    ),
+)
+
+HUB_ID_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$"
+
+
+class ModelSource(_Model):
+    """The base model: a Hugging Face Hub id with a revision, or a path on a volume."""
+
+    model_config = ConfigDict(json_schema_extra=rules(*_PATH_RULES))
+
+    name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
+        default=None, description="Hugging Face Hub model id, e.g. Qwen/Qwen2-0.5B."
+    )
+    revision: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        default="main", description="Hub revision (branch, tag or commit). Pin a commit for repeatable runs."
+    )
+    path: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None,
+        description="Absolute path of a model folder: inside the mounted volume (see volume) or the image.",
+    )
+    volume: VolumeSource | None = Field(default=None, description="Volume that holds path, mounted at path.")
+    trust_remote_code: bool = Field(
+        default=False, description="Run model code shipped with the model (only for models you trust)."
+    )
+
+
+class DatasetSource(_Model):
+    """The training data: a Hub data set, or a JSONL/Parquet file or folder on a volume."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            *_PATH_RULES,
+            cel(
+                "!(has(self.evalSplit) && has(self.evalFraction))",
+                "set at most one of evalSplit or evalFraction",
+                field_path=".evalFraction",
+            ),
+        )
+    )
+
+    name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
+        default=None, description="Hugging Face Hub data set id, e.g. trl-lib/Capybara."
+    )
+    revision: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+        default="main", description="Hub revision of the data set."
+    )
+    subset: Annotated[str, Field(max_length=200)] | None = Field(
+        default=None, description="Data set configuration (subset) name."
+    )
+    path: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="Absolute path of a .jsonl/.json/.parquet file or a folder of them."
+    )
+    volume: VolumeSource | None = Field(default=None, description="Volume that holds path, mounted at path.")
+    split: Annotated[str, Field(min_length=1, max_length=100)] = Field(
+        default="train", description="Split to train on."
+    )
+    format: DatasetFormat = Field(
+        default=DatasetFormat.AUTO,
+        description="Row format: messages (chat), promptCompletion, text, or auto (detected from columns).",
+    )
+    eval_split: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
+        default=None, description="Split to evaluate on (e.g. test)."
+    )
+    eval_fraction: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        default=None, description="Hold out this fraction of the training split for evaluation."
+    )
+    seed: Annotated[int, Field(ge=0)] = Field(default=42, description="Seed for the eval hold-out shuffle.")
+
+
+class LoraSpec(_Model):
+    """LoRA adapter settings (method: lora)."""
+
+    r: Annotated[int, Field(ge=1, le=1024)] = Field(default=8, description="Adapter rank.")
+    alpha: Annotated[int, Field(ge=1, le=4096)] = Field(default=32, description="Scaling factor (alpha / r).")
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(default=0.1, description="Adapter dropout.")
+    target_modules: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=100)]], Field(min_length=1, max_length=64)
+    ] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names to adapt; 'all-linear' adapts every linear layer.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+
+
+class TrainingSpec(_Model):
+    """Hyperparameters. Defaults follow the notebooks where they are sane, and are fast."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "has(self.epochs) != has(self.maxSteps)",
+                "set exactly one of training.epochs or training.maxSteps",
+            ),
+            cel(
+                "!(has(self.warmupSteps) && has(self.warmupRatio))",
+                "set at most one of training.warmupSteps or training.warmupRatio",
+                field_path=".warmupRatio",
+            ),
+        )
+    )
+
+    epochs: Annotated[float, Field(gt=0, le=1000)] | None = Field(
+        default=None, description="Passes over the training data (may be fractional)."
+    )
+    max_steps: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+        default=None, description="Optimizer steps to train for (instead of epochs)."
+    )
+    batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=8, description="Sequences per GPU per micro-step (without packing)."
+    )
+    gradient_accumulation_steps: Annotated[int, Field(ge=1, le=4096)] = Field(
+        default=4, description="Micro-steps per optimizer step."
+    )
+    tokens_per_step: Annotated[int, Field(ge=256, le=4_194_304)] | None = Field(
+        default=None,
+        description=(
+            "With packing: tokens per GPU per micro-step. Unset: planned from the GPU's memory "
+            "(batchSize x maxLength at most)."
+        ),
+    )
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=1e-4, description="Peak learning rate.")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
+        default="linear", description="Learning-rate schedule."
+    )
+    warmup_steps: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
+        default=None, description="Warm-up steps (the notebooks use 50 and 10)."
+    )
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        default=None, description="Warm-up as a fraction of all steps."
+    )
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.01, description="AdamW weight decay.")
+    max_grad_norm: Annotated[float, Field(gt=0, le=1000)] = Field(default=1.0, description="Gradient clipping.")
+    max_length: Annotated[int, Field(ge=16, le=1_048_576)] = Field(
+        default=1024, description="Longest sequence in tokens; longer examples are truncated."
+    )
+    precision: Precision = Field(default=Precision.BF16, description="Training precision: bf16, fp16 or fp32.")
+    gradient_checkpointing: Toggle = Field(
+        default=Toggle.AUTO,
+        description="Recompute activations to save memory: auto (only when the memory plan needs it), always, never.",
+    )
+    liger: bool = Field(default=True, description="Use Liger fused kernels (RMSNorm, RoPE, SwiGLU, fused CE).")
+    packing: bool = Field(
+        default=True,
+        description="Padding-free packing: no pad tokens, no attention across examples (varlen attention).",
+    )
+    torch_compile: Toggle = Field(default=Toggle.AUTO, description="torch.compile: auto, always or never.")
+    assistant_only_loss: bool = Field(
+        default=False, description="Train only on assistant turns (chat data)."
+    )
+    logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(default=25, description="Log every N steps.")
+    eval_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None, description="Evaluate every N steps (default: at each checkpoint)."
+    )
+    save_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=100, description="Checkpoint every N steps."
+    )
+    save_total_limit: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=2, description="Complete checkpoints to keep on the volume."
+    )
+    seed: Annotated[int, Field(ge=0)] = Field(default=42, description="Training seed.")
+
+
+class Toleration(_Model):
+    key: Annotated[str, Field(max_length=316)] | None = Field(default=None, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: Annotated[str, Field(max_length=63)] | None = Field(default=None, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate."
+    )
+    toleration_seconds: int | None = Field(default=None, description="For NoExecute: seconds to stay bound.")
+
+
+class ResourcesSpec(_Model):
+    """Where and on what the training runs."""
+
+    gpus_per_node: Annotated[int, Field(ge=0, le=16)] = Field(
+        default=1, description="GPUs per node (= processes per node). 0 trains on CPU."
+    )
+    nodes: Annotated[int, Field(ge=1, le=512)] = Field(default=1, description="Nodes (pods) to train on.")
+    gpu_product: Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")] | None = (
+        Field(default=None, description="GPU model label (nvidia.com/gpu.product), e.g. NVIDIA-H100-80GB-HBM3.")
+    )
+    cpu: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None = Field(
+        default=None, description="CPU request per pod (quantity, e.g. '16')."
+    )
+    memory: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None = Field(
+        default=None, description="Memory request and limit per pod (quantity, e.g. 128Gi)."
+    )
+    shared_memory: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
+        default="16Gi", description="Size of the memory-backed /dev/shm (data loaders, NCCL)."
+    )
+    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = Field(
+        default=None, description="Node labels the pods must match."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = Field(
+        default=None, description="Tolerations for the pods (e.g. for GPU node taints)."
+    )
+    priority_class_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
+        default=None, description="PriorityClass of the pods (preemption)."
+    )
+    queue_name: Annotated[str, Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] | None = Field(
+        default=None, description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name on the PyTorchJob."
+    )
+
+
+class StorageSpec(_Model):
+    """The checkpoint volume: a new PVC, or an existing claim."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "!has(self.existingClaim) || !has(self.storageClassName)",
+                "storage.storageClassName is only used when kubetune creates the claim (no existingClaim)",
+                field_path=".storageClassName",
+            ),
+        )
+    )
+
+    size: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
+        default="100Gi", description="Size of the checkpoint PVC kubetune creates."
+    )
+    storage_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+        default=None, description="StorageClass of the new PVC (cluster default if unset)."
+    )
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
+        default="ReadWriteOnce", description="Access mode of the new PVC. Multi-node training needs ReadWriteMany."
+    )
+    existing_claim: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
+        default=None, description="Use this PVC instead of creating one (never deleted by kubetune)."
+    )
+    keep_on_delete: bool = Field(
+        default=False, description="Keep the created PVC (and its checkpoints) when the FineTuneJob is deleted."
+    )
+
+
+class RegistrationSpec(_Model):
+    """Registering the trained model in MLflow."""
+
+    enabled: bool = Field(default=True, description="Register the model after training.")
+    tracking_uri: Annotated[str, Field(max_length=2048, pattern=r"^(https?|file|databricks)://?.*|^/.*")] | None = (
+        Field(
+            default=None,
+            description="MLflow tracking URI (http(s)://...). Unset: the operator's default (Helm value mlflow.trackingUri).",
+        )
+    )
+    experiment: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
+        default=None, description="MLflow experiment (default: kubetune/<namespace>)."
+    )
+    model_name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^/:%]+$")] | None = Field(
+        default=None, description="Registered model name (default: the FineTuneJob's name)."
+    )
+    merge_lora: bool = Field(default=True, description="Merge the LoRA adapter into the base model before logging.")
+    alias: Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] | None = Field(
+        default=None, description="Alias to point at the new version (e.g. champion). May be changed later."
+    )
+
+
+class SecretsSpec(_Model):
+    """Credentials, by reference only. They reach the pods as secretKeyRef environment variables."""
+
+    hugging_face_token: SecretKeyRef | None = Field(
+        default=None, description="Hugging Face token (HF_TOKEN) for gated models and data sets."
+    )
+    mlflow_tracking_token: SecretKeyRef | None = Field(
+        default=None, description="MLflow bearer token (MLFLOW_TRACKING_TOKEN)."
+    )
+    mlflow_tracking_username: SecretKeyRef | None = Field(
+        default=None, description="MLflow basic-auth user (MLFLOW_TRACKING_USERNAME)."
+    )
+    mlflow_tracking_password: SecretKeyRef | None = Field(
+        default=None, description="MLflow basic-auth password (MLFLOW_TRACKING_PASSWORD)."
+    )
+
+
+class EnvFromSecret(_Model):
+    secret_key_ref: SecretKeyRef = Field(description="Secret key to read the value from.")
+
+
+class EnvVar(_Model):
+    """An extra environment variable for the trainer (e.g. NCCL settings)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel("has(self.value) != has(self.valueFrom)", "set exactly one of value or valueFrom"),
+            cel(
+                f"!has(self.value) || !self.name.matches('{SECRET_LIKE_ENV}')",
+                "secrets must not be inline: use valueFrom.secretKeyRef for a variable whose name "
+                "looks like a credential",
+                field_path=".value",
+            ),
+        )
+    )
+
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = Field(
+        description="Variable name."
+    )
+    value: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="Plain value.")
+    value_from: EnvFromSecret | None = Field(default=None, description="Value from a Secret.")
+
+
+# Fields of the spec that may change after creation; everything else shapes the training.
+MUTABLE_SPEC_FIELDS = ("suspend", "registration")
+
+
+def _immutable_rules() -> list[dict[str, str]]:
+    out = []
+    for field, info in FineTuneJobSpec.model_fields.items():
+        wire = info.alias or to_camel(field)
+        if wire in MUTABLE_SPEC_FIELDS:
+            continue
+        if info.is_required():
+            rule = f"self.{wire} == oldSelf.{wire}"
+        else:
+            rule = (
+                f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
+            )
+        out.append(cel(rule, f"spec.{wire} is immutable once created", field_path=f".{wire}"))
+    # registration: only alias (and enabled=false -> skip) may change; the rest names the target.
+    for sub in ("trackingUri", "experiment", "modelName", "mergeLora"):
+        out.append(
+            cel(
+                f"has(self.registration) == has(oldSelf.registration) && (!has(self.registration) || "
+                f"(has(self.registration.{sub}) == has(oldSelf.registration.{sub}) && "
+                f"(!has(self.registration.{sub}) || self.registration.{sub} == oldSelf.registration.{sub})))",
+                f"spec.registration.{sub} is immutable once created (only registration.alias may change)",
+                field_path=f".registration.{sub}",
+            )
+        )
+    return out
+
+
+class FineTuneJobSpec(_Model):
+    """What to fine-tune, on what data, how, where, and where to register the result."""
+
+    model: ModelSource = Field(description="Base model to fine-tune.")
+    dataset: DatasetSource = Field(description="Training (and evaluation) data.")
+    method: Method = Field(default=Method.LORA, description="lora (adapter) or full (all weights).")
+    lora: LoraSpec | None = Field(default=None, description="LoRA settings; only with method: lora.")
+    training: TrainingSpec = Field(description="Hyperparameters; set exactly one of epochs or maxSteps.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="GPUs, nodes and scheduling.")
+    storage: StorageSpec = Field(default_factory=StorageSpec, description="Checkpoint volume.")
+    registration: RegistrationSpec = Field(
+        default_factory=RegistrationSpec, description="MLflow tracking and model registration."
+    )
+    secrets: SecretsSpec | None = Field(default=None, description="Credentials, by Secret reference only.")
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(
+        default=None, description="Extra trainer environment variables; credentials only via valueFrom."
+    )
+    image: Annotated[str, Field(max_length=512, pattern=r"^[^\s]+$")] | None = Field(
+        default=None, description="Trainer image override (default: the operator's trainer image)."
+    )
+    suspend: bool = Field(default=False, description="Suspend training (pods are removed; resumes from checkpoint).")
+
+    @model_validator(mode="after")
+    def _lora_only_with_lora(self) -> FineTuneJobSpec:
+        if self.lora is not None and self.method != Method.LORA:
+            raise ValueError("spec.lora is only allowed with method: lora")
+        return self
+
+    def lora_settings(self) -> LoraSpec:
+        return self.lora or LoraSpec()
+
+
+FineTuneJobSpec.model_config["json_schema_extra"] = rules(
+    cel("!has(self.lora) || self.method == 'lora'", "spec.lora is only allowed with method: lora", field_path=".lora"),
+    cel(
+        "self.resources.nodes == 1 || self.resources.gpusPerNode > 0",
+        "spec.resources.nodes > 1 needs spec.resources.gpusPerNode > 0",
+        field_path=".resources.nodes",
+    ),
+    cel(
+        "self.resources.nodes == 1 || has(self.storage.existingClaim) || "
+        "self.storage.accessMode == 'ReadWriteMany'",
+        "multi-node training needs a shared checkpoint volume: set storage.accessMode: ReadWriteMany "
+        "or storage.existingClaim",
+        field_path=".storage.accessMode",
+    ),
+    cel(
+        "!has(self.resources.gpuProduct) || self.resources.gpusPerNode > 0",
+        "spec.resources.gpuProduct needs spec.resources.gpusPerNode > 0",
+        field_path=".resources.gpuProduct",
+    ),
+    cel(
+        "!has(self.training.tokensPerStep) || self.training.packing",
+        "spec.training.tokensPerStep needs spec.training.packing: true",
+        field_path=".training.tokensPerStep",
+    ),
+    cel(
+        "!has(self.training.evalSteps) || has(self.dataset.evalSplit) || has(self.dataset.evalFraction)",
+        "spec.training.evalSteps needs evaluation data: set spec.dataset.evalSplit or spec.dataset.evalFraction",
+        field_path=".training.evalSteps",
+    ),
+    cel(
+        "!self.training.assistantOnlyLoss || self.dataset.format != 'text'",
+        "spec.training.assistantOnlyLoss needs chat data (dataset.format messages or auto)",
+        field_path=".training.assistantOnlyLoss",
+    ),
+)
+FineTuneJobSpec.model_config["json_schema_extra"]["x-kubernetes-validations"].extend(_immutable_rules())
+FineTuneJobSpec.model_rebuild(force=True)
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+class Condition(_Model):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type (CamelCase).")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="What happened, for a person.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="spec generation this reflects.")
+
+
+class Progress(_Model):
+    step: int | None = Field(default=None, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, description="Optimizer steps planned.")
+    percent: int | None = Field(default=None, description="step / totalSteps in percent.")
+    epoch: float | None = Field(default=None, description="Epochs done (fractional).")
+    loss: float | None = Field(default=None, description="Latest training loss.")
+    eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
+    tokens_per_second: float | None = Field(default=None, description="Training tokens per second (all GPUs).")
+    eta_seconds: int | None = Field(default=None, description="Estimated seconds to the end of training.")
+    updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
+
+
+class CheckpointStatus(_Model):
+    latest: str | None = Field(default=None, description="Newest complete checkpoint (path on the volume).")
+    latest_step: int | None = Field(default=None, description="Step of the newest complete checkpoint.")
+    count: int | None = Field(default=None, description="Complete checkpoints kept.")
+
+
+class MlflowStatus(_Model):
+    tracking_uri: str | None = Field(default=None, description="Tracking server used.")
+    experiment_id: str | None = Field(default=None, description="MLflow experiment id.")
+    run_id: str | None = Field(default=None, description="MLflow run (one per FineTuneJob, kept across restarts).")
+
+
+class RegisteredModelStatus(_Model):
+    name: str | None = Field(default=None, description="Registered model name.")
+    version: str | None = Field(default=None, description="Registered model version.")
+    uri: str | None = Field(default=None, description="models:/<name>/<version>.")
+    alias: str | None = Field(default=None, description="Alias set on that version.")
+
+
+class ChildrenStatus(_Model):
+    checkpoint_claim: str | None = Field(default=None, description="PersistentVolumeClaim with the checkpoints.")
+    config_map: str | None = Field(default=None, description="ConfigMap with the trainer config.")
+    py_torch_job: str | None = Field(default=None, alias="pytorchJob", description="Kubeflow PyTorchJob.")
+    registration_job: str | None = Field(default=None, description="Registration batch/v1 Job.")
+
+
+class FineTuneJobStatus(_Model):
+    model_config = ConfigDict(extra="ignore")
+
+    phase: Phase | None = Field(default=None, description="Pending, Training, Suspended, Registering, Succeeded, Failed.")
+    observed_generation: int | None = Field(default=None, description="Latest spec generation acted on.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Ready, Training, Registered, Suspended, ... (Kubernetes conventions).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
+    checkpoints: CheckpointStatus | None = Field(default=None, description="Checkpoints on the volume.")
+    mlflow: MlflowStatus | None = Field(default=None, description="MLflow tracking.")
+    registered_model: RegisteredModelStatus | None = Field(default=None, description="The registered model.")
+    children: ChildrenStatus | None = Field(default=None, description="Names of the objects kubetune created.")
+    start_time: str | None = Field(default=None, description="When training started (RFC 3339).")
+    completion_time: str | None = Field(default=None, description="When the job succeeded or failed (RFC 3339).")
+
+
+# --- the whole object -----------------------------------------------------------------------------
+
+
+class ObjectMeta(_Model):
+    model_config = ConfigDict(extra="allow", alias_generator=None)
+
+    name: str
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class FineTuneJob(_Model):
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["kubetune.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
+    kind: Literal["FineTuneJob"] = KIND
+    metadata: ObjectMeta
+    spec: FineTuneJobSpec
+    status: FineTuneJobStatus | None = None
+
+    @model_validator(mode="after")
+    def _name_fits_children(self) -> FineTuneJob:
+        check_name(self.metadata.name)
+        return self
+
+
+def check_name(name: str) -> None:
+    if len(name) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child objects add suffixes)"
+        )
+    if not re.match(NAME_PATTERN, name):
+        raise ValueError("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter")
+
+
+def parse_job(obj: dict[str, Any]) -> FineTuneJob:
+    """Parse a FineTuneJob manifest (or a stored object) into the typed model."""
+    return FineTuneJob.model_validate(obj)

@@ -1,0 +1,111 @@
+"""The trainer config: the one file the operator renders and the trainer reads.
+
+The operator writes it into the ``<job>-config`` ConfigMap (key ``config.yaml``), mounted in every
+trainer pod at ``/etc/kubetune/config.yaml``; ``kubetune run --local`` builds the same object from a
+FineTuneJob manifest. It holds the whole resolved spec (every default filled in) plus where things
+go at run time. It never holds a secret: credentials reach the pods as secretKeyRef variables.
+
+Layout of the checkpoint volume (``output_dir``)::
+
+    checkpoints/checkpoint-<step>/   one per save; counts only with its COMPLETE marker
+    final/                           the trained model (adapter or full weights + tokenizer) + COMPLETE
+    mlflow-run.json                  {"run_id", "experiment_id", "tracking_uri"}: one run per job
+    train-result.json                what training did (steps, losses, whether MLflow was reachable)
+    register-result.json             what registration did (name, version, uri, run_id)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field
+
+from .spec import FineTuneJob, FineTuneJobSpec, _Model
+
+CONFIG_KEY = "config.yaml"
+CONFIG_MOUNT_DIR = "/etc/kubetune"
+CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
+CHECKPOINT_MOUNT = "/var/lib/kubetune"
+COMPLETE_MARKER = "COMPLETE"
+FINAL_DIR = "final"
+CHECKPOINTS_DIR = "checkpoints"
+MLFLOW_RUN_FILE = "mlflow-run.json"
+TRAIN_RESULT_FILE = "train-result.json"
+REGISTER_RESULT_FILE = "register-result.json"
+# Exit code of a trainer that saved a checkpoint on SIGTERM: retryable (the PyTorchJob's
+# restartPolicy ExitCode restarts it), and never 0, so a preempted run never looks like success.
+EXIT_PREEMPTED = 143
+
+
+class JobRef(_Model):
+    name: str = Field(description="FineTuneJob name.")
+    namespace: str = Field(default="default", description="FineTuneJob namespace.")
+    uid: str | None = Field(default=None, description="FineTuneJob uid (lineage tag).")
+
+
+class TrainerConfig(_Model):
+    """Everything the trainer and the registration step need."""
+
+    job: JobRef
+    spec: FineTuneJobSpec
+    output_dir: str = Field(default=CHECKPOINT_MOUNT, description="Checkpoint volume mount (or a local folder).")
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (resolved).")
+    experiment: str = Field(description="MLflow experiment name (resolved).")
+    registered_model_name: str = Field(description="Registered model name (resolved).")
+    report_progress: bool = Field(
+        default=False, description="Patch progress into the FineTuneJob status (in a cluster)."
+    )
+
+    def config_hash(self) -> str:
+        """Hash of what shapes the model: the spec without the fields that may change."""
+        shaping = self.spec.wire()
+        shaping.pop("suspend", None)
+        shaping.get("registration", {}).pop("alias", None)
+        blob = json.dumps(shaping, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainerConfig:
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+def resolve(
+    job: FineTuneJob,
+    *,
+    default_tracking_uri: str | None = None,
+    output_dir: str = CHECKPOINT_MOUNT,
+    report_progress: bool = False,
+) -> TrainerConfig:
+    """The trainer config for a FineTuneJob, with the operator's (or the local run's) defaults."""
+    reg = job.spec.registration
+    return TrainerConfig(
+        job=JobRef(name=job.metadata.name, namespace=job.metadata.namespace, uid=job.metadata.uid),
+        spec=job.spec,
+        output_dir=output_dir,
+        tracking_uri=reg.tracking_uri or default_tracking_uri,
+        experiment=reg.experiment or f"kubetune/{job.metadata.namespace}",
+        registered_model_name=reg.model_name or job.metadata.name,
+        report_progress=report_progress,
+    )
+
+
+def load_manifest(path: str | Path) -> FineTuneJob:
+    """Read a FineTuneJob from a YAML file (the first FineTuneJob document in it)."""
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        if isinstance(doc, dict) and doc.get("kind") == "FineTuneJob":
+            return FineTuneJob.model_validate(doc)
+    raise ValueError(f"{path}: no FineTuneJob document found")
+
+
+def dump_json(data: dict[str, Any], path: Path) -> None:
+    """Write JSON atomically (write a temporary file, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.replace(path)

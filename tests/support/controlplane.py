@@ -1,0 +1,239 @@
+"""A real Kubernetes control plane for tests: etcd + kube-apiserver on 127.0.0.1, envtest-style.
+
+TLS everywhere, an admin client certificate in ``system:masters``, RBAC authorization, a kubeconfig
+file, our CRD and a PyTorchJob CRD installed. The binaries come from ``KUBEBUILDER_ASSETS`` (what
+``setup-envtest`` gives users elsewhere) or are built from Go modules by
+``hack/build-control-plane.sh`` into a cache outside the repository.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_PYTORCHJOB_CRD = REPO.parent / "shared" / "crds" / "kubeflow.org_pytorchjobs.yaml"
+STANDIN_PYTORCHJOB_CRD = REPO / "tests" / "fixtures" / "pytorchjob-standin-crd.yaml"
+OUR_CRDS = REPO / "crds"
+
+
+def find_assets(*names: str) -> Path:
+    """The folder with the control-plane binaries, building them when needed."""
+    env = os.environ.get("KUBEBUILDER_ASSETS")
+    if env and all((Path(env) / n).exists() for n in names):
+        return Path(env)
+    build = subprocess.run(
+        [str(REPO / "hack" / "build-control-plane.sh"), *names],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return Path(build.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_pki(d: Path) -> None:
+    """CA, apiserver serving cert, admin client cert (system:masters), service-account key pair."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kubetune-test-ca",
+             "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
+    (d / "san.cnf").write_text(
+        "[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver", "-keyout", "apiserver.key",
+             "-out", "apiserver.csr", cwd=d)
+    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", "san.cnf", "-extensions", "ext", "-out", "apiserver.crt", cwd=d)
+    (d / "client.cnf").write_text("[ext]\nextendedKeyUsage=clientAuth\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kubetune-test-admin",
+             "-keyout", "admin.key", "-out", "admin.csr", cwd=d)
+    _openssl("x509", "-req", "-in", "admin.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", "client.cnf", "-extensions", "ext", "-out", "admin.crt", cwd=d)
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+@dataclass
+class ControlPlane:
+    assets: Path
+    workdir: Path
+    url: str = ""
+    kubeconfig: Path = field(default_factory=Path)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    pytorchjob_crd: Path = SHARED_PYTORCHJOB_CRD
+
+    @property
+    def real_pytorchjob_crd(self) -> bool:
+        return self.pytorchjob_crd == SHARED_PYTORCHJOB_CRD
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.assets / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        d = self.workdir
+        make_pki(d)
+        etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+        etcd_log = (d / "etcd.log").open("wb")
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    str(self.assets / "etcd"),
+                    "--data-dir", str(d / "etcd"),
+                    "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+                    "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+                    "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+                    "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+                    "--unsafe-no-fsync",
+                ],
+                stdout=etcd_log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        api_log = (d / "kube-apiserver.log").open("wb")
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    str(self.assets / "kube-apiserver"),
+                    f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={api_port}",
+                    f"--cert-dir={d}",
+                    f"--tls-cert-file={d / 'apiserver.crt'}",
+                    f"--tls-private-key-file={d / 'apiserver.key'}",
+                    f"--client-ca-file={d / 'ca.crt'}",
+                    "--authorization-mode=RBAC",
+                    f"--service-account-key-file={d / 'sa.pub'}",
+                    f"--service-account-signing-key-file={d / 'sa.key'}",
+                    "--service-account-issuer=https://kubernetes.default.svc",
+                    "--service-cluster-ip-range=10.96.0.0/24",
+                    "--allow-privileged=true",
+                    "--enable-priority-and-fairness=false",
+                    "--disable-admission-plugins=ServiceAccount",
+                    "--profiling=false",
+                ],
+                stdout=api_log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+        self.url = f"https://127.0.0.1:{api_port}"
+        self.kubeconfig = d / "kubeconfig"
+        self.kubeconfig.write_text(
+            f"""apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: {self.url}
+    certificate-authority-data: {_b64(d / 'ca.crt')}
+users:
+- name: admin
+  user:
+    client-certificate-data: {_b64(d / 'admin.crt')}
+    client-key-data: {_b64(d / 'admin.key')}
+contexts:
+- name: test
+  context: {{cluster: test, user: admin, namespace: default}}
+current-context: test
+"""
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        ctx = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
+        ctx.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"control plane process exited: {p.args[0]}\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except Exception as e:  # not up yet
+                last = str(e)
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"kube-apiserver not ready: {last}\n{self.logs()}")
+        # the default namespace and RBAC bootstrap roles come from post-start hooks
+        while time.monotonic() < deadline:
+            if self.kubectl("get", "namespace", "default", check=False).returncode == 0 and self.kubectl(
+                "get", "clusterrole", "admin", check=False
+            ).returncode == 0:
+                return
+            time.sleep(0.5)
+        raise TimeoutError("kube-apiserver bootstrap did not finish")
+
+    def logs(self, tail: int = 40) -> str:
+        out = []
+        for name in ("etcd.log", "kube-apiserver.log"):
+            p = self.workdir / name
+            if p.exists():
+                lines = p.read_text(errors="replace").splitlines()[-tail:]
+                out.append(f"--- {name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    def install_crds(self) -> None:
+        if not SHARED_PYTORCHJOB_CRD.exists():
+            self.pytorchjob_crd = STANDIN_PYTORCHJOB_CRD
+        for path in [*sorted(OUR_CRDS.glob("*.yaml")), self.pytorchjob_crd]:
+            self.kubectl("apply", "--server-side", "-f", str(path))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        self.procs.clear()
+
+
+@contextlib.contextmanager
+def running_control_plane() -> Iterator[ControlPlane]:
+    assets = find_assets("etcd", "kube-apiserver", "kubectl")
+    workdir = Path(tempfile.mkdtemp(prefix="kubetune-cp-"))
+    cp = ControlPlane(assets=assets, workdir=workdir)
+    try:
+        cp.start()
+        cp.install_crds()
+        yield cp
+    finally:
+        cp.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
