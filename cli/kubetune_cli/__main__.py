@@ -1,0 +1,5 @@
+import sys
+
+from kubetune_cli.main import main
+
+sys.exit(main())
