@@ -56,7 +56,9 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unions are not structural: {branches}")
         inner = _structural(branches[0], defs)
         # the field's own keys (description, validations) sit beside anyOf
-        merged_validations = inner.get("x-kubernetes-validations", []) + node.pop("x-kubernetes-validations", [])
+        merged_validations = inner.get("x-kubernetes-validations", []) + node.pop(
+            "x-kubernetes-validations", []
+        )
         inner.update({k: v for k, v in node.items() if k != "default" or v is not None})
         if merged_validations:
             inner["x-kubernetes-validations"] = merged_validations
@@ -214,14 +216,19 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", type=Path, help="compare with this file; exit 1 when it differs")
     parser.add_argument("--write", type=Path, help="write the CRD to this file")
     args = parser.parse_args(argv)
     text = render()
     if args.check:
         if args.check.read_text() != text:
-            print(f"{args.check} is out of date: run python -m kubetune_api.crd --write {args.check}", file=sys.stderr)
+            print(
+                f"{args.check} is out of date: run python -m kubetune_api.crd --write {args.check}",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if args.write:

@@ -36,10 +36,12 @@ NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Environment variable names that look like they carry a secret must come from a Secret.
-SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"
+SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"  # noqa: S105 (a pattern, not a secret)
 
 
-def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+def cel(
+    rule: str, message: str, *, field_path: str | None = None, reason: str | None = None
+) -> dict[str, str]:
     """One CEL validation rule for ``x-kubernetes-validations``."""
     out = {"rule": rule, "message": message}
     if field_path:
@@ -259,9 +261,11 @@ class TrainingSpec(_Model):
             "(batchSize x maxLength at most)."
         ),
     )
-    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=1e-4, description="Peak learning rate.")
-    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = Field(
-        default="linear", description="Learning-rate schedule."
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(
+        default=1e-4, description="Peak learning rate."
+    )
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"] = (
+        Field(default="linear", description="Learning-rate schedule.")
     )
     warmup_steps: Annotated[int, Field(ge=0, le=1_000_000)] | None = Field(
         default=None, description="Warm-up steps (the notebooks use 50 and 10)."
@@ -270,25 +274,31 @@ class TrainingSpec(_Model):
         default=None, description="Warm-up as a fraction of all steps."
     )
     weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.01, description="AdamW weight decay.")
-    max_grad_norm: Annotated[float, Field(gt=0, le=1000)] = Field(default=1.0, description="Gradient clipping.")
+    max_grad_norm: Annotated[float, Field(gt=0, le=1000)] = Field(
+        default=1.0, description="Gradient clipping."
+    )
     max_length: Annotated[int, Field(ge=16, le=1_048_576)] = Field(
         default=1024, description="Longest sequence in tokens; longer examples are truncated."
     )
-    precision: Precision = Field(default=Precision.BF16, description="Training precision: bf16, fp16 or fp32.")
+    precision: Precision = Field(
+        default=Precision.BF16, description="Training precision: bf16, fp16 or fp32."
+    )
     gradient_checkpointing: Toggle = Field(
         default=Toggle.AUTO,
         description="Recompute activations to save memory: auto (only when the memory plan needs it), always, never.",
     )
-    liger: bool = Field(default=True, description="Use Liger fused kernels (RMSNorm, RoPE, SwiGLU, fused CE).")
+    liger: bool = Field(
+        default=True, description="Use Liger fused kernels (RMSNorm, RoPE, SwiGLU, fused CE)."
+    )
     packing: bool = Field(
         default=True,
         description="Padding-free packing: no pad tokens, no attention across examples (varlen attention).",
     )
     torch_compile: Toggle = Field(default=Toggle.AUTO, description="torch.compile: auto, always or never.")
-    assistant_only_loss: bool = Field(
-        default=False, description="Train only on assistant turns (chat data)."
+    assistant_only_loss: bool = Field(default=False, description="Train only on assistant turns (chat data).")
+    logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=25, description="Log every N steps."
     )
-    logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(default=25, description="Log every N steps.")
     eval_steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         default=None, description="Evaluate every N steps (default: at each checkpoint)."
     )
@@ -302,6 +312,8 @@ class TrainingSpec(_Model):
 
 
 class Toleration(_Model):
+    """A pod toleration (same fields as in a Pod spec)."""
+
     key: Annotated[str, Field(max_length=316)] | None = Field(default=None, description="Taint key.")
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
     value: Annotated[str, Field(max_length=63)] | None = Field(default=None, description="Taint value.")
@@ -318,8 +330,10 @@ class ResourcesSpec(_Model):
         default=1, description="GPUs per node (= processes per node). 0 trains on CPU."
     )
     nodes: Annotated[int, Field(ge=1, le=512)] = Field(default=1, description="Nodes (pods) to train on.")
-    gpu_product: Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")] | None = (
-        Field(default=None, description="GPU model label (nvidia.com/gpu.product), e.g. NVIDIA-H100-80GB-HBM3.")
+    gpu_product: (
+        Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")] | None
+    ) = Field(
+        default=None, description="GPU model label (nvidia.com/gpu.product), e.g. NVIDIA-H100-80GB-HBM3."
     )
     cpu: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] | None = Field(
         default=None, description="CPU request per pod (quantity, e.g. '16')."
@@ -330,8 +344,8 @@ class ResourcesSpec(_Model):
     shared_memory: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
         default="16Gi", description="Size of the memory-backed /dev/shm (data loaders, NCCL)."
     )
-    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = Field(
-        default=None, description="Node labels the pods must match."
+    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = (
+        Field(default=None, description="Node labels the pods must match.")
     )
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = Field(
         default=None, description="Tolerations for the pods (e.g. for GPU node taints)."
@@ -339,8 +353,8 @@ class ResourcesSpec(_Model):
     priority_class_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
         default=None, description="PriorityClass of the pods (preemption)."
     )
-    queue_name: Annotated[str, Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] | None = Field(
-        default=None, description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name on the PyTorchJob."
+    queue_name: Annotated[str, Field(max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] | None = (
+        Field(default=None, description="Kueue LocalQueue: sets kueue.x-k8s.io/queue-name on the PyTorchJob.")
     )
 
 
@@ -364,13 +378,15 @@ class StorageSpec(_Model):
         default=None, description="StorageClass of the new PVC (cluster default if unset)."
     )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
-        default="ReadWriteOnce", description="Access mode of the new PVC. Multi-node training needs ReadWriteMany."
+        default="ReadWriteOnce",
+        description="Access mode of the new PVC. Multi-node training needs ReadWriteMany.",
     )
     existing_claim: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
         default=None, description="Use this PVC instead of creating one (never deleted by kubetune)."
     )
     keep_on_delete: bool = Field(
-        default=False, description="Keep the created PVC (and its checkpoints) when the FineTuneJob is deleted."
+        default=False,
+        description="Keep the created PVC (and its checkpoints) when the FineTuneJob is deleted.",
     )
 
 
@@ -378,11 +394,11 @@ class RegistrationSpec(_Model):
     """Registering the trained model in MLflow."""
 
     enabled: bool = Field(default=True, description="Register the model after training.")
-    tracking_uri: Annotated[str, Field(max_length=2048, pattern=r"^(https?|file|databricks)://?.*|^/.*")] | None = (
-        Field(
-            default=None,
-            description="MLflow tracking URI (http(s)://...). Unset: the operator's default (Helm value mlflow.trackingUri).",
-        )
+    tracking_uri: (
+        Annotated[str, Field(max_length=2048, pattern=r"^(https?|file|databricks)://?.*|^/.*")] | None
+    ) = Field(
+        default=None,
+        description="MLflow tracking URI (http(s)://...). Unset: the operator's default (Helm value mlflow.trackingUri).",
     )
     experiment: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
         default=None, description="MLflow experiment (default: kubetune/<namespace>)."
@@ -390,7 +406,9 @@ class RegistrationSpec(_Model):
     model_name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^/:%]+$")] | None = Field(
         default=None, description="Registered model name (default: the FineTuneJob's name)."
     )
-    merge_lora: bool = Field(default=True, description="Merge the LoRA adapter into the base model before logging.")
+    merge_lora: bool = Field(
+        default=True, description="Merge the LoRA adapter into the base model before logging."
+    )
     alias: Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] | None = Field(
         default=None, description="Alias to point at the new version (e.g. champion). May be changed later."
     )
@@ -452,9 +470,7 @@ def _immutable_rules() -> list[dict[str, str]]:
         if info.is_required():
             rule = f"self.{wire} == oldSelf.{wire}"
         else:
-            rule = (
-                f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
-            )
+            rule = f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
         out.append(cel(rule, f"spec.{wire} is immutable once created", field_path=f".{wire}"))
     # registration: only alias (and enabled=false -> skip) may change; the rest names the target.
     for sub in ("trackingUri", "experiment", "modelName", "mergeLora"):
@@ -490,7 +506,9 @@ class FineTuneJobSpec(_Model):
     image: Annotated[str, Field(max_length=512, pattern=r"^[^\s]+$")] | None = Field(
         default=None, description="Trainer image override (default: the operator's trainer image)."
     )
-    suspend: bool = Field(default=False, description="Suspend training (pods are removed; resumes from checkpoint).")
+    suspend: bool = Field(
+        default=False, description="Suspend training (pods are removed; resumes from checkpoint)."
+    )
 
     @model_validator(mode="after")
     def _lora_only_with_lora(self) -> FineTuneJobSpec:
@@ -502,8 +520,12 @@ class FineTuneJobSpec(_Model):
         return self.lora or LoraSpec()
 
 
-FineTuneJobSpec.model_config["json_schema_extra"] = rules(
-    cel("!has(self.lora) || self.method == 'lora'", "spec.lora is only allowed with method: lora", field_path=".lora"),
+_SPEC_RULES = (
+    cel(
+        "!has(self.lora) || self.method == 'lora'",
+        "spec.lora is only allowed with method: lora",
+        field_path=".lora",
+    ),
     cel(
         "self.resources.nodes == 1 || self.resources.gpusPerNode > 0",
         "spec.resources.nodes > 1 needs spec.resources.gpusPerNode > 0",
@@ -537,7 +559,8 @@ FineTuneJobSpec.model_config["json_schema_extra"] = rules(
         field_path=".training.assistantOnlyLoss",
     ),
 )
-FineTuneJobSpec.model_config["json_schema_extra"]["x-kubernetes-validations"].extend(_immutable_rules())
+# Cross-field rules, then one immutability rule per training-shaping field.
+FineTuneJobSpec.model_config["json_schema_extra"] = rules(*_SPEC_RULES, *_immutable_rules())
 FineTuneJobSpec.model_rebuild(force=True)
 
 
@@ -562,7 +585,9 @@ class Progress(_Model):
     epoch: float | None = Field(default=None, description="Epochs done (fractional).")
     loss: float | None = Field(default=None, description="Latest training loss.")
     eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
-    tokens_per_second: float | None = Field(default=None, description="Training tokens per second (all GPUs).")
+    tokens_per_second: float | None = Field(
+        default=None, description="Training tokens per second (all GPUs)."
+    )
     eta_seconds: int | None = Field(default=None, description="Estimated seconds to the end of training.")
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
 
@@ -576,7 +601,9 @@ class CheckpointStatus(_Model):
 class MlflowStatus(_Model):
     tracking_uri: str | None = Field(default=None, description="Tracking server used.")
     experiment_id: str | None = Field(default=None, description="MLflow experiment id.")
-    run_id: str | None = Field(default=None, description="MLflow run (one per FineTuneJob, kept across restarts).")
+    run_id: str | None = Field(
+        default=None, description="MLflow run (one per FineTuneJob, kept across restarts)."
+    )
 
 
 class RegisteredModelStatus(_Model):
@@ -587,7 +614,9 @@ class RegisteredModelStatus(_Model):
 
 
 class ChildrenStatus(_Model):
-    checkpoint_claim: str | None = Field(default=None, description="PersistentVolumeClaim with the checkpoints.")
+    checkpoint_claim: str | None = Field(
+        default=None, description="PersistentVolumeClaim with the checkpoints."
+    )
     config_map: str | None = Field(default=None, description="ConfigMap with the trainer config.")
     py_torch_job: str | None = Field(default=None, alias="pytorchJob", description="Kubeflow PyTorchJob.")
     registration_job: str | None = Field(default=None, description="Registration batch/v1 Job.")
@@ -596,7 +625,9 @@ class ChildrenStatus(_Model):
 class FineTuneJobStatus(_Model):
     model_config = ConfigDict(extra="ignore")
 
-    phase: Phase | None = Field(default=None, description="Pending, Training, Suspended, Registering, Succeeded, Failed.")
+    phase: Phase | None = Field(
+        default=None, description="Pending, Training, Suspended, Registering, Succeeded, Failed."
+    )
     observed_generation: int | None = Field(default=None, description="Latest spec generation acted on.")
     conditions: list[Condition] | None = Field(
         default=None,
@@ -607,9 +638,13 @@ class FineTuneJobStatus(_Model):
     checkpoints: CheckpointStatus | None = Field(default=None, description="Checkpoints on the volume.")
     mlflow: MlflowStatus | None = Field(default=None, description="MLflow tracking.")
     registered_model: RegisteredModelStatus | None = Field(default=None, description="The registered model.")
-    children: ChildrenStatus | None = Field(default=None, description="Names of the objects kubetune created.")
+    children: ChildrenStatus | None = Field(
+        default=None, description="Names of the objects kubetune created."
+    )
     start_time: str | None = Field(default=None, description="When training started (RFC 3339).")
-    completion_time: str | None = Field(default=None, description="When the job succeeded or failed (RFC 3339).")
+    completion_time: str | None = Field(
+        default=None, description="When the job succeeded or failed (RFC 3339)."
+    )
 
 
 # --- the whole object -----------------------------------------------------------------------------
@@ -629,8 +664,8 @@ class ObjectMeta(_Model):
 class FineTuneJob(_Model):
     model_config = ConfigDict(extra="ignore")
 
-    api_version: Literal["kubetune.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
-    kind: Literal["FineTuneJob"] = KIND
+    api_version: Literal["kubetune.io/v1alpha1"] = Field(default="kubetune.io/v1alpha1", alias="apiVersion")
+    kind: Literal["FineTuneJob"] = "FineTuneJob"
     metadata: ObjectMeta
     spec: FineTuneJobSpec
     status: FineTuneJobStatus | None = None
@@ -647,7 +682,9 @@ def check_name(name: str) -> None:
             f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child objects add suffixes)"
         )
     if not re.match(NAME_PATTERN, name):
-        raise ValueError("metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter")
+        raise ValueError(
+            "metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter"
+        )
 
 
 def parse_job(obj: dict[str, Any]) -> FineTuneJob:

@@ -52,7 +52,9 @@ class TrainerConfig(_Model):
 
     job: JobRef
     spec: FineTuneJobSpec
-    output_dir: str = Field(default=CHECKPOINT_MOUNT, description="Checkpoint volume mount (or a local folder).")
+    output_dir: str = Field(
+        default=CHECKPOINT_MOUNT, description="Checkpoint volume mount (or a local folder)."
+    )
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (resolved).")
     experiment: str = Field(description="MLflow experiment name (resolved).")
     registered_model_name: str = Field(description="Registered model name (resolved).")
