@@ -115,3 +115,10 @@ def test_model_rejects_what_the_schema_rejects() -> None:
     bad["metadata"]["name"] = "x" * 41
     with pytest.raises(ValidationError, match=r"metadata\.name"):
         spec.FineTuneJob.model_validate(bad)
+
+
+def test_reference_docs_match_models() -> None:
+    from kubetune_api import docs
+
+    path = CRD_FILE.parents[1] / "docs" / "api.md"
+    assert docs.main(["--check", str(path)]) == 0, "run: python -m kubetune_api.docs --write docs/api.md"
