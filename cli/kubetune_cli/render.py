@@ -1,0 +1,74 @@
+"""``kubetune render job.yaml``: print the manifests the operator would create for a FineTuneJob.
+
+For review (what will run, with which image, GPUs, mounts and security settings) and for GitOps
+diffs. The operator's settings come from the same ``KUBETUNE_*`` variables the operator reads
+(e.g. ``KUBETUNE_TRAINER_IMAGE``). Owner references are left out: the FineTuneJob has no uid
+until the API server stores it.
+
+    kubetune render examples/qwen3-4b-full.yaml
+    kubetune render job.yaml --namespace ml-team --no-registration
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "render",
+        help="print the manifests the operator would create",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("manifest", type=Path, help="FineTuneJob YAML file")
+    p.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else default)")
+    p.add_argument(
+        "--no-registration",
+        action="store_true",
+        help="leave out the registration Job (created after training)",
+    )
+    p.set_defaults(func=_run)
+
+
+def render(manifest: Path, *, namespace: str | None = None, registration: bool = True) -> str:
+    from kubetune_api.trainer_config import load_manifest
+    from kubetune_operator.builders import build_children
+    from kubetune_operator.settings import Settings
+
+    job = load_manifest(manifest)
+    if namespace:
+        job.metadata.namespace = namespace
+    docs = build_children(job, Settings.from_env(), registration=registration)
+    return dump_yaml(docs)
+
+
+class _Dumper(yaml.SafeDumper):
+    """YAML for people: multi-line strings (the trainer config) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump_yaml(docs: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(docs, Dumper=_Dumper, sort_keys=False, width=120)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        text = render(args.manifest, namespace=args.namespace, registration=not args.no_registration)
+    except (OSError, ValueError) as e:
+        print(f"kubetune render: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    return 0

@@ -1,0 +1,67 @@
+"""Run the kubetune operator.
+
+    python -m kubetune_operator                          # namespaces from KUBETUNE_NAMESPACES, else all
+    python -m kubetune_operator --namespace team-a --namespace team-b
+    python -m kubetune_operator --all-namespaces --liveness http://0.0.0.0:8080/healthz
+
+Settings come from ``KUBETUNE_*`` environment variables (see ``kubetune_operator.settings``). The
+same handlers also run under ``kopf run -m kubetune_operator.handlers`` (and ``kopf.testing.KopfRunner``).
+The operator runs standalone (no kopf peering): the Helm chart runs one replica with ``Recreate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import kopf
+
+from .settings import Settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kubetune_operator",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument("--debug", action="store_true", help="log everything, kopf internals included")
+    parser.add_argument("--log-format", choices=["plain", "full", "json"], default="full")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = Settings.from_env()
+    namespaces: list[str] = list(args.namespace) or ([] if args.all_namespaces else list(settings.namespaces))
+    kopf.configure(
+        debug=args.debug,
+        verbose=args.verbose,
+        log_format=kopf.LogFormat[args.log_format.upper()],
+        log_refkey=None,
+    )
+    from . import handlers as _handlers  # noqa: F401  (importing registers the handlers with kopf)
+
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,515 @@
+"""Pure builders: a FineTuneJob (+ Settings) in, the child manifests out. No client, no kopf, no I/O.
+
+Children and their fixed names (``<job>`` is the FineTuneJob's name):
+
+=====================  ============================  ==========================================
+Child                  Name                          Notes
+=====================  ============================  ==========================================
+PersistentVolumeClaim  ``<job>-ckpt``                not when ``storage.existingClaim``; no owner
+                                                     reference when ``storage.keepOnDelete``
+ConfigMap              ``<job>-config``              key ``config.yaml``: the TrainerConfig
+PyTorchJob             ``<job>-train``               kubeflow.org/v1, Master + (nodes-1) Workers
+Job                    ``<job>-register``            batch/v1, created once training succeeded
+ServiceAccount, Role,  ``<job>-trainer``             the trainer's identity (see ``identity``);
+RoleBinding                                          not when the settings name a ServiceAccount
+=====================  ============================  ==========================================
+
+Every child carries ``kubetune.io/job=<job>`` (the operator watches children by it) and
+``kubetune.io/job-uid=<uid>`` (so a kept PVC, which has no owner reference, is still recognised as
+ours). User labels of the FineTuneJob are copied, except Argo CD's tracking labels and Kueue's: a
+copied ``app.kubernetes.io/instance`` would make Argo CD think it owns (and prune) our children.
+
+Trainer identity: the trainer reports progress by patching ``finetunejobs/status`` of its own
+FineTuneJob. Unless ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount, the
+operator creates per job a ServiceAccount, a Role that allows only ``get``/``patch`` on
+``finetunejobs/status`` with ``resourceNames: [<job>]``, and a RoleBinding, all owned by the job.
+Registration pods need no API access and mount no token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubetune_api import spec as api
+from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
+
+from .settings import Settings
+
+# --- names and labels -------------------------------------------------------------------------------
+
+LABEL_JOB = f"{api.GROUP}/job"
+LABEL_JOB_UID = f"{api.GROUP}/job-uid"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_CONFIG_HASH = f"{api.GROUP}/config-hash"
+# Set while the PyTorchJob is suspended because spec.suspend says so. The operator only ever
+# un-suspends what it suspended itself: Kueue suspends jobs waiting for quota, and those are Kueue's.
+ANNOTATION_SUSPENDED_BY_US = f"{api.GROUP}/suspended-by-kubetune"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+COMPONENT_CHECKPOINTS = "checkpoints"
+COMPONENT_CONFIG = "trainer-config"
+COMPONENT_TRAINING = "training"
+COMPONENT_REGISTRATION = "registration"
+COMPONENT_IDENTITY = "trainer-identity"
+
+TRAIN_CONTAINER = "pytorch"  # the Training Operator finds its container by this name
+REGISTER_CONTAINER = "register"
+MASTER_PORT = 23456  # the Training Operator's default; named so it need not inject one
+PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
+
+# Where the writable scratch space goes: the root filesystem is read-only.
+CACHE_MOUNT = "/var/cache/kubetune"
+TMP_MOUNT = "/tmp"
+SHM_MOUNT = "/dev/shm"
+
+# Labels never copied from the FineTuneJob onto children.
+_NOT_COPIED_PREFIXES = ("argocd.argoproj.io/", "kueue.x-k8s.io/", f"{api.GROUP}/")
+_NOT_COPIED = {"app.kubernetes.io/instance"}
+
+SECRET_ENV = {
+    "hugging_face_token": "HF_TOKEN",
+    "mlflow_tracking_token": "MLFLOW_TRACKING_TOKEN",
+    "mlflow_tracking_username": "MLFLOW_TRACKING_USERNAME",
+    "mlflow_tracking_password": "MLFLOW_TRACKING_PASSWORD",
+}
+
+
+def pvc_name(job: api.FineTuneJob) -> str:
+    return f"{job.metadata.name}-ckpt"
+
+
+def config_map_name(job: api.FineTuneJob) -> str:
+    return f"{job.metadata.name}-config"
+
+
+def pytorchjob_name(job: api.FineTuneJob) -> str:
+    return f"{job.metadata.name}-train"
+
+
+def registration_job_name(job: api.FineTuneJob) -> str:
+    return f"{job.metadata.name}-register"
+
+
+def identity_name(job: api.FineTuneJob) -> str:
+    return f"{job.metadata.name}-trainer"
+
+
+def checkpoint_claim(job: api.FineTuneJob) -> str:
+    """The PVC that holds the checkpoints: the existing claim, or the one kubetune creates."""
+    return job.spec.storage.existing_claim or pvc_name(job)
+
+
+def service_account(job: api.FineTuneJob, settings: Settings) -> str:
+    return settings.trainer_service_account or identity_name(job)
+
+
+def labels(job: api.FineTuneJob, component: str) -> dict[str, str]:
+    copied = {
+        k: v
+        for k, v in (job.metadata.labels or {}).items()
+        if k not in _NOT_COPIED and not k.startswith(_NOT_COPIED_PREFIXES)
+    }
+    out = {
+        **copied,
+        "app.kubernetes.io/name": "kubetune",
+        "app.kubernetes.io/part-of": "kubetune",
+        "app.kubernetes.io/managed-by": "kubetune-operator",
+        LABEL_COMPONENT: component,
+        LABEL_JOB: job.metadata.name,
+    }
+    if job.metadata.uid:
+        out[LABEL_JOB_UID] = job.metadata.uid
+    return out
+
+
+def selector_labels(job: api.FineTuneJob, component: str) -> dict[str, str]:
+    """The few labels that select one child's pods (stable, unlike user labels)."""
+    return {LABEL_JOB: job.metadata.name, LABEL_COMPONENT: component}
+
+
+def owner_references(job: api.FineTuneJob) -> list[dict[str, Any]]:
+    """Owner reference to the FineTuneJob; none before it exists (``kubetune render``)."""
+    if not job.metadata.uid:
+        return []
+    return [
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": job.metadata.name,
+            "uid": job.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def _metadata(job: api.FineTuneJob, name: str, component: str, *, owned: bool = True) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": labels(job, component),
+    }
+    refs = owner_references(job) if owned else []
+    if refs:
+        meta["ownerReferences"] = refs
+    return meta
+
+
+# --- PVC, ConfigMap, identity -------------------------------------------------------------------------
+
+
+def build_pvc(job: api.FineTuneJob, settings: Settings) -> dict[str, Any] | None:
+    """The checkpoint PVC, or None when the job uses an existing claim."""
+    storage = job.spec.storage
+    if storage.existing_claim:
+        return None
+    pvc_spec: dict[str, Any] = {
+        "accessModes": [storage.access_mode],
+        "volumeMode": "Filesystem",
+        "resources": {"requests": {"storage": storage.size}},
+    }
+    storage_class = storage.storage_class_name or settings.default_storage_class
+    if storage_class:
+        pvc_spec["storageClassName"] = storage_class
+    # keepOnDelete: no owner reference, so garbage collection leaves the checkpoints alone.
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(job, pvc_name(job), COMPONENT_CHECKPOINTS, owned=not storage.keep_on_delete),
+        "spec": pvc_spec,
+    }
+
+
+def trainer_config_yaml(job: api.FineTuneJob, settings: Settings) -> str:
+    return resolve(job, default_tracking_uri=settings.default_tracking_uri, report_progress=True).to_yaml()
+
+
+def config_hash(job: api.FineTuneJob, settings: Settings) -> str:
+    return resolve(
+        job, default_tracking_uri=settings.default_tracking_uri, report_progress=True
+    ).config_hash()
+
+
+def build_config_map(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(job, config_map_name(job), COMPONENT_CONFIG),
+        "data": {CONFIG_KEY: trainer_config_yaml(job, settings)},
+    }
+
+
+def build_trainer_identity(job: api.FineTuneJob, settings: Settings) -> list[dict[str, Any]]:
+    """ServiceAccount + Role + RoleBinding for the trainer pods; empty when settings name one."""
+    if settings.trainer_service_account:
+        return []
+    name = identity_name(job)
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(job, name, COMPONENT_IDENTITY),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _metadata(job, name, COMPONENT_IDENTITY),
+            "rules": [
+                {
+                    "apiGroups": [api.GROUP],
+                    "resources": [f"{api.PLURAL}/status"],
+                    "resourceNames": [job.metadata.name],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _metadata(job, name, COMPONENT_IDENTITY),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.metadata.namespace}],
+        },
+    ]
+
+
+# --- pod pieces ------------------------------------------------------------------------------------------
+
+
+def pod_security_context(settings: Settings) -> dict[str, Any]:
+    uid = settings.run_as_user
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        # fsGroup makes the checkpoint volume writable by the non-root trainer.
+        "fsGroup": uid,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(settings: Settings) -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "runAsUser": settings.run_as_user,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(job: api.FineTuneJob) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # Caches go to the writable emptyDir: the root filesystem is read-only.
+        {"name": "HOME", "value": f"{CACHE_MOUNT}/home"},
+        {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
+        {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_MOUNT}/torchinductor"},
+        {"name": "TMPDIR", "value": TMP_MOUNT},
+        {"name": "KUBETUNE_CONFIG", "value": CONFIG_PATH},
+    ]
+    secrets = job.spec.secrets
+    if secrets is not None:
+        for field, var in SECRET_ENV.items():
+            ref: api.SecretKeyRef | None = getattr(secrets, field)
+            if ref is not None:
+                env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    for extra in job.spec.env or []:
+        if extra.value_from is not None:
+            ref = extra.value_from.secret_key_ref
+            env.append(
+                {"name": extra.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            )
+        else:
+            env.append({"name": extra.name, "value": extra.value or ""})
+    return env
+
+
+def _data_volumes(job: api.FineTuneJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Read-only volumes holding the base model or the data set (``path`` + ``volume``)."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for name, source in (("model", job.spec.model), ("dataset", job.spec.dataset)):
+        if source.volume is None or source.path is None:
+            continue
+        volumes.append(
+            {"name": name, "persistentVolumeClaim": {"claimName": source.volume.claim_name, "readOnly": True}}
+        )
+        mount: dict[str, Any] = {"name": name, "mountPath": source.path, "readOnly": True}
+        if source.volume.sub_path:
+            mount["subPath"] = source.volume.sub_path
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def _volumes_and_mounts(
+    job: api.FineTuneJob, settings: Settings, *, shm: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim(job)}},
+        {"name": "config", "configMap": {"name": config_map_name(job)}},
+        {"name": "cache", "emptyDir": {"sizeLimit": settings.cache_size_limit}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": settings.tmp_size_limit}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+        {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
+        {"name": "cache", "mountPath": CACHE_MOUNT},
+        {"name": "tmp", "mountPath": TMP_MOUNT},
+    ]
+    if shm:
+        # NCCL and data-loader workers share tensors through /dev/shm; the container default is 64Mi.
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.resources.shared_memory}}
+        )
+        mounts.append({"name": "dshm", "mountPath": SHM_MOUNT})
+    data_volumes, data_mounts = _data_volumes(job)
+    return volumes + data_volumes, mounts + data_mounts
+
+
+def _scheduling(job: api.FineTuneJob, *, gpu: bool) -> dict[str, Any]:
+    res = job.spec.resources
+    out: dict[str, Any] = {}
+    node_selector = dict(res.node_selector or {})
+    if gpu and res.gpu_product:
+        node_selector["nvidia.com/gpu.product"] = res.gpu_product
+    if node_selector:
+        out["nodeSelector"] = node_selector
+    if res.tolerations:
+        out["tolerations"] = [t.wire() for t in res.tolerations]
+    if res.priority_class_name:
+        out["priorityClassName"] = res.priority_class_name
+    return out
+
+
+def _train_resources(job: api.FineTuneJob) -> dict[str, Any]:
+    res = job.spec.resources
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if res.cpu:
+        requests["cpu"] = res.cpu  # no CPU limit: throttling data loaders only slows the GPUs down
+    if res.memory:
+        requests["memory"] = limits["memory"] = res.memory
+    if res.gpus_per_node > 0:
+        limits["nvidia.com/gpu"] = str(res.gpus_per_node)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def train_command() -> list[str]:
+    # torchrun reads its rendezvous settings from the PET_* variables the Training Operator sets
+    # (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT) and runs
+    # `python -m kubetune_trainer.train --config ...` once per GPU.
+    return ["torchrun", "--module", "kubetune_trainer.train", "--config", CONFIG_PATH]
+
+
+def register_command() -> list[str]:
+    return ["python", "-m", "kubetune_trainer.register", "--config", CONFIG_PATH]
+
+
+def _image(job: api.FineTuneJob, settings: Settings) -> str:
+    return job.spec.image or settings.trainer_image
+
+
+def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    volumes, mounts = _volumes_and_mounts(job, settings, shm=True)
+    container: dict[str, Any] = {
+        "name": TRAIN_CONTAINER,
+        "image": _image(job, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": train_command(),
+        "env": _env(job),
+        "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "resources": _train_resources(job),
+        "volumeMounts": mounts,
+        "securityContext": container_security_context(settings),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    spec: dict[str, Any] = {
+        "serviceAccountName": service_account(job, settings),
+        "automountServiceAccountToken": True,  # the trainer patches its progress into the status
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "securityContext": pod_security_context(settings),
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(job, gpu=True),
+    }
+    return {
+        "metadata": {
+            "labels": {**labels(job, COMPONENT_TRAINING), **selector_labels(job, COMPONENT_TRAINING)},
+            "annotations": {ANNOTATION_CONFIG_HASH: config_hash(job, settings)},
+        },
+        "spec": spec,
+    }
+
+
+def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    res = job.spec.resources
+    template = build_train_pod_template(job, settings)
+    replica_specs: dict[str, Any] = {
+        "Master": {"replicas": 1, "restartPolicy": "ExitCode", "template": template},
+    }
+    if res.nodes > 1:
+        replica_specs["Worker"] = {
+            "replicas": res.nodes - 1,
+            "restartPolicy": "ExitCode",
+            "template": template,
+        }
+    meta = _metadata(job, pytorchjob_name(job), COMPONENT_TRAINING)
+    meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job, settings)}
+    if job.spec.suspend:
+        meta["annotations"][ANNOTATION_SUSPENDED_BY_US] = "true"
+    if res.queue_name:
+        meta["labels"][KUEUE_QUEUE_LABEL] = res.queue_name
+    return {
+        "apiVersion": PYTORCHJOB_API_VERSION,
+        "kind": "PyTorchJob",
+        "metadata": meta,
+        "spec": {
+            # One process per GPU; on CPU (0 GPUs) one process per pod.
+            "nprocPerNode": str(max(res.gpus_per_node, 1)),
+            "pytorchReplicaSpecs": replica_specs,
+            "runPolicy": {
+                # ExitCode restart policy: 128-255 (143 = the trainer saved on SIGTERM, 137 = killed)
+                # restart the pod and resume from the checkpoint; 1-127 (bad config, a bug) fail at once.
+                "backoffLimit": settings.train_backoff_limit,
+                # Delete still-running pods when the job ends (frees GPUs), keep finished ones (logs).
+                "cleanPodPolicy": "Running",
+                "suspend": job.spec.suspend,
+            },
+        },
+    }
+
+
+def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    volumes, mounts = _volumes_and_mounts(job, settings, shm=False)
+    res = job.spec.resources
+    resources: dict[str, Any] = {"requests": {"cpu": "1"}}
+    if res.memory:
+        # Merging a LoRA adapter loads the whole base model: give it the trainer's memory.
+        resources["requests"]["memory"] = res.memory
+        resources["limits"] = {"memory": res.memory}
+    container: dict[str, Any] = {
+        "name": REGISTER_CONTAINER,
+        "image": _image(job, settings),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": register_command(),
+        "env": _env(job),
+        "resources": resources,
+        "volumeMounts": mounts,
+        "securityContext": container_security_context(settings),
+        # The result JSON goes to /dev/termination-log; a crash leaves the log tail there instead.
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # a new pod per attempt: each has its own termination message
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(settings),
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(job, gpu=False),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(job, registration_job_name(job), COMPONENT_REGISTRATION),
+        "spec": {
+            "backoffLimit": settings.register_backoff_limit,
+            "activeDeadlineSeconds": settings.register_deadline_seconds,
+            "template": {
+                "metadata": {
+                    "labels": {
+                        **labels(job, COMPONENT_REGISTRATION),
+                        **selector_labels(job, COMPONENT_REGISTRATION),
+                    }
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def build_children(
+    job: api.FineTuneJob, settings: Settings, *, registration: bool = True
+) -> list[dict[str, Any]]:
+    """Every manifest the operator creates for this job, in creation order (``kubetune render``)."""
+    out = build_trainer_identity(job, settings)
+    pvc = build_pvc(job, settings)
+    if pvc is not None:
+        out.append(pvc)
+    out += [build_config_map(job, settings), build_pytorchjob(job, settings)]
+    if registration and job.spec.registration.enabled:
+        out.append(build_registration_job(job, settings))
+    return out

@@ -1,0 +1,86 @@
+"""Idempotent ``ensure_*`` steps: create a child if it is missing, never overwrite one that is not ours.
+
+A child is ours when it has an owner reference with the FineTuneJob's uid, or, lacking any owner
+reference (a PVC kept on delete), the ``kubetune.io/job-uid`` label with that uid. "Already exists"
+is success only then; otherwise the step reports a conflict and leaves the object alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubetune_api import spec as api
+
+from . import builders
+from .kube import ApiError, Kube
+
+
+@dataclass(frozen=True)
+class Ensured:
+    obj: dict[str, Any]
+    created: bool = False
+    conflict: str | None = None
+
+
+def is_ours(obj: dict[str, Any], job: api.FineTuneJob) -> bool:
+    meta = obj.get("metadata") or {}
+    uid = job.metadata.uid
+    refs = meta.get("ownerReferences") or []
+    if refs:
+        return any(r.get("uid") == uid for r in refs)
+    return bool(uid) and (meta.get("labels") or {}).get(builders.LABEL_JOB_UID) == uid
+
+
+def conflict_message(obj: dict[str, Any], kind: str, name: str) -> str:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    owner = ", ".join(f"{r.get('kind')}/{r.get('name')}" for r in refs) or "no owner"
+    hint = " (or set spec.storage.existingClaim to use it)" if kind == "PersistentVolumeClaim" else ""
+    return (
+        f"{kind} {name} already exists and is not owned by this FineTuneJob ({owner}); kubetune does not "
+        f"overwrite it: delete or rename it{hint}, and kubetune creates its own"
+    )
+
+
+def ensure(kube: Kube, manifest: dict[str, Any], job: api.FineTuneJob) -> Ensured:
+    kind, name = manifest["kind"], manifest["metadata"]["name"]
+    ns = manifest["metadata"]["namespace"]
+    existing = kube.get(manifest["apiVersion"], kind, ns, name)
+    if existing is None:
+        try:
+            return Ensured(kube.create(manifest), created=True)
+        except ApiError as e:
+            if not e.conflict:
+                raise
+            # Someone (another reconcile of the same job, or a stranger) was faster.
+            existing = kube.get(manifest["apiVersion"], kind, ns, name)
+            if existing is None:
+                raise
+    if is_ours(existing, job):
+        return Ensured(existing)
+    return Ensured(existing, conflict=conflict_message(existing, kind, name))
+
+
+def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -> dict[str, Any]:
+    """Make ``runPolicy.suspend`` follow ``spec.suspend``; return the (possibly patched) PyTorchJob.
+
+    Only what kubetune suspended is un-suspended: a PyTorchJob that Kueue holds back for quota
+    carries no ``kubetune.io/suspended-by-kubetune`` annotation and stays as Kueue wants it.
+    """
+    meta = pytorchjob.get("metadata") or {}
+    suspended = bool(((pytorchjob.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+    by_us = (meta.get("annotations") or {}).get(builders.ANNOTATION_SUSPENDED_BY_US) == "true"
+    patch: dict[str, Any] | None = None
+    if job.spec.suspend and not (suspended and by_us):
+        patch = {
+            "metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: "true"}},
+            "spec": {"runPolicy": {"suspend": True}},
+        }
+    elif not job.spec.suspend and by_us:
+        patch = {
+            "metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: None}},
+            "spec": {"runPolicy": {"suspend": False}},
+        }
+    if patch is None:
+        return pytorchjob
+    return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)

@@ -1,0 +1,113 @@
+"""Every kopf handler of the operator. Thin: each one runs the same reconcile pass.
+
+- FineTuneJob create / update (spec: suspend, registration.alias) / resume (operator start):
+  reconcile; ``kopf.TemporaryError`` while a conflict or a pending result needs time,
+  ``kopf.PermanentError`` for a spec the operator can never use.
+- PyTorchJob, registration Job and registration pod events (selected by the ``kubetune.io/job``
+  label): reconcile the FineTuneJob named in the label.
+- A slow timer re-syncs every FineTuneJob: the safety net for missed events.
+
+kopf keeps its finalizer (``kubetune.io/finalizer``), handler progress and last-handled
+configuration in annotations under ``kubetune.io``, never in the status: the status schema is
+strict and belongs to the operator (and ``progress`` to the trainer). Handlers return nothing, so
+kopf writes no handler results into the status either.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from kubetune_api import spec as api
+
+from . import builders, state
+from .kube import Kube, load_api_client
+from .reconcile import Context, reconcile
+from .settings import Settings
+
+# Read at import: kopf needs the timer interval when the decorator runs.
+_RESYNC_SECONDS = Settings.from_env().resync_seconds
+TEMPORARY_DELAY = 15.0
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=api.GROUP, key="last-handled-configuration"
+    )
+    # Only our own events (kopf.event below) and kopf's warnings/errors reach `kubectl describe`;
+    # "Handler ... succeeded" on every pass is noise.
+    settings.posting.level = logging.WARNING
+    # Watches are re-established at this interval (seconds), so a lost connection heals quickly.
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    memo.settings = Settings.from_env()
+    memo.kube = Kube(load_api_client())
+
+
+def _context(memo: Any, logger: Any) -> Context:
+    def emit(body: Any, event: state.Event) -> None:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+
+    return Context(kube=memo.kube, settings=memo.settings, emit=emit, logger=logger)
+
+
+def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
+    outcome = reconcile(_context(memo, logger), namespace or "default", name)
+    if outcome is None:
+        return
+    if outcome.invalid:
+        raise kopf.PermanentError(outcome.message)
+    if outcome.waiting:
+        raise kopf.TemporaryError(outcome.message or "waiting", delay=TEMPORARY_DELAY)
+
+
+@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
+def finetunejob_changed(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
+    _run(memo, logger, namespace, name)
+
+
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=_RESYNC_SECONDS, initial_delay=_RESYNC_SECONDS)
+def resync(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
+    reconcile(_context(memo, logger), namespace or "default", name)
+
+
+@kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
+def finetunejob_deleted(logger: Any, spec: Any, **_: Any) -> None:
+    # Owner references let the garbage collector delete the children; a kept PVC stays.
+    storage = (spec or {}).get("storage") or {}
+    if storage.get("keepOnDelete") and not storage.get("existingClaim"):
+        logger.info("keeping the checkpoint PVC (spec.storage.keepOnDelete)")
+
+
+def _child_event(body: Any, memo: Any, logger: Any) -> None:
+    meta = body.get("metadata") or {}
+    parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+    if parent:
+        reconcile(_context(memo, logger), meta["namespace"], parent)
+
+
+_CHILD = {builders.LABEL_JOB: kopf.PRESENT}
+
+
+@kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels=_CHILD)
+def pytorchjob_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event(
+    "batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION}
+)
+def registration_job_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION})
+def registration_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    _child_event(body, memo, logger)

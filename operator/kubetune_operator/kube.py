@@ -1,0 +1,135 @@
+"""A small dict-in, dict-out Kubernetes client on top of the official one's ApiClient.
+
+The operator works with plain manifests (what the builders return), so it speaks to the API by
+path: one code path for core, batch, RBAC and custom resources, no model classes in between.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        super().__init__(f"{status} {reason}: {body[:500]}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+def load_api_client() -> client.ApiClient:
+    """In a pod: the ServiceAccount token; elsewhere (tests, a laptop): $KUBECONFIG or ~/.kube/config."""
+    cfg = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config(client_configuration=cfg)
+    else:
+        config.load_kube_config(client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def collection_path(api_version: str, plural: str, namespace: str) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{plural}"
+
+
+# kind -> plural for the kinds the operator handles.
+PLURALS = {
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "ConfigMap": "configmaps",
+    "ServiceAccount": "serviceaccounts",
+    "Pod": "pods",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "Job": "jobs",
+    "PyTorchJob": "pytorchjobs",
+    "FineTuneJob": "finetunejobs",
+}
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
+        self.api = api
+        self.timeout = timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        query: list[tuple[str, str]] | None = None,
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            resp = self.api.call_api(*params, _request_timeout=self.timeout)
+            data = resp.read()
+        except ApiException as e:  # transport-level errors surface this way too
+            raise ApiError(int(e.status or 0), str(e.reason), str(e.body or "")) from e
+        text = data.decode() if isinstance(data, bytes) else str(data or "")
+        if not 200 <= resp.status < 300:
+            raise ApiError(resp.status, str(resp.reason), text)
+        result: dict[str, Any] = json.loads(text) if text else {}
+        return result
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", f"{collection_path(api_version, PLURALS[kind], namespace)}/{name}")
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
+
+    def list(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        out = self.request(
+            "GET",
+            collection_path(api_version, PLURALS[kind], namespace),
+            query=[("labelSelector", label_selector)],
+        )
+        items: list[dict[str, Any]] = out.get("items") or []
+        return items
+
+    def create(self, manifest: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        path = collection_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta["namespace"])
+        return self.request("POST", path, manifest, query=[("dryRun", "All")] if dry_run else None)
+
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        patch: dict[str, Any],
+        *,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        path = f"{collection_path(api_version, PLURALS[kind], namespace)}/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return self.request("PATCH", path, patch, content_type=MERGE_PATCH)

@@ -1,0 +1,217 @@
+"""One reconcile pass for one FineTuneJob: read it, ensure its children, fold their status, write status.
+
+Every trigger (the job's own create/update/resume, an event on one of its children, the slow
+re-sync timer) runs the same pass, so a restarted operator simply continues where the objects
+say it is. Passes for the same job are serialised in-process, and the status is written with the
+object's resourceVersion as a precondition, so a pass that acted on stale data retries instead of
+overwriting newer news. Only the fields the operator owns are written: ``progress`` and
+``checkpoints`` belong to the trainer and are never touched.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kubetune_api import spec as api
+
+from . import builders, state
+from .children import ensure, sync_suspend
+from .kube import ApiError, Kube
+from .settings import Settings
+
+EmitFn = Callable[[dict[str, Any], state.Event], None]
+
+_locks: dict[tuple[str, str], threading.Lock] = collections.defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks[(namespace, name)]
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Context:
+    kube: Kube
+    settings: Settings
+    emit: EmitFn
+    logger: logging.Logger | logging.LoggerAdapter[Any] = field(
+        default_factory=lambda: logging.getLogger(__name__)
+    )
+
+
+@dataclass
+class Outcome:
+    phase: str
+    waiting: bool = False
+    invalid: bool = False
+    message: str = ""
+
+
+class StatusConflictError(Exception):
+    """The FineTuneJob changed between read and status write: run the pass again."""
+
+
+def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> Outcome | None:
+    """Reconcile one FineTuneJob; None when it is gone or being deleted."""
+    with _lock(namespace, name):
+        for _ in range(attempts):
+            obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
+            if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            try:
+                return _pass(ctx, obj)
+            except StatusConflictError:
+                continue
+        raise StatusConflictError(f"{namespace}/{name}: status kept changing under the operator")
+
+
+def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
+    meta = obj["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    generation = int(meta.get("generation") or 1)
+    raw_status = obj.get("status") or {}
+    try:
+        previous = api.FineTuneJobStatus.model_validate(raw_status)
+    except ValidationError:
+        previous = api.FineTuneJobStatus(phase=raw_status.get("phase"))
+    if previous.phase in state.FINAL_PHASES:
+        return Outcome(phase=str(previous.phase))
+
+    try:
+        job = api.parse_job(obj)
+    except ValidationError as e:
+        message = f"the spec cannot be used: {_short(e)}"
+        obs = state.Observation(generation=generation, now=now(), invalid_spec=message, namespace=ns)
+        transition = state.advance(previous, obs)
+        _write_status(ctx, obj, transition)
+        return Outcome(phase=transition.phase, invalid=True, message=message)
+
+    settings = ctx.settings
+    created: list[dict[str, Any]] = []
+    conflict: str | None = None
+    children: dict[str, str] = {}
+
+    # Creation order: identity, volume and config before the PyTorchJob whose pods need them.
+    # Stop at the first conflict: a PyTorchJob must never mount a stranger's volume.
+    wanted: list[dict[str, Any]] = [*builders.build_trainer_identity(job, settings)]
+    pvc = builders.build_pvc(job, settings)
+    if pvc is not None:
+        wanted.append(pvc)
+    wanted.append(builders.build_config_map(job, settings))
+    wanted.append(builders.build_pytorchjob(job, settings))
+    pytorchjob: dict[str, Any] | None = None
+    for manifest in wanted:
+        result = ensure(ctx.kube, manifest, job)
+        if result.conflict:
+            conflict = result.conflict
+            break
+        if result.created:
+            created.append(manifest)
+        if manifest["kind"] == "PyTorchJob":
+            pytorchjob = result.obj
+
+    children["checkpointClaim"] = builders.checkpoint_claim(job)
+    children["configMap"] = builders.config_map_name(job)
+    children["pytorchJob"] = builders.pytorchjob_name(job)
+
+    training = state.training_observation(pytorchjob)
+    if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
+        pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
+
+    registration = state.RegistrationObservation()
+    if conflict is None and training.condition == "Succeeded" and job.spec.registration.enabled:
+        manifest = builders.build_registration_job(job, settings)
+        result = ensure(ctx.kube, manifest, job)
+        if result.conflict:
+            conflict = result.conflict
+        else:
+            if result.created:
+                created.append(manifest)
+            children["registrationJob"] = builders.registration_job_name(job)
+            pods = ctx.kube.list(
+                "v1",
+                "Pod",
+                ns,
+                ",".join(
+                    f"{k}={v}"
+                    for k, v in builders.selector_labels(job, builders.COMPONENT_REGISTRATION).items()
+                ),
+            )
+            registration = state.registration_observation(result.obj, pods, builders.REGISTER_CONTAINER)
+
+    obs = state.Observation(
+        generation=generation,
+        now=now(),
+        suspend=job.spec.suspend,
+        registration_enabled=job.spec.registration.enabled,
+        queued_by_kueue=job.spec.resources.queue_name is not None,
+        conflict=conflict,
+        training=training,
+        registration=registration,
+        children=children,
+        namespace=ns,
+        pytorchjob_name=builders.pytorchjob_name(job),
+        registration_job_name=builders.registration_job_name(job),
+        checkpoint_claim=builders.checkpoint_claim(job),
+    )
+    transition = state.advance(previous, obs)
+    for manifest in created:
+        ctx.emit(
+            obj,
+            state.Event("Normal", "Created", f"created {manifest['kind']} {manifest['metadata']['name']}"),
+        )
+    written = _write_status(ctx, obj, transition)
+    if written:
+        for event in transition.events:
+            ctx.emit(obj, event)
+    ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
+    return Outcome(phase=transition.phase, waiting=transition.waiting, message=conflict or "")
+
+
+def _write_status(ctx: Context, obj: dict[str, Any], transition: state.Transition) -> bool:
+    """Merge-patch the status if it changed; False when there was nothing to write."""
+    current = obj.get("status") or {}
+    changed = {k: v for k, v in transition.status.items() if not _contains(current.get(k), v)}
+    if not changed:
+        return False
+    meta = obj["metadata"]
+    patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": changed}
+    try:
+        ctx.kube.patch(
+            api.API_VERSION, api.KIND, meta["namespace"], meta["name"], patch, subresource="status"
+        )
+    except ApiError as e:
+        if e.conflict:
+            raise StatusConflictError(str(e)) from e
+        raise
+    return True
+
+
+def _contains(current: Any, wanted: Any) -> bool:
+    """Whether a merge patch with ``wanted`` would leave ``current`` unchanged."""
+    if isinstance(wanted, dict):
+        if not isinstance(current, dict):
+            return False
+        return all(_contains(current.get(k), v) for k, v in wanted.items())
+    return bool(current == wanted)
+
+
+def _short(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:3]:
+        where = ".".join(str(p) for p in item["loc"])
+        parts.append(f"{where}: {item['msg']}")
+    return "; ".join(parts)

@@ -1,0 +1,94 @@
+"""The operator's settings: one object, read from ``KUBETUNE_*`` environment variables.
+
+The Helm chart sets these on the operator Deployment. Every field has a default that works on a
+plain cluster; ``Settings.from_env()`` is the only place that reads the environment.
+
+=====================================  ===========================================================
+Variable                               Meaning (default)
+=====================================  ===========================================================
+``KUBETUNE_TRAINER_IMAGE``             trainer image for training and registration pods
+                                       (``ghcr.io/kubetune/trainer:0.1.0``); ``spec.image`` wins
+``KUBETUNE_IMAGE_PULL_POLICY``         pull policy of those pods (``IfNotPresent``)
+``KUBETUNE_MLFLOW_TRACKING_URI``       tracking URI when ``spec.registration.trackingUri`` is unset
+``KUBETUNE_STORAGE_CLASS``             StorageClass of new checkpoint PVCs when the spec sets none
+                                       (unset: the cluster default)
+``KUBETUNE_NAMESPACES``                comma-separated namespaces to watch (unset: all)
+``KUBETUNE_TRAINER_SERVICE_ACCOUNT``   run trainer pods as this existing ServiceAccount instead of
+                                       the per-job one the operator creates (see ``identity``)
+``KUBETUNE_RUN_AS_USER``               uid/gid of trainer pods; also fsGroup (``1000``)
+``KUBETUNE_TERMINATION_GRACE_SECONDS`` time a trainer pod gets to checkpoint on SIGTERM (``600``)
+``KUBETUNE_TRAIN_BACKOFF_LIMIT``       PyTorchJob restarts before it fails (``6``)
+``KUBETUNE_REGISTER_BACKOFF_LIMIT``    registration Job retries (``2``)
+``KUBETUNE_REGISTER_DEADLINE_SECONDS`` registration Job deadline (``7200``)
+``KUBETUNE_CACHE_SIZE_LIMIT``          per-pod emptyDir for HF/Triton/inductor caches (``200Gi``)
+``KUBETUNE_TMP_SIZE_LIMIT``            per-pod emptyDir for ``/tmp`` (``8Gi``)
+``KUBETUNE_RESYNC_SECONDS``            slow safety-net re-sync of every FineTuneJob (``300``)
+=====================================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+PREFIX = "KUBETUNE_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    trainer_image: str = "ghcr.io/kubetune/trainer:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    default_tracking_uri: str | None = None
+    default_storage_class: str | None = None
+    namespaces: tuple[str, ...] = field(default_factory=tuple)
+    trainer_service_account: str | None = None
+    run_as_user: int = 1000
+    # Long enough for the trainer to finish an in-flight checkpoint of a multi-GB model on SIGTERM
+    # (preemption, node drain); the trainer exits EXIT_PREEMPTED (143) once it is saved.
+    termination_grace_seconds: int = 600
+    # Each restart resumes from the newest checkpoint, so a few preemptions are cheap; a pod that
+    # crashes retryably over and over (e.g. OOM-killed, 137) should not hold GPUs forever.
+    train_backoff_limit: int = 6
+    # Registration is idempotent (register-result.json on the volume); two retries cover a flaky
+    # tracking server without hiding a real misconfiguration for long.
+    register_backoff_limit: int = 2
+    register_deadline_seconds: int = 7200
+    cache_size_limit: str = "200Gi"
+    tmp_size_limit: str = "8Gi"
+    resync_seconds: float = 300.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if env is None else env
+
+        def get(name: str) -> str | None:
+            value = env.get(PREFIX + name, "").strip()
+            return value or None
+
+        defaults = cls()
+        namespaces = tuple(n.strip() for n in (get("NAMESPACES") or "").split(",") if n.strip())
+        return cls(
+            trainer_image=get("TRAINER_IMAGE") or defaults.trainer_image,
+            image_pull_policy=get("IMAGE_PULL_POLICY") or defaults.image_pull_policy,
+            default_tracking_uri=get("MLFLOW_TRACKING_URI"),
+            default_storage_class=get("STORAGE_CLASS"),
+            namespaces=namespaces,
+            trainer_service_account=get("TRAINER_SERVICE_ACCOUNT"),
+            run_as_user=_int(get("RUN_AS_USER"), defaults.run_as_user),
+            termination_grace_seconds=_int(
+                get("TERMINATION_GRACE_SECONDS"), defaults.termination_grace_seconds
+            ),
+            train_backoff_limit=_int(get("TRAIN_BACKOFF_LIMIT"), defaults.train_backoff_limit),
+            register_backoff_limit=_int(get("REGISTER_BACKOFF_LIMIT"), defaults.register_backoff_limit),
+            register_deadline_seconds=_int(
+                get("REGISTER_DEADLINE_SECONDS"), defaults.register_deadline_seconds
+            ),
+            cache_size_limit=get("CACHE_SIZE_LIMIT") or defaults.cache_size_limit,
+            tmp_size_limit=get("TMP_SIZE_LIMIT") or defaults.tmp_size_limit,
+            resync_seconds=float(get("RESYNC_SECONDS") or defaults.resync_seconds),
+        )
+
+
+def _int(value: str | None, default: int) -> int:
+    return default if value is None else int(value)

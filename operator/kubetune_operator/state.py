@@ -1,0 +1,472 @@
+"""The FineTuneJob state machine: observations of the children in, the next status out. Pure.
+
+Phases::
+
+    Pending ──> Training ──> Registering ──> Succeeded
+       │  ^        │  ^           │
+       v  │        v  │           v
+      Suspended <──┘  │         Failed  (also from Pending/Training: training failed, bad spec)
+                      └─ (unsuspend)
+
+Succeeded and Failed are final. ``advance(previous status, observation)`` returns the status fields
+the operator owns (never ``progress``/``checkpoints``, which the trainer reports) and the events to
+emit for the transitions it made.
+
+Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants below):
+
+- ``Ready``: True once the model is trained and registered (phase Succeeded).
+- ``ChildrenReady``: the PVC, ConfigMap and PyTorchJob exist and are ours (False: ``ChildConflict``).
+- ``Training``: True while the PyTorchJob runs.
+- ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
+- ``Registered``: True once MLflow has the model version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kubetune_api.spec import (
+    Condition,
+    FineTuneJobStatus,
+    Phase,
+    RegisteredModelStatus,
+)
+
+# --- condition types ------------------------------------------------------------------------------
+
+READY = "Ready"
+CHILDREN_READY = "ChildrenReady"
+TRAINING = "Training"
+SUSPENDED = "Suspended"
+REGISTERED = "Registered"
+CONDITION_TYPES = (READY, CHILDREN_READY, TRAINING, SUSPENDED, REGISTERED)
+
+# --- reasons ----------------------------------------------------------------------------------------
+
+CHILDREN_CREATED = "ChildrenCreated"
+CHILD_CONFLICT = "ChildConflict"
+INVALID_SPEC = "InvalidSpec"
+WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
+TRAINING_CREATED = "TrainingCreated"
+TRAINING_RUNNING = "TrainingRunning"
+TRAINING_RESTARTING = "TrainingRestarting"
+TRAINING_SUCCEEDED = "TrainingSucceeded"
+TRAINING_FAILED = "TrainingFailed"
+SUSPENDED_BY_USER = "SuspendedByUser"
+QUEUED = "Queued"
+RESUMING = "Resuming"
+NOT_SUSPENDED = "NotSuspended"
+REGISTRATION_PENDING = "RegistrationPending"
+REGISTRATION_RUNNING = "RegistrationRunning"
+REGISTRATION_FAILED = "RegistrationFailed"
+REGISTRATION_DISABLED = "RegistrationDisabled"
+REGISTRATION_RESULT_PENDING = "RegistrationResultPending"
+MODEL_REGISTERED = "ModelRegistered"
+SUCCEEDED = "Succeeded"
+NOT_READY = "NotReady"
+
+# Events (reason constants) emitted on transitions, beside the condition reasons above.
+TRAINING_STARTED = "TrainingStarted"
+REGISTRATION_STARTED = "RegistrationStarted"
+RESUMED = "Resumed"
+FAILED = "Failed"
+
+FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+
+# PyTorchJob condition types, most decisive first: the first one that is True wins.
+TRAINING_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+# --- observations -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingObservation:
+    """What the PyTorchJob says: its decisive condition, if any."""
+
+    exists: bool = False
+    condition: str | None = None  # one of TRAINING_PRECEDENCE, or None (no status yet)
+    reason: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class RegistrationObservation:
+    """What the registration Job (and its pod's termination message) says."""
+
+    exists: bool = False
+    state: Literal["Running", "Complete", "Failed"] | None = None
+    message: str = ""
+    result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
+
+
+@dataclass(frozen=True)
+class Observation:
+    generation: int
+    now: str  # RFC 3339
+    suspend: bool = False
+    registration_enabled: bool = True
+    queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
+    invalid_spec: str | None = None
+    conflict: str | None = None  # message naming the foreign object, if any
+    training: TrainingObservation = field(default_factory=TrainingObservation)
+    registration: RegistrationObservation = field(default_factory=RegistrationObservation)
+    children: dict[str, str] = field(default_factory=dict)
+    # For actionable messages.
+    namespace: str = "default"
+    pytorchjob_name: str = ""
+    registration_job_name: str = ""
+    checkpoint_claim: str = ""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass
+class Transition:
+    """The next status (fields the operator owns) and the events for what changed."""
+
+    status: dict[str, Any]
+    events: list[Event]
+    phase: str
+    # True when only time (or the outside world) can move things on: re-check soon.
+    waiting: bool = False
+
+
+def training_observation(pytorchjob: dict[str, Any] | None) -> TrainingObservation:
+    """Fold a PyTorchJob's status conditions into its one decisive condition."""
+    if pytorchjob is None:
+        return TrainingObservation()
+    conditions = (pytorchjob.get("status") or {}).get("conditions") or []
+    by_type = {c.get("type"): c for c in conditions if c.get("status") == "True"}
+    for kind in TRAINING_PRECEDENCE:
+        if kind in by_type:
+            c = by_type[kind]
+            return TrainingObservation(True, kind, c.get("reason") or "", c.get("message") or "")
+    return TrainingObservation(exists=True)
+
+
+def registration_observation(
+    job: dict[str, Any] | None, pods: list[dict[str, Any]], container: str
+) -> RegistrationObservation:
+    """Fold the registration Job and its pods into one observation.
+
+    The contract with ``python -m kubetune_trainer.register``: on success it prints one JSON object
+    ``{"name", "version", "uri", "run_id", "alias"}`` to ``/dev/termination-log``; the operator reads
+    it from ``status.containerStatuses[name=register].state.terminated.message`` of a pod of this Job
+    (ownerReference to the Job's uid) that terminated with exit code 0. On failure the message is
+    the log tail (terminationMessagePolicy FallbackToLogsOnError) and becomes the status message.
+    """
+    if job is None:
+        return RegistrationObservation()
+    uid = (job.get("metadata") or {}).get("uid")
+    own_pods = [p for p in pods if _owned_by(p, uid)]
+    result, failure_tail = _termination_messages(own_pods, container)
+    conditions = {
+        c.get("type"): c
+        for c in (job.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+    if "Failed" in conditions:
+        c = conditions["Failed"]
+        text = f"{c.get('reason') or 'Failed'}: {c.get('message') or 'the registration Job failed'}"
+        if failure_tail:
+            text += f"; last output: {failure_tail}"
+        return RegistrationObservation(True, "Failed", text)
+    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+        return RegistrationObservation(True, "Complete", "", result)
+    return RegistrationObservation(True, "Running")
+
+
+def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid for r in refs)
+
+
+def _termination_messages(pods: list[dict[str, Any]], container: str) -> tuple[dict[str, Any] | None, str]:
+    result: dict[str, Any] | None = None
+    failure = ""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != container:
+                continue
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if not term:
+                continue
+            message = (term.get("message") or "").strip()
+            if term.get("exitCode") == 0:
+                parsed = parse_registration_result(message)
+                if parsed is not None:
+                    result = parsed
+            elif message:
+                failure = message[-500:]
+    return result, failure
+
+
+def parse_registration_result(message: str) -> dict[str, Any] | None:
+    """The JSON object the register step wrote (its last line, so a log tail still parses)."""
+    for line in reversed(message.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("name") and data.get("version") is not None:
+            return data
+    return None
+
+
+# --- the machine ----------------------------------------------------------------------------------------
+
+
+def _condition(
+    previous: dict[str, Condition], type_: str, decided: tuple[bool, str, str], obs: Observation
+) -> Condition:
+    status, reason, message = decided
+    value: Literal["True", "False"] = "True" if status else "False"
+    old = previous.get(type_)
+    # lastTransitionTime moves only when the status flips (Kubernetes convention).
+    when = old.last_transition_time if old is not None and old.status == value else obs.now
+    return Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=when,
+        observed_generation=obs.generation,
+    )
+
+
+def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
+    prev = previous or FineTuneJobStatus()
+    prev_phase = prev.phase or Phase.PENDING.value
+    prev_conditions = {c.type: c for c in prev.conditions or []}
+
+    if prev.phase in FINAL_PHASES:
+        # Final: nothing more happens. Keep what is there (observedGeneration follows the spec).
+        kept = prev.model_dump(by_alias=True, exclude_none=True, mode="json", include={"phase", "conditions"})
+        kept["observedGeneration"] = obs.generation
+        return Transition(status=kept, events=[], phase=str(prev.phase))
+
+    phase, reasons = _decide(obs)
+    conditions = _conditions(phase, reasons, obs, prev_conditions)
+
+    status: dict[str, Any] = {
+        "phase": phase,
+        "observedGeneration": obs.generation,
+        "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
+        "children": obs.children,
+    }
+    if phase == Phase.TRAINING.value and not prev.start_time:
+        status["startTime"] = obs.now
+    if phase in FINAL_PHASES:
+        status["completionTime"] = obs.now
+    result = obs.registration.result
+    if phase == Phase.SUCCEEDED.value and result is not None:
+        status["registeredModel"] = RegisteredModelStatus(
+            name=str(result["name"]),
+            version=str(result["version"]),
+            uri=str(result["uri"]) if result.get("uri") else f"models:/{result['name']}/{result['version']}",
+            alias=str(result["alias"]) if result.get("alias") else None,
+        ).wire()
+        if result.get("run_id"):
+            status["mlflow"] = {"runId": str(result["run_id"])}
+
+    events = _events(prev_phase, phase, reasons, prev_conditions)
+    waiting = reasons.get("waiting", False) is True
+    return Transition(status=status, events=events, phase=phase, waiting=waiting)
+
+
+def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
+    """The phase and, per condition, (status, reason, message)."""
+    tr = obs.training
+    reg = obs.registration
+    out: dict[str, Any] = {}
+
+    if obs.invalid_spec:
+        out["children"] = (False, INVALID_SPEC, obs.invalid_spec)
+        out["ready"] = (False, INVALID_SPEC, obs.invalid_spec)
+        return Phase.FAILED.value, out
+
+    if obs.conflict:
+        msg = obs.conflict
+        out["children"] = (False, CHILD_CONFLICT, msg)
+        out["ready"] = (False, CHILD_CONFLICT, msg)
+        out["waiting"] = True
+        return Phase.PENDING.value, out
+    out["children"] = (True, CHILDREN_CREATED, "checkpoint volume, trainer config and PyTorchJob exist")
+
+    logs_hint = (
+        f"trainer logs: kubectl logs -n {obs.namespace} -l training.kubeflow.org/job-name={obs.pytorchjob_name} "
+        "--all-containers --prefix"
+    )
+
+    if tr.condition == "Failed":
+        msg = (
+            f"PyTorchJob {obs.pytorchjob_name} failed ({tr.reason or 'Failed'}: {tr.message or 'no message'}). "
+            f"See the {logs_hint}. Exit codes 1-127 (bad config, a bug, missing data or credentials) fail at "
+            "once; fix the spec and re-create the FineTuneJob. Exit codes 128-255 (preemption, OOM kill) were "
+            "retried up to the backoff limit; checkpoints stay on PVC "
+            f"{obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
+        )
+        out["training"] = (False, TRAINING_FAILED, msg)
+        out["ready"] = (False, TRAINING_FAILED, msg)
+        return Phase.FAILED.value, out
+
+    if tr.condition == "Succeeded":
+        out["training"] = (False, TRAINING_SUCCEEDED, tr.message or "training finished")
+        if not obs.registration_enabled:
+            out["registered"] = (False, REGISTRATION_DISABLED, "spec.registration.enabled is false")
+            out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
+            return Phase.SUCCEEDED.value, out
+        if reg.state == "Failed":
+            msg = (
+                f"registration Job {obs.registration_job_name} failed: {reg.message}. Check the MLflow "
+                "tracking URI and credentials (spec.registration, spec.secrets), then delete the Job "
+                f"(kubectl delete job -n {obs.namespace} {obs.registration_job_name}) to retry; "
+                "the trained model stays on the checkpoint volume."
+            )
+            out["registered"] = (False, REGISTRATION_FAILED, msg)
+            out["ready"] = (False, REGISTRATION_FAILED, msg)
+            return Phase.FAILED.value, out
+        if reg.state == "Complete" and reg.result is not None:
+            r = reg.result
+            msg = f"registered model {r['name']} version {r['version']}"
+            out["registered"] = (True, MODEL_REGISTERED, msg)
+            out["ready"] = (True, SUCCEEDED, msg)
+            return Phase.SUCCEEDED.value, out
+        if reg.state == "Complete":
+            msg = f"registration Job {obs.registration_job_name} completed; waiting for its result (pod termination message)"
+            out["registered"] = (False, REGISTRATION_RESULT_PENDING, msg)
+            out["waiting"] = True
+        elif reg.exists:
+            out["registered"] = (
+                False,
+                REGISTRATION_RUNNING,
+                f"registration Job {obs.registration_job_name} is running",
+            )
+        else:
+            out["registered"] = (False, REGISTRATION_PENDING, "creating the registration Job")
+        out["ready"] = (False, REGISTRATION_RUNNING, "training finished; registering the model")
+        return Phase.REGISTERING.value, out
+
+    # Training not finished.
+    out["registered"] = (
+        (False, REGISTRATION_PENDING, "registers after training")
+        if obs.registration_enabled
+        else (False, REGISTRATION_DISABLED, "spec.registration.enabled is false")
+    )
+    if obs.suspend:
+        out["suspended"] = (True, SUSPENDED_BY_USER, "spec.suspend is true: the PyTorchJob is suspended")
+        out["training"] = (False, SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
+        out["ready"] = (False, SUSPENDED_BY_USER, "suspended")
+        return Phase.SUSPENDED.value, out
+    if tr.condition == "Suspended":
+        if obs.queued_by_kueue:
+            msg = "the PyTorchJob waits for Kueue to admit it (spec.resources.queueName)"
+            out["suspended"] = (True, QUEUED, msg)
+            out["training"] = (False, QUEUED, msg)
+            out["ready"] = (False, QUEUED, msg)
+            return Phase.PENDING.value, out
+        msg = "resuming the PyTorchJob"
+        out["suspended"] = (False, RESUMING, msg)
+        out["training"] = (False, RESUMING, msg)
+        out["ready"] = (False, RESUMING, msg)
+        return Phase.PENDING.value, out
+    out["suspended"] = (False, NOT_SUSPENDED, "")
+    if tr.condition == "Running":
+        out["training"] = (True, TRAINING_RUNNING, tr.message or "training")
+        out["ready"] = (False, TRAINING_RUNNING, "training")
+        return Phase.TRAINING.value, out
+    if tr.condition == "Restarting":
+        msg = (
+            f"PyTorchJob {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
+            "training resumes from the newest checkpoint"
+        )
+        out["training"] = (True, TRAINING_RESTARTING, msg)
+        out["ready"] = (False, TRAINING_RESTARTING, msg)
+        return Phase.TRAINING.value, out
+    if tr.condition == "Created":
+        msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
+        out["training"] = (False, TRAINING_CREATED, msg)
+    else:
+        msg = (
+            f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
+        )
+        out["training"] = (False, WAITING_FOR_TRAINING_OPERATOR, msg)
+    out["ready"] = (False, NOT_READY, msg)
+    return Phase.PENDING.value, out
+
+
+def _conditions(
+    phase: str, reasons: dict[str, Any], obs: Observation, prev: dict[str, Condition]
+) -> list[Condition]:
+    defaults = {
+        "ready": (False, NOT_READY, ""),
+        "children": (False, CHILDREN_CREATED, ""),
+        "training": (False, WAITING_FOR_TRAINING_OPERATOR, ""),
+        "suspended": (False, NOT_SUSPENDED, ""),
+        "registered": (False, REGISTRATION_PENDING, ""),
+    }
+    keys = {
+        "ready": READY,
+        "children": CHILDREN_READY,
+        "training": TRAINING,
+        "suspended": SUSPENDED,
+        "registered": REGISTERED,
+    }
+    out = []
+    for key, type_ in keys.items():
+        decided: tuple[bool, str, str]
+        if key in reasons:
+            decided = reasons[key]
+        elif type_ in prev:
+            # Not decided this time (e.g. Suspended once training finished): keep what it said.
+            old = prev[type_]
+            if key == "suspended" and old.status == "True":
+                decided = (False, NOT_SUSPENDED, "")
+            else:
+                out.append(old.model_copy(update={"observed_generation": obs.generation}))
+                continue
+        else:
+            decided = defaults[key]
+        out.append(_condition(prev, type_, decided, obs))
+    return out
+
+
+def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+    events: list[Event] = []
+    children = reasons.get("children")
+    if children and children[1] == CHILD_CONFLICT:
+        old = prev.get(CHILDREN_READY)
+        if old is None or old.reason != CHILD_CONFLICT:
+            events.append(Event("Warning", CHILD_CONFLICT, children[2]))
+    training = reasons.get("training")
+    if training and training[1] == TRAINING_RESTARTING:
+        old = prev.get(TRAINING)
+        if old is None or old.reason != TRAINING_RESTARTING:
+            events.append(Event("Warning", TRAINING_RESTARTING, training[2]))
+    if phase == prev_phase:
+        return events
+    ready = reasons.get("ready", (False, "", ""))
+    if phase == Phase.TRAINING.value:
+        reason = RESUMED if prev_phase == Phase.SUSPENDED.value else TRAINING_STARTED
+        events.append(Event("Normal", reason, "training is running"))
+    elif phase == Phase.SUSPENDED.value:
+        events.append(Event("Normal", SUSPENDED_BY_USER, "suspended the PyTorchJob (spec.suspend)"))
+    elif phase == Phase.PENDING.value and prev_phase == Phase.SUSPENDED.value:
+        events.append(Event("Normal", RESUMED, "resuming the PyTorchJob"))
+    elif phase == Phase.REGISTERING.value:
+        events.append(
+            Event("Normal", REGISTRATION_STARTED, "training succeeded; registering the model in MLflow")
+        )
+    elif phase == Phase.SUCCEEDED.value:
+        events.append(Event("Normal", SUCCEEDED, ready[2]))
+    elif phase == Phase.FAILED.value:
+        events.append(Event("Warning", ready[1] or FAILED, ready[2]))
+    return events

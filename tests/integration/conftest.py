@@ -1,0 +1,290 @@
+"""Fixtures for operator tests against the real API server: the operator itself, and the test
+playing the controllers that do not run here (the Kubeflow Training Operator, the Job controller)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.support.controlplane import REPO, ControlPlane
+
+API_VERSION = "kubetune.io/v1alpha1"
+EXAMPLES = REPO / "examples"
+POLL = 0.1
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(POLL)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@pytest.fixture(scope="session")
+def kube(api_client: Any) -> Any:
+    from kubetune_operator.kube import Kube
+
+    return Kube(api_client)
+
+
+@pytest.fixture
+def operator_env(control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {
+        "KUBECONFIG": str(control_plane.kubeconfig),
+        "KUBETUNE_TRAINER_IMAGE": "registry.example.com/kubetune/trainer:test",
+        "KUBETUNE_MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc:5000",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+@contextlib.contextmanager
+def kopf_runner(namespace: str) -> Iterator[Any]:
+    from kopf.testing import KopfRunner
+
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "kubetune_operator.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner
+    # A crash inside the operator thread must fail the test, not hide in a log.
+    assert runner.exception is None, runner.output
+    assert runner.exit_code == 0, runner.output
+
+
+@pytest.fixture
+def operator(operator_env: dict[str, str], namespace: str) -> Iterator[Any]:
+    """The operator (kopf in a thread of this process) watching the test's namespace."""
+    with kopf_runner(namespace) as runner:
+        yield runner
+
+
+class OperatorProcess:
+    """The operator as a real process (``python -m kubetune_operator``), to be killed mid-flight."""
+
+    def __init__(self, namespace: str, env: dict[str, str], log: Path) -> None:
+        self.namespace = namespace
+        self.env = {**os.environ, **env}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kubetune_operator", "--namespace", self.namespace, "--verbose"],
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no graceful stop, like a node loss or an OOM kill."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture
+def operator_process(
+    operator_env: dict[str, str], namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(namespace, operator_env, tmp_path / "operator.log")
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+# --- the test's own objects ----------------------------------------------------------------------------
+
+
+def load_example(name: str, namespace: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())
+    doc["metadata"]["namespace"] = namespace
+    return doc
+
+
+def get_job(kube: Any, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = kube.get(API_VERSION, "FineTuneJob", namespace, name)
+    return obj
+
+
+def phase_of(kube: Any, namespace: str, name: str) -> str | None:
+    obj = kube.get(API_VERSION, "FineTuneJob", namespace, name) or {}
+    return (obj.get("status") or {}).get("phase")
+
+
+def wait_phase(kube: Any, namespace: str, name: str, phase: str, timeout: float = 30.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = get_job(kube, namespace, name)
+        return obj if (obj.get("status") or {}).get("phase") == phase else None
+
+    try:
+        result: dict[str, Any] = wait_for(check, timeout, f"phase {phase}")
+    except AssertionError:
+        raise AssertionError(f"phase {phase} not reached; object: {get_job(kube, namespace, name)}") from None
+    return result
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    raise AssertionError(f"no condition {type_} in {obj.get('status')}")
+
+
+def events_for(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kube.request("GET", f"/api/v1/namespaces/{namespace}/events")
+    return [e for e in out.get("items") or [] if e["involvedObject"].get("name") == name]
+
+
+# --- playing the controllers that do not run here -----------------------------------------------------
+
+
+def set_pytorchjob_condition(kube: Any, namespace: str, name: str, type_: str, message: str = "") -> None:
+    """Play the Training Operator: make ``type_`` the PyTorchJob's latest True condition."""
+    obj = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, name)
+    conditions = [
+        {**c, "status": "False"} if c["type"] in ("Running", "Restarting", "Suspended") else c
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if c["type"] != type_
+    ]
+    conditions.append(
+        {
+            "type": type_,
+            "status": "True",
+            "reason": f"PyTorchJob{type_}",
+            "message": message or f"PyTorchJob {name} is {type_.lower()}.",
+            "lastUpdateTime": now(),
+            "lastTransitionTime": now(),
+        }
+    )
+    status: dict[str, Any] = {"conditions": conditions, "replicaStatuses": {"Master": {}}}
+    if type_ in ("Succeeded", "Failed"):
+        status["completionTime"] = now()
+    kube.patch("kubeflow.org/v1", "PyTorchJob", namespace, name, {"status": status}, subresource="status")
+
+
+def finish_registration_job(
+    kube: Any, namespace: str, job_name: str, *, exit_code: int = 0, message: str = ""
+) -> dict[str, Any]:
+    """Play the Job controller: one pod of the Job that terminated with ``message``, then the
+    Job's final conditions."""
+    job = kube.get("batch/v1", "Job", namespace, job_name)
+    template = job["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{job_name}-abcde",
+            "namespace": namespace,
+            "labels": {**template["metadata"]["labels"], "batch.kubernetes.io/job-name": job_name},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job_name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": template["spec"],
+    }
+    kube.create(pod)
+    container = template["spec"]["containers"][0]
+    kube.patch(
+        "v1",
+        "Pod",
+        namespace,
+        pod["metadata"]["name"],
+        {
+            "status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "containerStatuses": [
+                    {
+                        "name": container["name"],
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "reason": "Completed" if exit_code == 0 else "Error",
+                                "message": message,
+                                "startedAt": now(),
+                                "finishedAt": now(),
+                            }
+                        },
+                    }
+                ],
+            }
+        },
+        subresource="status",
+    )
+    t = now()
+    if exit_code == 0:
+        conditions = [
+            {
+                "type": "SuccessCriteriaMet",
+                "status": "True",
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
+                "lastProbeTime": t,
+                "lastTransitionTime": t,
+            },
+            {
+                "type": "Complete",
+                "status": "True",
+                "reason": "CompletionsReached",
+                "message": "Reached expected number of succeeded pods",
+                "lastProbeTime": t,
+                "lastTransitionTime": t,
+            },
+        ]
+        status = {"startTime": t, "completionTime": t, "succeeded": 1, "conditions": conditions}
+    else:
+        conditions = [
+            {
+                "type": "FailureTarget",
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+                "lastProbeTime": t,
+                "lastTransitionTime": t,
+            },
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit",
+                "lastProbeTime": t,
+                "lastTransitionTime": t,
+            },
+        ]
+        status = {"startTime": t, "failed": 1, "conditions": conditions}
+    result: dict[str, Any] = kube.patch(
+        "batch/v1", "Job", namespace, job_name, {"status": status}, subresource="status"
+    )
+    return result

@@ -1,0 +1,183 @@
+"""The operator against the real API server: the whole flow, with the test playing the Kubeflow
+Training Operator and the Job controller."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from tests.integration.conftest import (
+    API_VERSION,
+    condition,
+    events_for,
+    finish_registration_job,
+    get_job,
+    load_example,
+    set_pytorchjob_condition,
+    wait_for,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+RESULT = {
+    "name": "qwen3_4b_assistant",
+    "version": "3",
+    "uri": "models:/qwen3_4b_assistant/3",
+    "run_id": "0a1b2c3d4e5f",
+    "alias": "champion",
+}
+
+
+def _start(kube: Any, namespace: str, example: str = "qwen3-4b-full.yaml") -> str:
+    doc = load_example(example, namespace)
+    kube.create(doc)
+    return str(doc["metadata"]["name"])
+
+
+def test_pending_training_registering_succeeded(kube: Any, namespace: str, operator: Any) -> None:
+    name = _start(kube, namespace)
+    ptj = f"{name}-train"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    obj = wait_phase(kube, namespace, name, "Pending")
+    assert condition(obj, "ChildrenReady")["status"] == "True"
+    assert obj["status"]["children"] == {
+        "checkpointClaim": f"{name}-ckpt",
+        "configMap": f"{name}-config",
+        "pytorchJob": ptj,
+    }
+
+    set_pytorchjob_condition(kube, namespace, ptj, "Created")
+    set_pytorchjob_condition(kube, namespace, ptj, "Running")
+    obj = wait_phase(kube, namespace, name, "Training")
+    assert obj["status"]["startTime"]
+
+    # The trainer reports progress itself; the operator must keep it.
+    progress = {"step": 10, "totalSteps": 50, "percent": 20, "loss": 1.25}
+    kube.patch(
+        API_VERSION, "FineTuneJob", namespace, name, {"status": {"progress": progress}}, subresource="status"
+    )
+
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    obj = wait_phase(kube, namespace, name, "Registering")
+    assert obj["status"]["progress"] == progress
+    reg = wait_for(
+        lambda: kube.get("batch/v1", "Job", namespace, f"{name}-register"), what="the registration Job"
+    )
+    container = reg["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+    finish_registration_job(kube, namespace, f"{name}-register", message=json.dumps(RESULT))
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    status = obj["status"]
+    assert status["registeredModel"] == {
+        "name": "qwen3_4b_assistant",
+        "version": "3",
+        "uri": "models:/qwen3_4b_assistant/3",
+        "alias": "champion",
+    }
+    assert status["mlflow"]["runId"] == "0a1b2c3d4e5f"
+    assert status["progress"] == progress
+    assert status["completionTime"]
+    assert condition(obj, "Ready") | {"lastTransitionTime": None} == {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Succeeded",
+        "message": "registered model qwen3_4b_assistant version 3",
+        "lastTransitionTime": None,
+        "observedGeneration": 1,
+    }
+    reasons = wait_for(
+        lambda: (
+            {e["reason"] for e in events_for(kube, namespace, name)} >= {"TrainingStarted", "Succeeded"}
+            and {e["reason"] for e in events_for(kube, namespace, name)}
+        ),
+        what="events",
+    )
+    assert {"Created", "TrainingStarted", "RegistrationStarted", "Succeeded"} <= reasons
+
+
+def test_failed_training(kube: Any, namespace: str, operator: Any) -> None:
+    name = _start(kube, namespace)
+    ptj = f"{name}-train"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Running")
+    wait_phase(kube, namespace, name, "Training")
+    set_pytorchjob_condition(
+        kube, namespace, ptj, "Failed", "PyTorchJob has failed because 1 Master replica(s) failed."
+    )
+    obj = wait_phase(kube, namespace, name, "Failed")
+    ready = condition(obj, "Ready")
+    assert ready["status"] == "False"
+    assert ready["reason"] == "TrainingFailed"
+    assert "1 Master replica(s) failed" in ready["message"]
+    assert f"kubectl logs -n {namespace} -l training.kubeflow.org/job-name={ptj}" in ready["message"]
+    assert kube.get("batch/v1", "Job", namespace, f"{name}-register") is None
+    wait_for(
+        lambda: [
+            e
+            for e in events_for(kube, namespace, name)
+            if e["reason"] == "TrainingFailed" and e["type"] == "Warning"
+        ],
+        what="a TrainingFailed warning event",
+    )
+
+
+def test_failed_registration(kube: Any, namespace: str, operator: Any) -> None:
+    name = _start(kube, namespace)
+    ptj = f"{name}-train"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, f"{name}-register"), what="the registration Job")
+    finish_registration_job(
+        kube,
+        namespace,
+        f"{name}-register",
+        exit_code=1,
+        message="mlflow.exceptions.MlflowException: 401 Unauthorized",
+    )
+    obj = wait_phase(kube, namespace, name, "Failed")
+    ready = condition(obj, "Ready")
+    assert ready["reason"] == "RegistrationFailed"
+    assert "401 Unauthorized" in ready["message"]
+    assert "BackoffLimitExceeded" in ready["message"]
+    assert "registeredModel" not in obj["status"]
+    wait_for(
+        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationFailed"],
+        what="a RegistrationFailed event",
+    )
+
+
+def test_suspend_and_resume(kube: Any, namespace: str, operator: Any) -> None:
+    name = _start(kube, namespace)
+    ptj = f"{name}-train"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Running")
+    wait_phase(kube, namespace, name, "Training")
+
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"suspend": True}})
+    wait_for(
+        lambda: (
+            kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["spec"]["runPolicy"]["suspend"] is True
+        ),
+        what="runPolicy.suspend true",
+    )
+    obj = wait_phase(kube, namespace, name, "Suspended")
+    assert condition(obj, "Suspended")["status"] == "True"
+    set_pytorchjob_condition(kube, namespace, ptj, "Suspended")
+
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"suspend": False}})
+    wait_for(
+        lambda: (
+            kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["spec"]["runPolicy"]["suspend"] is False
+        ),
+        what="runPolicy.suspend false",
+    )
+    wait_phase(kube, namespace, name, "Pending")
+    set_pytorchjob_condition(kube, namespace, ptj, "Running")
+    obj = wait_phase(kube, namespace, name, "Training")
+    assert condition(obj, "Suspended")["status"] == "False"
+    assert get_job(kube, namespace, name)["metadata"]["generation"] == 3
+    assert obj["status"]["observedGeneration"] == 3
