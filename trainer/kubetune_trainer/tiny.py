@@ -9,6 +9,7 @@ exactly as they load a Hub model.
 
     python -m kubetune_trainer.tiny --out /tmp/tiny-qwen2                 # on the shipped data
     python -m kubetune_trainer.tiny --out /tmp/tiny-qwen2 --data my.jsonl
+    python -m kubetune_trainer.tiny --assets /opt/kubetune/tiny             # model/ + data/ (image build)
 
 >>> from pathlib import Path; import tempfile
 >>> out = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")  # doctest: +SKIP
@@ -37,6 +38,13 @@ NUM_HEADS = 4
 NUM_KV_HEADS = 2
 MAX_POSITIONS = 1024
 MARKER_FILE = "kubetune-tiny.json"
+
+# Where the tiny model and data live in the trainer image, and what manifests name:
+# ``model.path: /opt/kubetune/tiny/model``, ``dataset.path: /opt/kubetune/tiny/data/tiny-chat.jsonl``.
+# ``kubetune run --local`` maps this prefix to a local cache folder and builds what is missing there.
+TINY_ROOT = "/opt/kubetune/tiny"
+TINY_MODEL = "model"
+TINY_DATA = "data"
 
 
 def _train_tokenizer(texts: list[str]) -> Any:
@@ -141,9 +149,25 @@ def ensure_tiny_model(output_dir: Path, data_path: Path | None = None, *, seed: 
     return build_tiny_model(output_dir, data_path, seed=seed)
 
 
+def ensure_tiny_assets(root: Path) -> Path:
+    """Make ``root`` hold the tiny assets: ``model/`` (built if missing) and ``data/tiny-chat.jsonl``."""
+    from . import tiny_data
+
+    root = Path(root)
+    data = root / TINY_DATA / tiny_data.FILE_NAME
+    if not data.exists():
+        tiny_data.write_jsonl(tiny_data.conversations(), data)
+    ensure_tiny_model(root / TINY_MODEL, data)
+    return root
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kubetune_trainer.tiny", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="folder to write the model into")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="folder to write the model into")
+    where.add_argument(
+        "--assets", type=Path, help=f"folder to fill with model/ and data/ (the image uses {TINY_ROOT})"
+    )
     p.add_argument("--data", type=Path, default=None, help="chat JSONL file or folder (default: built in)")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -151,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.assets:
+        root = ensure_tiny_assets(args.assets)
+        print(f"tiny model and data in {root}")
+        return 0
     out = build_tiny_model(args.out, args.data, seed=args.seed)
     print(f"tiny Qwen2 model written to {out}")
     return 0

@@ -1,0 +1,185 @@
+"""The trainer's hooks into the Hugging Face training loop.
+
+- :class:`PreemptionGuard` turns SIGTERM into "save a checkpoint at the end of this step, then stop"
+  (all ranks agree on it, so no rank waits alone in a collective).
+- :class:`RunCallback` marks each checkpoint COMPLETE once every rank finished writing it, prunes old
+  ones, and (rank 0) sends metrics to MLflow, progress to the FineTuneJob status, and keeps the loss
+  history for ``train-result.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from transformers import TrainerCallback
+
+from . import checkpoints
+from .progress import ProgressReporter
+from .tracking import MlflowTracker
+
+log = logging.getLogger(__name__)
+
+# Test-only fault injection: "kill-before-mark:<step>" makes the process SIGKILL itself after the
+# checkpoint of <step> is written and before it is marked COMPLETE, i.e. a save cut short.
+FAULT_ENV = "KUBETUNE_FAULT_INJECT"
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def barrier() -> None:
+    dist = _dist()
+    if dist is not None:
+        dist.barrier()
+
+
+class PreemptionGuard:
+    """Remembers a SIGTERM; the training loop asks :meth:`agreed` at each step end."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.received_at: float | None = None
+        self._previous: Any = None
+
+    def install(self) -> PreemptionGuard:
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.requested:
+            # Only a flag here: saving from a signal handler could interrupt a half-done step.
+            log.warning("SIGTERM: saving a checkpoint at the end of this step, then exiting")
+        self.requested = True
+        self.received_at = self.received_at or time.monotonic()
+
+    def agreed(self) -> bool:
+        """True on every rank when any rank got SIGTERM (one tiny all-reduce per optimizer step)."""
+        dist = _dist()
+        if dist is None or dist.get_world_size() == 1:
+            return self.requested
+        import torch
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([1 if self.requested else 0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.item()) and not self.requested:
+            self.requested = True
+            self.received_at = time.monotonic()
+        return self.requested
+
+
+class RunCallback(TrainerCallback):
+    def __init__(
+        self,
+        *,
+        checkpoints_root: Path,
+        save_total_limit: int,
+        guard: PreemptionGuard,
+        tracker: MlflowTracker | None,
+        progress: ProgressReporter | None,
+        is_rank0: bool,
+        world_size: int,
+    ) -> None:
+        self.root = checkpoints_root
+        self.keep = save_total_limit
+        self.guard = guard
+        self.tracker = tracker
+        self.progress = progress
+        self.is_rank0 = is_rank0
+        self.world_size = world_size
+        self.losses: list[tuple[int, float]] = []
+        self.eval_losses: list[tuple[int, float]] = []
+        self.saved: list[int] = []
+        self.preempted_at_step: int | None = None
+        self._tokens_mark: tuple[float, float] | None = None  # (time, num_tokens) at the last log
+        self.tokens_per_second: float | None = None
+
+    # --- preemption -------------------------------------------------------------------------
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.guard.agreed() and self.preempted_at_step is None:
+            self.preempted_at_step = state.global_step
+            control.should_save = True
+            control.should_training_stop = True
+        if self.progress is not None:
+            self.progress.on_step(state.global_step, state.epoch)
+        return control
+
+    # --- checkpoints ------------------------------------------------------------------------
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        step = state.global_step
+        path = checkpoints.checkpoint_path(self.root, step)
+        # Every rank wrote its part (rank 0 the weights and optimizer, each rank its RNG state):
+        # only then may the checkpoint be declared complete.
+        barrier()
+        if self.is_rank0:
+            fault = os.environ.get(FAULT_ENV, "")
+            if fault == f"kill-before-mark:{step}":
+                log.error("fault injection: SIGKILL before marking %s complete", path)
+                os.kill(os.getpid(), signal.SIGKILL)
+            checkpoints.mark_complete(path, {"step": step, "world_size": self.world_size})
+            deleted = checkpoints.prune(self.root, self.keep)
+            kept = checkpoints.complete_checkpoints(self.root)
+            log.info(
+                "checkpoint %s complete (%d kept%s)",
+                path,
+                len(kept),
+                f", removed {[c.step for c in deleted]}" if deleted else "",
+            )
+            if self.tracker is not None:
+                self.tracker.log_metrics({"checkpoint_step": step}, step)
+            if self.progress is not None:
+                self.progress.on_checkpoint(path, step, len(kept))
+        self.saved.append(step)
+        # Nobody races ahead (e.g. into the next save, or out of training on preemption) before the
+        # marker is on disk.
+        barrier()
+        return control
+
+    # --- metrics ----------------------------------------------------------------------------
+
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        if not self.is_rank0 or not logs:
+            return control
+        step = state.global_step
+        if "loss" in logs:
+            self.losses.append((step, float(logs["loss"])))
+        if "eval_loss" in logs:
+            self.eval_losses.append((step, float(logs["eval_loss"])))
+        if "num_tokens" in logs:
+            # TRL's num_tokens counts every rank's tokens; the rate between two logs is the run's speed.
+            now, tokens = time.monotonic(), float(logs["num_tokens"])
+            if self._tokens_mark is not None and now > self._tokens_mark[0] and tokens > self._tokens_mark[1]:
+                self.tokens_per_second = (tokens - self._tokens_mark[1]) / (now - self._tokens_mark[0])
+            self._tokens_mark = (now, tokens)
+        metrics = dict(logs)
+        if self.tokens_per_second:
+            metrics["tokens_per_second"] = self.tokens_per_second
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step)
+        if self.progress is not None:
+            self.progress.on_log(logs, self.tokens_per_second)
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.progress is not None:
+            self.progress.on_step(state.global_step, state.epoch)
+            self.progress.report(force=True)
+        return control

@@ -1,0 +1,214 @@
+"""The run plan: what this machine can do with this spec (precision, kernels, checkpointing, packing).
+
+Every choice the spec leaves to kubetune (``precision`` on a CPU, ``liger`` without CUDA,
+``gradientCheckpointing: auto``, ``packing`` without a varlen kernel, the micro-batch from
+``tokensPerStep``) is made here, in one pure function, and each comes with a reason that the
+trainer logs and writes into ``train-result.json``. The performance work (a memory-fit plan for
+tokens per step, varlen FlashAttention registered in transformers' attention registry) changes
+this module, not the training loop.
+
+>>> from kubetune_api.spec import TrainingSpec
+>>> p = make_plan(TrainingSpec(max_steps=10), Hardware(cuda=False, bf16=False, world_size=1))
+>>> p.precision, p.liger, p.gradient_checkpointing, p.padding_free
+('fp32', False, False, True)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import Precision, Toggle, TrainingSpec
+
+# Fraction of GPU memory the plan may fill before it turns gradient checkpointing on (auto).
+MEMORY_HEADROOM = 0.85
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the process runs on."""
+
+    cuda: bool
+    bf16: bool
+    world_size: int = 1
+    gpu_memory_bytes: int | None = None
+    flash_attn: bool = False
+
+    @staticmethod
+    def detect() -> Hardware:
+        import torch
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if torch.cuda.is_available():
+            free_total = torch.cuda.get_device_properties(0).total_memory
+            return Hardware(
+                cuda=True,
+                bf16=torch.cuda.is_bf16_supported(),
+                world_size=world,
+                gpu_memory_bytes=int(free_total),
+                flash_attn=_has_module("flash_attn"),
+            )
+        return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def cpu_has_native_bf16() -> bool:
+    """True when the CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere it is emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The few numbers of a model config the memory estimate needs."""
+
+    params: int
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+
+
+@dataclass
+class Plan:
+    precision: str  # bf16 | fp16 | fp32: what the run actually uses
+    liger: bool
+    gradient_checkpointing: bool
+    packing: bool
+    padding_free: bool
+    attn_implementation: str
+    per_device_batch_size: int
+    torch_compile: bool
+    device: str
+    world_size: int
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def dtype_name(self) -> str:
+        return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[self.precision]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate_training_bytes(shape: ModelShape, *, lora: bool, tokens: int, checkpointing: bool) -> int:
+    """A rough upper bound of GPU memory for one micro-step, in bytes (bf16 weights, AdamW).
+
+    Weights 2 B/param; full fine-tuning adds gradients (2 B) and AdamW states (8 B: two fp32
+    moments). Activations: ~34 bytes per token per hidden unit per layer without checkpointing,
+    ~2 with it (only layer inputs kept). The LM head's logits are not counted: TRL's fused LM head
+    computes the loss in chunks.
+    """
+    weights = 2 * shape.params
+    optimizer = 0 if lora else 10 * shape.params
+    per_layer = 2 if checkpointing else 34
+    activations = tokens * shape.hidden_size * shape.num_layers * per_layer
+    return weights + optimizer + activations
+
+
+def make_plan(
+    training: TrainingSpec, hw: Hardware, *, shape: ModelShape | None = None, lora: bool = True
+) -> Plan:
+    """Decide how to train on ``hw``; pure, so that every branch is unit-tested."""
+    reasons: dict[str, str] = {}
+
+    # Precision: what was asked, unless the hardware cannot do it.
+    precision = str(training.precision)
+    if precision == Precision.BF16 and not hw.bf16:
+        precision = "fp32"
+        reasons["precision"] = (
+            "bf16 asked, but this CPU has no native bf16 (AVX512-BF16/AMX): fp32"
+            if not hw.cuda
+            else "bf16 asked, but this GPU does not support it: fp32"
+        )
+    elif precision == Precision.FP16 and not hw.cuda:
+        precision = "fp32"
+        reasons["precision"] = "fp16 mixed precision needs a GPU: fp32"
+    else:
+        reasons["precision"] = f"{precision} as asked"
+
+    # Liger's kernels are Triton kernels: CUDA only.
+    liger = bool(training.liger and hw.cuda)
+    if training.liger and not hw.cuda:
+        reasons["liger"] = "Liger kernels are Triton (CUDA) kernels: off on CPU"
+    else:
+        reasons["liger"] = "on" if liger else "off as asked"
+
+    # Packing, padding-free: sequences are concatenated with position_ids restarting at 0 and no
+    # attention mask. FlashAttention-2's varlen kernel uses the boundaries directly; SDPA and eager
+    # get a block-diagonal causal mask that transformers builds from the position_ids. Either way
+    # no token attends across examples.
+    packing = bool(training.packing)
+    if packing and hw.flash_attn:
+        attn = "flash_attention_2"
+        reasons["packing"] = "padding-free packing, FlashAttention-2 varlen kernel"
+    elif packing:
+        attn = "sdpa"
+        reasons["packing"] = (
+            "padding-free packing with SDPA and a block-diagonal mask from position_ids "
+            "(no varlen kernel here: exact, but slower than FlashAttention)"
+        )
+    else:
+        attn = "sdpa"
+        reasons["packing"] = "off as asked: padded batches"
+
+    # Micro-batch: with packing, tokensPerStep sets the tokens per GPU per micro-step.
+    batch = training.batch_size
+    if packing and training.tokens_per_step:
+        batch = max(1, training.tokens_per_step // training.max_length)
+        reasons["batch"] = f"tokensPerStep {training.tokens_per_step} / maxLength {training.max_length}"
+    tokens = batch * training.max_length
+
+    # Gradient checkpointing: always/never as asked; auto only when the estimate does not fit.
+    toggle = str(training.gradient_checkpointing)
+    if toggle == Toggle.ALWAYS:
+        checkpointing = True
+        reasons["gradient_checkpointing"] = "always, as asked"
+    elif toggle == Toggle.NEVER:
+        checkpointing = False
+        reasons["gradient_checkpointing"] = "never, as asked"
+    elif not hw.cuda:
+        checkpointing = False
+        reasons["gradient_checkpointing"] = "auto on CPU: off (memory is not the limit, time is)"
+    elif shape is None or hw.gpu_memory_bytes is None:
+        checkpointing = True
+        reasons["gradient_checkpointing"] = "auto without a memory estimate: on (safe)"
+    else:
+        need = estimate_training_bytes(shape, lora=lora, tokens=tokens, checkpointing=False)
+        budget = int(hw.gpu_memory_bytes * MEMORY_HEADROOM)
+        checkpointing = need > budget
+        reasons["gradient_checkpointing"] = (
+            f"auto: ~{need / 2**30:.1f} GiB needed without it vs {budget / 2**30:.1f} GiB budget: "
+            + ("on" if checkpointing else "off")
+        )
+
+    compile_toggle = str(training.torch_compile)
+    torch_compile = compile_toggle == Toggle.ALWAYS
+    reasons["torch_compile"] = (
+        "always, as asked"
+        if torch_compile
+        else ("never, as asked" if compile_toggle == Toggle.NEVER else "auto: off (not yet planned)")
+    )
+
+    return Plan(
+        precision=precision,
+        liger=liger,
+        gradient_checkpointing=checkpointing,
+        packing=packing,
+        padding_free=packing,
+        attn_implementation=attn,
+        per_device_batch_size=batch,
+        torch_compile=torch_compile,
+        device="cuda" if hw.cuda else "cpu",
+        world_size=hw.world_size,
+        reasons=reasons,
+    )

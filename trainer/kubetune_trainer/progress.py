@@ -1,0 +1,167 @@
+"""Training progress into the FineTuneJob status (``status.progress``, ``status.checkpoints``).
+
+In a cluster, rank 0 patches the ``finetunejobs/status`` subresource with the pod's service-account
+token (in-cluster config); the operator's RBAC grants the trainer's service account exactly that
+(``patch`` on ``finetunejobs/status``). Patches are throttled (at most every ``min_interval_s``,
+plus one at each checkpoint and at the end), and an API error never fails training: it is logged
+once and the next report tries again. Locally (``report_progress: false``) nothing is reported.
+
+The status fields (camelCase, as in :class:`kubetune_api.spec.Progress`)::
+
+    progress:    step, totalSteps, percent, epoch, loss, evalLoss, tokensPerSecond, etaSeconds, updatedAt
+    checkpoints: latest, latestStep, count
+
+>>> p = ProgressState(total_steps=100)
+>>> p.update(step=25, epoch=0.5, now=10.0, start=0.0)
+>>> p.as_status()["progress"]["percent"], p.as_status()["progress"]["etaSeconds"]
+(25, 30)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import GROUP, PLURAL, VERSION
+
+log = logging.getLogger(__name__)
+
+MIN_INTERVAL_S = 15.0
+PatchFn = Callable[[dict[str, Any]], None]
+
+
+def _now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class ProgressState:
+    """What rank 0 knows about the run; pure, so it is easy to test."""
+
+    total_steps: int
+    step: int = 0
+    epoch: float | None = None
+    loss: float | None = None
+    eval_loss: float | None = None
+    tokens_per_second: float | None = None
+    eta_seconds: int | None = None
+    checkpoint_latest: str | None = None
+    checkpoint_step: int | None = None
+    checkpoint_count: int | None = None
+    # For the ETA: steps done by this attempt, and when it started (a resumed run starts mid-way).
+    _first_step: int | None = field(default=None, repr=False)
+
+    def update(self, *, step: int, epoch: float | None, now: float, start: float) -> None:
+        if self._first_step is None:
+            self._first_step = 0 if step <= 1 else step - 1
+        self.step = step
+        self.epoch = epoch
+        done = step - self._first_step
+        elapsed = now - start
+        if done > 0 and elapsed > 0 and self.total_steps:
+            self.eta_seconds = max(0, round((self.total_steps - step) * elapsed / done))
+
+    def as_status(self) -> dict[str, Any]:
+        percent = round(100 * self.step / self.total_steps) if self.total_steps else None
+        progress = {
+            "step": self.step,
+            "totalSteps": self.total_steps,
+            "percent": min(percent, 100) if percent is not None else None,
+            "epoch": round(self.epoch, 4) if self.epoch is not None else None,
+            "loss": self.loss,
+            "evalLoss": self.eval_loss,
+            "tokensPerSecond": round(self.tokens_per_second, 1) if self.tokens_per_second else None,
+            "etaSeconds": self.eta_seconds,
+            "updatedAt": _now_rfc3339(),
+        }
+        status: dict[str, Any] = {"progress": {k: v for k, v in progress.items() if v is not None}}
+        if self.checkpoint_latest is not None:
+            status["checkpoints"] = {
+                "latest": self.checkpoint_latest,
+                "latestStep": self.checkpoint_step,
+                "count": self.checkpoint_count,
+            }
+        return status
+
+
+def in_cluster_patcher(namespace: str, name: str) -> PatchFn:
+    """A function that merge-patches the FineTuneJob's status with the pod's service account."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    api = client.CustomObjectsApi()
+
+    def patch(status: dict[str, Any]) -> None:
+        # A dict body goes out as a JSON merge patch: only the keys we send change.
+        api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10
+        )
+
+    return patch
+
+
+class ProgressReporter:
+    """Throttled, failure-proof status reports. ``patch=None`` makes every call a no-op."""
+
+    def __init__(
+        self, patch: PatchFn | None, total_steps: int, *, min_interval_s: float = MIN_INTERVAL_S
+    ) -> None:
+        self.patch = patch
+        self.state = ProgressState(total_steps=total_steps)
+        self.min_interval_s = min_interval_s
+        self.start = time.monotonic()
+        self._last_sent = float("-inf")
+        self._failing = False
+        self.sent = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.patch is not None
+
+    def report(self, *, force: bool = False) -> bool:
+        """Send the current state if forced or the interval has passed; True when it was sent."""
+        if self.patch is None:
+            return False
+        now = time.monotonic()
+        if not force and now - self._last_sent < self.min_interval_s:
+            return False
+        self._last_sent = now
+        try:
+            self.patch(self.state.as_status())
+        except Exception as e:  # API down, RBAC, object deleted: progress is never worth a failed run
+            if not self._failing:
+                log.warning("could not report progress to the FineTuneJob status: %s", _short(e))
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("progress reports reach the FineTuneJob status again")
+        self._failing = False
+        self.sent += 1
+        return True
+
+    def on_step(self, step: int, epoch: float | None) -> None:
+        self.state.update(step=step, epoch=epoch, now=time.monotonic(), start=self.start)
+        self.report()
+
+    def on_log(self, logs: dict[str, Any], tokens_per_second: float | None) -> None:
+        if "loss" in logs:
+            self.state.loss = float(logs["loss"])
+        if "eval_loss" in logs:
+            self.state.eval_loss = float(logs["eval_loss"])
+        if tokens_per_second:
+            self.state.tokens_per_second = tokens_per_second
+
+    def on_checkpoint(self, path: Path, step: int, count: int) -> None:
+        self.state.checkpoint_latest = str(path)
+        self.state.checkpoint_step = step
+        self.state.checkpoint_count = count
+        self.report(force=True)
+
+
+def _short(e: Exception, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,606 @@
+"""Fine-tune a causal LM as a FineTuneJob says: TRL SFTTrainer, LoRA or full, resumable, tracked.
+
+Launched by ``torchrun`` in each PyTorchJob pod (one process per GPU), or as a plain process::
+
+    torchrun --nproc_per_node 8 -m kubetune_trainer.train --config /etc/kubetune/config.yaml
+    python -m kubetune_trainer.train --config runs/tiny/config.yaml     # one process, CPU or GPU
+
+What it does, in order: clean up checkpoints whose save was cut short, open (or re-open) the job's
+MLflow run on rank 0, load the base model and tokenizer (ChatML template and pad token when
+missing, as the notebooks do), load the data (Hub id or JSONL/JSON/Parquet file or folder; chat
+``messages``, prompt/completion or text), decide the plan for this hardware
+(:mod:`kubetune_trainer.plan`), train with TRL's SFTTrainer from the newest complete checkpoint, and
+write the final model (adapter or full weights + tokenizer) to ``<output_dir>/final`` with its
+COMPLETE marker, and ``train-result.json``.
+
+Exit codes: 0 trained (or already trained); 143 (``EXIT_PREEMPTED``) SIGTERM arrived, a checkpoint
+was saved, run again to continue; anything else failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import DatasetFormat, DatasetSource, Method
+from kubetune_api.trainer_config import (
+    COMPLETE_MARKER,
+    EXIT_PREEMPTED,
+    FINAL_DIR,
+    TRAIN_RESULT_FILE,
+    TrainerConfig,
+    dump_json,
+)
+
+from . import checkpoints
+
+log = logging.getLogger("kubetune_trainer.train")
+
+DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+# --- process / distributed environment -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_env() -> Dist:
+        return Dist(
+            rank=int(os.environ.get("RANK", "0")),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        )
+
+
+def setup_logging(dist: Dist) -> None:
+    level = logging.INFO if dist.is_rank0 else logging.WARNING
+    fmt = f"%(asctime)s [rank{dist.rank}] %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
+    # The libraries' own chatter (weight loading bars, deprecation notes) drowns the run's story.
+    for noisy in ("transformers", "datasets", "accelerate", "peft", "trl", "mlflow", "alembic", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if dist.is_rank0 else logging.ERROR)
+
+
+def hf_token() -> str | None:
+    """The Hugging Face token from the environment (a secretKeyRef in a pod); never logged."""
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+# --- model and tokenizer ---------------------------------------------------------------------------
+
+
+def model_source(cfg: TrainerConfig) -> tuple[str, dict[str, Any]]:
+    """Where to load the base model from, and the loading arguments that depend on the source."""
+    src = cfg.spec.model
+    if src.path:
+        return src.path, {}
+    assert src.name is not None  # the spec guarantees exactly one of name/path
+    return src.name, {"revision": src.revision, "token": hf_token()}
+
+
+def build_tokenizer(cfg: TrainerConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    where, kwargs = model_source(cfg)
+    return AutoTokenizer.from_pretrained(where, trust_remote_code=cfg.spec.model.trust_remote_code, **kwargs)
+
+
+def build_model(cfg: TrainerConfig, plan: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    where, kwargs = model_source(cfg)
+    dtype = getattr(torch, plan.dtype_name)
+    model = AutoModelForCausalLM.from_pretrained(
+        where,
+        dtype=dtype,
+        attn_implementation=plan.attn_implementation,
+        trust_remote_code=cfg.spec.model.trust_remote_code,
+        **kwargs,
+    )
+    # The KV cache is useless in training and warns with gradient checkpointing.
+    model.config.use_cache = False
+    return model
+
+
+def model_shape(cfg: TrainerConfig) -> Any:
+    """Parameter count and sizes from the model config alone (no weights loaded) for the plan."""
+    from transformers import AutoConfig
+
+    from .plan import ModelShape
+
+    where, kwargs = model_source(cfg)
+    conf = AutoConfig.from_pretrained(where, trust_remote_code=cfg.spec.model.trust_remote_code, **kwargs)
+    text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
+    vocab = int(getattr(text, "vocab_size", 0) or 0)
+    inter = int(getattr(text, "intermediate_size", 4 * hidden) or 4 * hidden)
+    # Attention (4 h^2) + gated MLP (3 h i) per layer, plus embeddings: close enough for a plan.
+    params = layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
+    return ModelShape(params=params, hidden_size=hidden, num_layers=layers, vocab_size=vocab)
+
+
+def build_peft_config(cfg: TrainerConfig) -> Any:
+    if cfg.spec.method != Method.LORA:
+        return None
+    from peft import LoraConfig, TaskType
+
+    lora = cfg.spec.lora_settings()
+    targets: Any = lora.target_modules
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias="none",
+    )
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+
+def _data_files(path: Path) -> tuple[str, dict[str, list[str]] | list[str]]:
+    """The datasets builder and data_files for a file, or a folder of files (named by split or not)."""
+    if path.is_file():
+        builder = DATA_SUFFIXES.get(path.suffix)
+        if builder is None:
+            raise ValueError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
+        return builder, [str(path)]
+    if not path.is_dir():
+        raise FileNotFoundError(f"dataset path {path} does not exist")
+    files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
+    if not files:
+        raise ValueError(f"{path}: no .jsonl, .json or .parquet files in this folder")
+    builders = {DATA_SUFFIXES[p.suffix] for p in files}
+    if len(builders) > 1:
+        raise ValueError(f"{path}: mixes JSON and Parquet files; keep one kind per folder")
+    # Files named after splits (train.jsonl, test.jsonl) become those splits; otherwise all is "train".
+    by_split: dict[str, list[str]] = {}
+    for p in files:
+        by_split.setdefault(p.stem.split("-")[0], []).append(str(p))
+    if "train" in by_split:
+        return builders.pop(), by_split
+    return builders.pop(), {"train": [str(p) for p in files]}
+
+
+def load_splits(src: DatasetSource) -> tuple[Any, Any]:
+    """(train, eval or None) as the spec says: a split, an eval split, or an eval fraction."""
+    from datasets import load_dataset
+
+    if src.path:
+        builder, files = _data_files(Path(src.path))
+        data = load_dataset(builder, data_files=files)
+    else:
+        data = load_dataset(src.name, src.subset, revision=src.revision, token=hf_token())
+    if src.split not in data:
+        raise ValueError(f"dataset has no split {src.split!r} (it has {sorted(data)})")
+    train = data[src.split]
+    evaluation = None
+    if src.eval_split:
+        if src.eval_split not in data:
+            raise ValueError(f"dataset has no eval split {src.eval_split!r} (it has {sorted(data)})")
+        evaluation = data[src.eval_split]
+    elif src.eval_fraction:
+        # The fixed seed makes every rank and every restart hold out the same rows.
+        parts = train.train_test_split(test_size=src.eval_fraction, seed=src.seed)
+        train, evaluation = parts["train"], parts["test"]
+    return train, evaluation
+
+
+def detect_format(columns: list[str], declared: str) -> str:
+    """The row format: as declared, or from the columns (messages > prompt/completion > text)."""
+    if declared != DatasetFormat.AUTO:
+        needed = {
+            DatasetFormat.MESSAGES: ["messages"],
+            DatasetFormat.PROMPT_COMPLETION: ["prompt", "completion"],
+            DatasetFormat.TEXT: ["text"],
+        }[DatasetFormat(declared)]
+        missing = [c for c in needed if c not in columns]
+        if missing:
+            raise ValueError(f"dataset format {declared} needs column(s) {missing}; the data has {columns}")
+        return declared
+    if "messages" in columns:
+        return DatasetFormat.MESSAGES
+    if "prompt" in columns and "completion" in columns:
+        return DatasetFormat.PROMPT_COMPLETION
+    if "text" in columns:
+        return DatasetFormat.TEXT
+    raise ValueError(
+        f"cannot tell the dataset format from its columns {columns}: expected 'messages', "
+        "'prompt' + 'completion', or 'text' (or set spec.dataset.format)"
+    )
+
+
+def keep_columns(dataset: Any, fmt: str) -> Any:
+    """Only the columns TRL should see: extra ones confuse its format detection."""
+    if dataset is None:
+        return None
+    wanted = {
+        DatasetFormat.MESSAGES: {"messages"},
+        DatasetFormat.PROMPT_COMPLETION: {"prompt", "completion"},
+        DatasetFormat.TEXT: {"text"},
+    }[DatasetFormat(fmt)]
+    extra = [c for c in dataset.column_names if c not in wanted]
+    return dataset.remove_columns(extra) if extra else dataset
+
+
+def build_datasets(cfg: TrainerConfig) -> tuple[Any, Any, str]:
+    train, evaluation = load_splits(cfg.spec.dataset)
+    fmt = detect_format(list(train.column_names), str(cfg.spec.dataset.format))
+    if cfg.spec.training.assistant_only_loss and fmt != DatasetFormat.MESSAGES:
+        raise ValueError("spec.training.assistantOnlyLoss needs chat data (a 'messages' column)")
+    return keep_columns(train, fmt), keep_columns(evaluation, fmt), fmt
+
+
+# --- trainer ---------------------------------------------------------------------------------------
+
+
+def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool) -> Any:
+    from trl import SFTConfig
+
+    t = cfg.spec.training
+    root = checkpoints.checkpoints_root(cfg.output_dir)
+    steps_or_epochs: dict[str, Any] = (
+        {"max_steps": t.max_steps} if t.max_steps is not None else {"num_train_epochs": t.epochs}
+    )
+    warmup: float = t.warmup_steps if t.warmup_steps is not None else (t.warmup_ratio or 0.0)
+    evaluation: dict[str, Any] = {"eval_strategy": "no"}
+    if has_eval:
+        evaluation = {
+            "eval_strategy": "steps",
+            "eval_steps": t.eval_steps or t.save_steps,
+            "per_device_eval_batch_size": plan.per_device_batch_size,
+        }
+    kwargs: dict[str, Any] = {}
+    if plan.liger:
+        # Layer kernels (RMSNorm, RoPE, SwiGLU); TRL's own fused LM head computes the loss in chunks.
+        kwargs["use_liger_kernel"] = True
+    return SFTConfig(
+        output_dir=str(root),
+        **steps_or_epochs,
+        per_device_train_batch_size=plan.per_device_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=warmup,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        seed=t.seed,
+        data_seed=t.seed,
+        bf16=plan.precision == "bf16",
+        fp16=plan.precision == "fp16",
+        use_cpu=plan.device == "cpu",
+        gradient_checkpointing=plan.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if plan.gradient_checkpointing else None,
+        torch_compile=plan.torch_compile,
+        max_length=t.max_length,
+        packing=plan.packing,
+        packing_strategy="bfd",
+        padding_free=plan.padding_free,
+        assistant_only_loss=t.assistant_only_loss,
+        dataset_text_field="text",
+        logging_steps=t.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        # Retention is ours (checkpoints.prune): it only ever counts complete checkpoints.
+        save_total_limit=None,
+        report_to="none",
+        disable_tqdm=not progress_bar,
+        dataloader_pin_memory=plan.device == "cuda",
+        # LoRA freezes most of the model; DDP must not wait for gradients that never come.
+        ddp_find_unused_parameters=False,
+        **evaluation,
+        **kwargs,
+    )
+
+
+def build_trainer(
+    model: Any, tokenizer: Any, args: Any, *, train: Any, evaluation: Any, peft: Any, callbacks: list[Any]
+) -> Any:
+    from trl import SFTTrainer
+
+    return SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+        peft_config=peft,
+        callbacks=callbacks,
+    )
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    status: str  # succeeded | preempted | already-complete
+    exit_code: int
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+def write_final(trainer: Any, tokenizer: Any, final_dir: Path, dist: Dist, info: dict[str, Any]) -> None:
+    """Write the trained model + tokenizer to ``final/``, then (rank 0) its COMPLETE marker."""
+    import shutil
+
+    from .callbacks import barrier
+
+    if dist.is_rank0 and final_dir.exists():
+        # A previous attempt died while writing it: never mix old and new files.
+        shutil.rmtree(final_dir)
+    barrier()
+    # save_model gathers what it needs from every rank (and writes on rank 0 only).
+    trainer.save_model(str(final_dir))
+    if dist.is_rank0:
+        tokenizer.save_pretrained(str(final_dir))
+    barrier()
+    if dist.is_rank0:
+        checkpoints.mark_complete(final_dir, info)
+    barrier()
+
+
+def _first_last(losses: list[tuple[int, float]]) -> tuple[float | None, float | None]:
+    return (losses[0][1], losses[-1][1]) if losses else (None, None)
+
+
+def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
+    """Train as ``cfg`` says; the caller turns the outcome into the exit code."""
+    from .callbacks import PreemptionGuard, RunCallback
+    from .chat import ensure_chat_format
+    from .plan import Hardware, make_plan
+    from .progress import ProgressReporter, in_cluster_patcher
+    from .tracking import MlflowTracker
+
+    dist = Dist.from_env()
+    setup_logging(dist)
+    guard = PreemptionGuard().install()
+    started = time.monotonic()
+    output_dir = Path(cfg.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    final_dir = output_dir / FINAL_DIR
+    root = checkpoints.checkpoints_root(output_dir)
+    result_path = output_dir / TRAIN_RESULT_FILE
+
+    if (final_dir / COMPLETE_MARKER).is_file():
+        # Training finished in an earlier attempt (which died before it could exit 0).
+        log.info("%s is complete: nothing to train", final_dir)
+        guard.uninstall()
+        return Outcome("already-complete", 0, {"final_dir": str(final_dir)})
+
+    if dist.is_rank0:
+        checkpoints.remove_incomplete(root)
+    resume = checkpoints.latest_complete(root)
+
+    tracker = MlflowTracker(cfg, output_dir) if dist.is_rank0 else None
+    if tracker is not None:
+        tracker.start({"kubetune.worldSize": str(dist.world_size)})
+
+    status = "FAILED"
+    try:
+        hw = Hardware.detect()
+        plan = make_plan(cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA)
+        for what, why in plan.reasons.items():
+            log.info("plan: %s: %s", what, why)
+
+        tokenizer = build_tokenizer(cfg)
+        model = build_model(cfg, plan)
+        ensure_chat_format(model, tokenizer)
+        train_ds, eval_ds, fmt = build_datasets(cfg)
+        log.info(
+            "data: %d training rows, %s eval rows, format %s",
+            len(train_ds),
+            len(eval_ds) if eval_ds is not None else "no",
+            fmt,
+        )
+
+        if progress_bar is None:
+            progress_bar = sys.stderr.isatty()
+        args = build_sft_config(cfg, plan, has_eval=eval_ds is not None, progress_bar=progress_bar)
+        patcher = None
+        if cfg.report_progress and dist.is_rank0:
+            try:
+                patcher = in_cluster_patcher(cfg.job.namespace, cfg.job.name)
+            except Exception as e:  # not in a cluster, no token: report nothing, train anyway
+                log.warning("progress reporting off: %s", e)
+        reporter = ProgressReporter(patcher, total_steps=0) if patcher is not None else None
+        callback = RunCallback(
+            checkpoints_root=root,
+            save_total_limit=cfg.spec.training.save_total_limit,
+            guard=guard,
+            tracker=tracker,
+            progress=reporter,
+            is_rank0=dist.is_rank0,
+            world_size=dist.world_size,
+        )
+        trainer = build_trainer(
+            model,
+            tokenizer,
+            args,
+            train=train_ds,
+            evaluation=eval_ds,
+            peft=build_peft_config(cfg),
+            callbacks=[callback],
+        )
+        if reporter is not None:
+            reporter.state.total_steps = _planned_steps(trainer)
+
+        if guard.agreed():
+            # SIGTERM while loading: nothing new to save, the next attempt starts where this one did.
+            status = "KILLED"
+            return _finish_preempted(
+                cfg,
+                dist=dist,
+                tracker=tracker,
+                callback=callback,
+                resume=resume,
+                result_path=result_path,
+                started=started,
+                plan=plan,
+            )
+
+        if resume is not None:
+            log.info("resuming from %s (step %d)", resume.path, resume.step)
+        train_output = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
+
+        if callback.preempted_at_step is not None:
+            status = "KILLED"
+            return _finish_preempted(
+                cfg,
+                dist=dist,
+                tracker=tracker,
+                callback=callback,
+                resume=resume,
+                result_path=result_path,
+                started=started,
+                plan=plan,
+            )
+
+        write_final(
+            trainer,
+            tokenizer,
+            final_dir,
+            dist,
+            {
+                "step": trainer.state.global_step,
+                "method": str(cfg.spec.method),
+                "config_hash": cfg.config_hash(),
+            },
+        )
+        first, last = _first_last(callback.losses)
+        result = {
+            "status": "succeeded",
+            "global_step": trainer.state.global_step,
+            "planned_steps": trainer.state.max_steps,
+            "epoch": trainer.state.epoch,
+            "first_loss": first,
+            "final_loss": last,
+            "train_loss": train_output.training_loss,
+            "losses": callback.losses,
+            "eval_losses": callback.eval_losses,
+            "resumed_from": str(resume.path) if resume else None,
+            "resumed_from_step": resume.step if resume else None,
+            "final_dir": str(final_dir),
+            "checkpoints": [str(c.path) for c in checkpoints.complete_checkpoints(root)],
+            "world_size": dist.world_size,
+            "plan": plan.as_dict(),
+            "data_format": fmt,
+            "seconds": round(time.monotonic() - started, 1),
+        }
+        if tracker is not None:
+            tracker.log_metrics({"final_train_loss": train_output.training_loss}, trainer.state.global_step)
+            tracker.set_tags({"kubetune.final_dir": str(final_dir)})
+        status = "FINISHED"
+        if dist.is_rank0:
+            result.update(tracker.result() if tracker else {})
+            dump_json(result, result_path)
+            log.info(
+                "trained %d steps; loss %s -> %s; final model in %s",
+                result["global_step"],
+                first,
+                last,
+                final_dir,
+            )
+        return Outcome("succeeded", 0, result)
+    finally:
+        guard.uninstall()
+        if tracker is not None:
+            tracker.finish(status)
+
+
+def _planned_steps(trainer: Any) -> int:
+    """Optimizer steps the run will take (max_steps, or epochs x batches per epoch)."""
+    args = trainer.args
+    if args.max_steps and args.max_steps > 0:
+        return int(args.max_steps)
+    import math
+
+    batches = len(trainer.get_train_dataloader())
+    per_epoch = max(1, math.ceil(batches / args.gradient_accumulation_steps))
+    return math.ceil(per_epoch * args.num_train_epochs)
+
+
+def _finish_preempted(
+    cfg: TrainerConfig,
+    *,
+    dist: Dist,
+    tracker: Any,
+    callback: Any,
+    resume: Any,
+    result_path: Path,
+    started: float,
+    plan: Any,
+) -> Outcome:
+    root = checkpoints.checkpoints_root(cfg.output_dir)
+    latest = checkpoints.latest_complete(root)
+    first, last = _first_last(callback.losses)
+    result = {
+        "status": "preempted",
+        "preempted_at_step": callback.preempted_at_step,
+        "latest_checkpoint": str(latest.path) if latest else None,
+        "latest_checkpoint_step": latest.step if latest else None,
+        "resumed_from": str(resume.path) if resume else None,
+        "resumed_from_step": resume.step if resume else None,
+        "first_loss": first,
+        "final_loss": last,
+        "losses": callback.losses,
+        "world_size": dist.world_size,
+        "plan": plan.as_dict(),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    if dist.is_rank0:
+        result.update(tracker.result() if tracker else {})
+        dump_json(result, result_path)
+        log.warning(
+            "preempted: checkpoint %s saved; exiting %d so that the run is retried",
+            result["latest_checkpoint"],
+            EXIT_PREEMPTED,
+        )
+    return Outcome("preempted", EXIT_PREEMPTED, result)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kubetune_trainer.train", description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=Path, required=True, help="trainer config YAML (TrainerConfig)")
+    p.add_argument(
+        "--progress-bar",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar (default: when stderr is a terminal)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = TrainerConfig.load(args.config)
+    outcome = run(cfg, progress_bar=args.progress_bar)
+    if outcome.status == "preempted":
+        sys.stderr.flush()
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    code = main()
+    # Leave through the normal path on success; a preempted run must not look like one.
+    sys.exit(code)
