@@ -1,0 +1,594 @@
+"""Register the trained model in MLflow: the post-training step (a ``batch/v1`` Job, no GPU).
+
+    python -m kubetune_trainer.register --config /etc/kubetune/config.yaml
+    python -m kubetune_trainer.register --config job.yaml --retry-budget 30 --termination-message-path /tmp/t
+
+It reads the trainer config, loads the final model from ``<output_dir>/final`` (refused without its
+``COMPLETE`` marker), logs it with MLflow's transformers flavour as a chat model (``llm/v1/chat``)
+into the job's training run (``<output_dir>/mlflow-run.json``; created when training could not reach
+MLflow), registers it under the config's registered model name, points the alias at it, and tags
+the version and the run with the job's lineage. The result ``{name, version, uri, run_id, alias}``
+goes to ``<output_dir>/register-result.json`` and to the container's termination message, where
+the operator reads it from the pod status.
+
+LoRA:
+
+* ``registration.mergeLora: true`` (the default, as the notebooks do): the adapter is merged into
+  the base model (``merge_and_unload``); the MLflow model is a plain, self-contained transformers
+  model.
+* ``mergeLora: false``: the MLflow model is the PEFT model, and only the adapter and the trained
+  tokenizer are stored. The base model is referenced, as MLflow's PEFT support does it: a base on a
+  volume by its path (``base_model_path``; loading needs that path, or
+  ``mlflow.transformers.load_model(uri, base_model_path=...)``); a Hub base by its repository id,
+  at the commit MLflow resolves on the Hub when logging (the Hub's newest for that id, which
+  may differ from a pinned ``model.revision``; the version's ``kubetune.base_model.revision`` tag
+  keeps the one trained on). MLflow also takes the tokenizer of a Hub base from the Hub, so a
+  template added in training is lost: keep ``mergeLora: true`` unless the adapter alone is wanted.
+
+Idempotent: a model version of this registered model whose tags carry this job's identity and
+config hash, logged from this run, is reused (run it twice, get one version). A logged model of
+this run with the same tags that was never registered (the step was interrupted between logging
+and registering) is registered instead of logging again. Each MLflow step looks again before it
+writes, so a retry after a lost response does not duplicate either.
+
+MLflow unreachable (connection errors, timeouts, 5xx): retried with exponential backoff until it
+has been unreachable for ``--retry-budget`` seconds in total (default 600;
+``KUBETUNE_REGISTER_RETRY_BUDGET_S``). MLflow refusing (4xx: permission denied, invalid name):
+no retry. Either way the error names the tracking URI.
+
+Exit codes: 0 registered (or already registered, or registration disabled); 1 unexpected error;
+2 nothing to register (no complete final model, or a model that does not match the spec);
+3 MLflow refused; 4 MLflow unreachable for the whole retry budget.
+
+Credentials come only from the environment (``MLFLOW_TRACKING_TOKEN``/``USERNAME``/``PASSWORD``,
+``HF_TOKEN``); their values never reach logs, tags, params or results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import Method
+from kubetune_api.trainer_config import (
+    COMPLETE_MARKER,
+    FINAL_DIR,
+    MLFLOW_RUN_FILE,
+    REGISTER_RESULT_FILE,
+    TrainerConfig,
+    dump_json,
+)
+
+from .mlflow_client import (
+    MlflowError,
+    MlflowRefusedError,
+    MlflowUnavailableError,
+    Retrier,
+    configure_mlflow_http,
+    install_log_redaction,
+    redact,
+    redact_uri,
+)
+
+log = logging.getLogger("kubetune_trainer.register")
+
+TASK = "llm/v1/chat"
+MODEL_NAME_IN_RUN = "model"
+DEFAULT_RETRY_BUDGET_S = 600.0
+RETRY_BUDGET_ENV = "KUBETUNE_REGISTER_RETRY_BUDGET_S"
+TERMINATION_MESSAGE_ENV = "KUBETUNE_TERMINATION_MESSAGE_PATH"
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+# The kubelet keeps at most 4096 bytes of a termination message.
+TERMINATION_MESSAGE_LIMIT = 4096
+# Seconds to wait for a new model version to become READY (OSS servers create it READY at once).
+AWAIT_REGISTRATION_S = 300
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_NOTHING_TO_REGISTER = 2
+EXIT_REFUSED = 3
+EXIT_UNAVAILABLE = 4
+
+# Lineage tags, on the model version, the logged model and the run. The job/config-hash keys are
+# the ones the trainer tags its run with (kubetune_trainer.tracking); they also make registration
+# idempotent.
+TAG_JOB_NAME = "kubetune.job.name"
+TAG_JOB_NAMESPACE = "kubetune.job.namespace"
+TAG_JOB_UID = "kubetune.job.uid"
+TAG_CONFIG_HASH = "kubetune.config_hash"
+TAG_BASE_MODEL = "kubetune.base_model"
+TAG_BASE_MODEL_REVISION = "kubetune.base_model.revision"
+TAG_DATASET = "kubetune.dataset"
+TAG_DATASET_REVISION = "kubetune.dataset.revision"
+TAG_METHOD = "kubetune.method"
+TAG_LORA_MERGED = "kubetune.lora_merged"
+TAG_REGISTERED_MODEL = "kubetune.registered_model"
+IDENTITY_TAGS = (TAG_JOB_NAME, TAG_JOB_NAMESPACE, TAG_JOB_UID, TAG_CONFIG_HASH)
+
+
+class NothingToRegisterError(RuntimeError):
+    """No complete final model, or one that does not match the spec."""
+
+
+# --- what to tag ----------------------------------------------------------------------------------------
+
+
+def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
+    """Where the model came from: job, base model, data set, method, config hash. Never a secret."""
+    spec = cfg.spec
+    tags = {
+        TAG_JOB_NAME: cfg.job.name,
+        TAG_JOB_NAMESPACE: cfg.job.namespace,
+        TAG_CONFIG_HASH: cfg.config_hash(),
+        TAG_METHOD: str(spec.method),
+    }
+    if cfg.job.uid:
+        tags[TAG_JOB_UID] = cfg.job.uid
+    if spec.model.name:
+        tags[TAG_BASE_MODEL] = spec.model.name
+        tags[TAG_BASE_MODEL_REVISION] = spec.model.revision
+    else:
+        tags[TAG_BASE_MODEL] = str(spec.model.path)
+    if spec.dataset.name:
+        subset = f":{spec.dataset.subset}" if spec.dataset.subset else ""
+        tags[TAG_DATASET] = f"{spec.dataset.name}{subset}"
+        tags[TAG_DATASET_REVISION] = spec.dataset.revision
+    else:
+        tags[TAG_DATASET] = str(spec.dataset.path)
+    if spec.method == Method.LORA:
+        tags[TAG_LORA_MERGED] = str(spec.registration.merge_lora).lower()
+    return tags
+
+
+def same_job(tags: dict[str, str], lineage: dict[str, str]) -> bool:
+    """Whether an MLflow object's tags say it was made by this job, from this config."""
+    return all(tags.get(key) == lineage.get(key) for key in IDENTITY_TAGS)
+
+
+# --- the final model ------------------------------------------------------------------------------------
+
+
+def final_dir(cfg: TrainerConfig) -> Path:
+    """``<output_dir>/final``, refused unless training marked it complete and it matches the spec."""
+    final = Path(cfg.output_dir) / FINAL_DIR
+    if not (final / COMPLETE_MARKER).exists():
+        raise NothingToRegisterError(
+            f"{final} has no {COMPLETE_MARKER} marker: training did not finish writing the final model "
+            "(nothing to register)"
+        )
+    has_adapter = (final / "adapter_config.json").exists()
+    if cfg.spec.method == Method.LORA and not has_adapter:
+        raise NothingToRegisterError(f"{final}: method is lora but there is no adapter_config.json")
+    if cfg.spec.method == Method.FULL and not (final / "config.json").exists():
+        raise NothingToRegisterError(f"{final}: method is full but there is no config.json")
+    return final
+
+
+def _torch_dtype(cfg: TrainerConfig) -> Any:
+    import torch
+
+    # Log in the precision the model was trained in: bf16 halves the artifact against fp32.
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        str(cfg.spec.training.precision)
+    ]
+
+
+def _hf_token() -> str | None:
+    return os.environ.get("HF_TOKEN") or None
+
+
+@dataclass
+class LoadedModel:
+    components: dict[str, Any]
+    torch_dtype: Any
+    base_model_path: str | None  # set when MLflow should reference a base on a volume (merge off)
+    merged: bool
+
+
+def load_final_model(cfg: TrainerConfig, final: Path) -> LoadedModel:
+    """The model to log: full weights, the base with the adapter merged, or the PEFT model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = cfg.spec
+    trust = spec.model.trust_remote_code
+    dtype = _torch_dtype(cfg)
+    # The tokenizer saved with the final model is the trained one (chat template, pad token).
+    tokenizer = AutoTokenizer.from_pretrained(final, trust_remote_code=trust)
+    base: Any
+    model: Any
+    if spec.method == Method.FULL:
+        model = AutoModelForCausalLM.from_pretrained(final, dtype=dtype, trust_remote_code=trust)
+        return LoadedModel({"model": model, "tokenizer": tokenizer}, dtype, None, merged=False)
+
+    from peft import PeftModel
+
+    if spec.model.name:
+        log.info("loading base model %s at revision %s", spec.model.name, spec.model.revision)
+        base = AutoModelForCausalLM.from_pretrained(
+            spec.model.name,
+            revision=spec.model.revision,
+            token=_hf_token(),
+            dtype=dtype,
+            trust_remote_code=trust,
+        )
+    else:
+        log.info("loading base model from %s", spec.model.path)
+        base = AutoModelForCausalLM.from_pretrained(
+            str(spec.model.path), dtype=dtype, trust_remote_code=trust
+        )
+    if len(tokenizer) > base.get_input_embeddings().num_embeddings:
+        # Training added chat tokens and grew the embeddings the same way (kubetune_trainer.chat).
+        base.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+    model = PeftModel.from_pretrained(base, final)
+    merge = spec.registration.merge_lora
+    if merge:
+        log.info("merging the LoRA adapter into the base model")
+        model = model.merge_and_unload()
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.eos_token_id = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
+        gen.pad_token_id = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
+    base_model_path = None if merge or spec.model.name else str(spec.model.path)
+    return LoadedModel({"model": model, "tokenizer": tokenizer}, dtype, base_model_path, merged=merge)
+
+
+def pip_requirements(peft: bool) -> list[str]:
+    """Pinned requirements from this environment (MLflow's inference would load the model again)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["mlflow", "transformers", "torch", "tokenizers", "safetensors", "accelerate"]
+    if peft:
+        names.append("peft")
+    out = []
+    for name in names:
+        try:
+            out.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+# --- the MLflow steps -------------------------------------------------------------------------------------
+
+
+def _strip_userinfo(uri: str) -> str:
+    # mlflow-run.json keeps the URI without credentials (as kubetune_trainer.tracking writes it).
+    return redact_uri(uri).replace("***@", "")
+
+
+def default_tracking_uri(output_dir: str | Path) -> str:
+    """The local store of a run without a tracking server: sqlite next to the checkpoints (as training)."""
+    return f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
+
+
+class Registration:
+    def __init__(self, cfg: TrainerConfig, tracking_uri: str, retrier: Retrier) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.cfg = cfg
+        self.output_dir = Path(cfg.output_dir)
+        self.tracking_uri = tracking_uri
+        self.retry = retrier
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.lineage = lineage_tags(cfg)
+        self.name = cfg.registered_model_name
+
+    # run --------------------------------------------------------------------------------------
+
+    def _experiment_id(self) -> str:
+        def get_or_create() -> str:
+            exp = self.client.get_experiment_by_name(self.cfg.experiment)
+            if exp is not None:
+                return str(exp.experiment_id)
+            location = None
+            if not self.tracking_uri.startswith(("http://", "https://", "databricks")):
+                # A local store: artifacts beside it, not in the current directory (as training does).
+                location = (self.output_dir / "mlartifacts").resolve().as_uri()
+            return str(self.client.create_experiment(self.cfg.experiment, artifact_location=location))
+
+        try:
+            return self.retry.call(f"get or create experiment {self.cfg.experiment!r}", get_or_create)
+        except MlflowRefusedError as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            # Someone created it between our lookup and our create.
+            return self.retry.call(f"get experiment {self.cfg.experiment!r}", get_or_create)
+
+    def resolve_run(self) -> str:
+        """The training run (from mlflow-run.json), or this job's run found by tags, or a new one."""
+        run_file = self.output_dir / MLFLOW_RUN_FILE
+        saved: dict[str, Any] = {}
+        try:
+            loaded = json.loads(run_file.read_text())
+            saved = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            saved = {}
+        run_id = saved.get("run_id")
+        same_store = saved.get("tracking_uri") in (None, _strip_userinfo(self.tracking_uri))
+        if run_id and same_store:
+            try:
+                self.retry.call(f"get run {run_id}", self.client.get_run, run_id)
+                log.info("logging into the training run %s", run_id)
+                return str(run_id)
+            except MlflowRefusedError as exc:
+                if exc.status != 404:
+                    raise
+                log.warning(
+                    "run %s from %s does not exist at %s; using another",
+                    run_id,
+                    MLFLOW_RUN_FILE,
+                    redact_uri(self.tracking_uri),
+                )
+        elif run_id:
+            log.warning("%s names a run on another tracking server; using another", MLFLOW_RUN_FILE)
+
+        experiment_id = self._experiment_id()
+        if self.cfg.job.uid:
+            query = f"tags.`{TAG_JOB_UID}` = '{self.cfg.job.uid}'"
+        else:
+            query = f"tags.`{TAG_JOB_NAME}` = '{self.cfg.job.name}'"
+        runs = self.retry.call(
+            "search this job's runs",
+            self.client.search_runs,
+            [experiment_id],
+            filter_string=query,
+            order_by=["start_time DESC"],
+            max_results=20,
+        )
+        found = [r for r in runs if same_job(r.data.tags, self.lineage)]
+        if found:
+            run_id = str(found[0].info.run_id)
+            log.info("no usable %s; found this job's run %s by its tags", MLFLOW_RUN_FILE, run_id)
+        else:
+            tags = {k: self.lineage[k] for k in IDENTITY_TAGS if k in self.lineage}
+            tags["mlflow.runName"] = self.cfg.job.name
+            run = self.retry.call("create a run", self.client.create_run, experiment_id, tags=tags)
+            run_id = str(run.info.run_id)
+            log.warning("training left no MLflow run (was MLflow down?); created run %s", run_id)
+            self.retry.call("end the run", self.client.set_terminated, run_id, "FINISHED")
+        dump_json(
+            {
+                "run_id": run_id,
+                "experiment_id": experiment_id,
+                "tracking_uri": _strip_userinfo(self.tracking_uri),
+            },
+            run_file,
+        )
+        return run_id
+
+    # version ----------------------------------------------------------------------------------
+
+    def find_version(self, run_id: str) -> Any | None:
+        """This job's READY model version of this run, if registration already happened."""
+        versions = self.client.search_model_versions(f"run_id = '{run_id}'")
+        mine = [
+            v
+            for v in versions
+            if v.name == self.name and v.status == "READY" and same_job(dict(v.tags or {}), self.lineage)
+        ]
+        return min(mine, key=lambda v: int(v.version)) if mine else None
+
+    def find_logged_model(self, run_id: str) -> Any | None:
+        """This job's finished logged model in the run (logged, maybe never registered)."""
+        from mlflow.entities import LoggedModelStatus
+
+        experiment_id = self.client.get_run(run_id).info.experiment_id
+        models = self.client.search_logged_models(
+            [experiment_id], filter_string=f"source_run_id = '{run_id}'"
+        )
+        mine = [
+            m
+            for m in models
+            if m.status == LoggedModelStatus.READY
+            and m.name == MODEL_NAME_IN_RUN
+            and same_job(dict(m.tags or {}), self.lineage)
+        ]
+        return min(mine, key=lambda m: m.creation_timestamp) if mine else None
+
+    def log_model(self, run_id: str, loaded: LoadedModel) -> str:
+        """Log the model into the run; returns its ``models:/<model_id>`` URI."""
+        import mlflow
+
+        existing = self.find_logged_model(run_id)
+        if existing is not None:
+            log.info("reusing logged model %s of run %s", existing.model_id, run_id)
+            return f"models:/{existing.model_id}"
+        spec = self.cfg.spec
+        log.info("logging the model into run %s (this uploads its weights)", run_id)
+        info = mlflow.transformers.log_model(
+            transformers_model=loaded.components,
+            name=MODEL_NAME_IN_RUN,
+            task=TASK,
+            torch_dtype=loaded.torch_dtype,
+            base_model_path=loaded.base_model_path,
+            pip_requirements=pip_requirements(peft=spec.method == Method.LORA and not loaded.merged),
+            metadata={
+                "task": TASK,
+                "pretrained_model_name": spec.model.name or str(spec.model.path),
+                "kubetune_method": str(spec.method),
+            },
+            tags=self.lineage,
+            run_id=run_id,
+        )
+        return str(info.model_uri)
+
+    def register(self, run_id: str, model_uri: str) -> Any:
+        """Create the model version, unless an earlier attempt already did."""
+        import mlflow
+
+        existing = self.find_version(run_id)
+        if existing is not None:
+            return existing
+        mlflow.set_registry_uri(self.tracking_uri)
+        return mlflow.register_model(
+            model_uri, self.name, await_registration_for=AWAIT_REGISTRATION_S, tags=self.lineage
+        )
+
+    # the whole step ---------------------------------------------------------------------------------
+
+    def run(self, final: Path) -> dict[str, Any]:
+        import mlflow
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        run_id = self.resolve_run()
+        version = self.retry.call(f"look up versions of {self.name!r}", self.find_version, run_id)
+        if version is not None:
+            log.info("already registered: %s version %s (from run %s)", self.name, version.version, run_id)
+        else:
+            logged = self.retry.call("look up logged models", self.find_logged_model, run_id)
+            if logged is not None:
+                model_uri = f"models:/{logged.model_id}"
+                log.info("model %s was logged but not registered; registering it", logged.model_id)
+            else:
+                loaded = load_final_model(self.cfg, final)
+                model_uri = self.retry.call("log the model", self.log_model, run_id, loaded)
+            version = self.retry.call(f"register {self.name!r}", self.register, run_id, model_uri)
+            log.info("registered %s version %s from %s", self.name, version.version, model_uri)
+        version_id = str(version.version)
+        alias = self.cfg.spec.registration.alias
+        if alias:
+            self.retry.call(
+                f"set alias {alias!r}", self.client.set_registered_model_alias, self.name, alias, version_id
+            )
+        self._tag_run(run_id, version_id)
+        return {
+            "name": self.name,
+            "version": version_id,
+            "uri": f"models:/{self.name}/{version_id}",
+            "run_id": run_id,
+            "alias": alias,
+        }
+
+    def _tag_run(self, run_id: str, version: str) -> None:
+        from mlflow.entities import RunTag
+
+        tags = {**self.lineage, TAG_REGISTERED_MODEL: f"{self.name}/{version}"}
+        batch = [RunTag(k, v) for k, v in tags.items()]
+        self.retry.call("tag the run", self.client.log_batch, run_id, tags=batch)
+
+
+# --- results ----------------------------------------------------------------------------------------------
+
+
+def termination_message(data: dict[str, Any]) -> str:
+    """Compact JSON under the kubelet's 4096-byte limit (a long error message is cut)."""
+    text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) <= TERMINATION_MESSAGE_LIMIT or "error" not in data:
+        return text
+    overflow = len(text.encode()) - TERMINATION_MESSAGE_LIMIT + 20
+    cut = {**data, "error": str(data["error"])[: max(0, len(str(data["error"])) - overflow)] + "..."}
+    return json.dumps(cut, separators=(",", ":"), sort_keys=True)
+
+
+def write_termination_message(data: dict[str, Any], path: str | None) -> None:
+    """Write to the explicit path, or to /dev/termination-log where the kubelet provides it."""
+    if path is None:
+        path = os.environ.get(TERMINATION_MESSAGE_ENV)
+    explicit = path is not None
+    target = Path(path or DEFAULT_TERMINATION_MESSAGE_PATH)
+    if not explicit and not target.exists():
+        # Not in a Kubernetes container: never create files under /dev on a laptop.
+        return
+    try:
+        target.write_text(termination_message(data))
+    except OSError as exc:
+        log.warning("could not write the termination message to %s: %s", target, exc)
+
+
+# --- the entry point --------------------------------------------------------------------------------------
+
+
+def _budget_from_env() -> float:
+    raw = os.environ.get(RETRY_BUDGET_ENV)
+    try:
+        return float(raw) if raw else DEFAULT_RETRY_BUDGET_S
+    except ValueError:
+        raise SystemExit(f"{RETRY_BUDGET_ENV}={raw!r} is not a number of seconds") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m kubetune_trainer.register",
+        description="Register the trained model of a FineTuneJob in MLflow (idempotent).",
+    )
+    p.add_argument(
+        "--config", required=True, type=Path, help="trainer config (YAML) rendered by the operator"
+    )
+    p.add_argument(
+        "--retry-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"give up once MLflow has been unreachable this long in total "
+        f"(default: ${RETRY_BUDGET_ENV} or {DEFAULT_RETRY_BUDGET_S:g})",
+    )
+    p.add_argument(
+        "--termination-message-path",
+        default=None,
+        help=f"where to write the JSON result for the operator (default: ${TERMINATION_MESSAGE_ENV} "
+        f"or {DEFAULT_TERMINATION_MESSAGE_PATH} when it exists)",
+    )
+    p.add_argument("--tracking-uri", default=None, help="override the config's MLflow tracking URI")
+    return p
+
+
+def _fail(code: int, reason: str, message: str, term_path: str | None) -> int:
+    message = redact(message)
+    print(f"kubetune register: error: {message}", file=sys.stderr)
+    write_termination_message({"error": message, "reason": reason}, term_path)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
+    budget = args.retry_budget if args.retry_budget is not None else _budget_from_env()
+    term_path = args.termination_message_path
+
+    cfg = TrainerConfig.load(args.config)
+    if not cfg.spec.registration.enabled:
+        log.info("registration is disabled in the spec (registration.enabled: false); nothing to do")
+        return EXIT_OK
+    tracking_uri = args.tracking_uri or cfg.tracking_uri or default_tracking_uri(cfg.output_dir)
+    configure_mlflow_http()
+    # The model's requirements are pinned above; the uv project in the current directory (the
+    # image's, or a developer's checkout) says nothing about the model, and MLflow would copy it in.
+    os.environ.setdefault("MLFLOW_UV_AUTO_DETECT", "false")
+    try:
+        final = final_dir(cfg)
+        retrier = Retrier(tracking_uri=tracking_uri, budget_s=budget)
+        registration = Registration(cfg, tracking_uri, retrier)
+        install_log_redaction()  # MLflow and transformers added their handlers on import
+        result = registration.run(final)
+    except NothingToRegisterError as exc:
+        return _fail(EXIT_NOTHING_TO_REGISTER, "NothingToRegister", str(exc), term_path)
+    except MlflowRefusedError as exc:
+        return _fail(EXIT_REFUSED, "MlflowRefused", str(exc), term_path)
+    except MlflowUnavailableError as exc:
+        return _fail(EXIT_UNAVAILABLE, "MlflowUnavailable", str(exc), term_path)
+    except MlflowError as exc:
+        return _fail(EXIT_ERROR, "RegistrationFailed", str(exc), term_path)
+    except Exception as exc:
+        log.exception("registration failed")
+        return _fail(
+            EXIT_ERROR,
+            "RegistrationFailed",
+            f"{type(exc).__name__}: {exc} (tracking URI {redact_uri(tracking_uri)})",
+            term_path,
+        )
+    dump_json(result, Path(cfg.output_dir) / REGISTER_RESULT_FILE)
+    write_termination_message(result, term_path)
+    print(json.dumps(result, sort_keys=True))
+    log.info("registered %s (run %s)", result["uri"], result["run_id"])
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
