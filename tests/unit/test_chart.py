@@ -1,0 +1,462 @@
+"""The Helm chart, rendered by the real helm binary: lint, schema, CRD copy, RBAC, Deployment, values docs.
+
+The API-server side (dry run, install, the operator running as the chart's ServiceAccount, upgrade,
+uninstall) is in tests/integration/test_helm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.support.controlplane import REPO, find_assets
+from tests.unit.test_builders_pss import restricted_violations
+
+from kubetune_operator.__main__ import build_parser
+from kubetune_operator.settings import Settings
+
+pytestmark = pytest.mark.helm
+
+CHART = REPO / "charts" / "kubetune"
+CI_VALUES = CHART / "ci" / "ci-values.yaml"
+CRD_SOURCE = REPO / "crds" / "kubetune.io_finetunejobs.yaml"
+CRD_COPY = CHART / "files" / "crds" / "kubetune.io_finetunejobs.yaml"
+NAMESPACE = "kubetune-system"
+VALUE_SETS = {"default": [], "ci": ["-f", str(CI_VALUES)]}
+
+# The documented exception list for Secrets: none. FineTuneJobs reference Secrets by name only
+# (secretKeyRef in pod templates), which needs no permission on Secrets.
+SECRET_VERBS_ALLOWED: set[str] = set()
+
+
+@cache
+def helm_binary() -> str:
+    try:
+        return str(find_assets("helm") / "helm")
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:  # no Go toolchain, no cache
+        pytest.skip(f"no helm binary: hack/build-control-plane.sh helm failed ({e})")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm_binary(), *args], capture_output=True, text=True, check=check, timeout=120)
+
+
+def render(
+    *args: str, release: str = "kubetune", namespace: str = NAMESPACE, chart: Path = CHART
+) -> list[dict[str, Any]]:
+    """``helm template`` → the rendered objects."""
+    out = helm("template", release, str(chart), "--namespace", namespace, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in by_kind(objs, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(found) == 1, (
+        f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
+    )
+    return found[0]
+
+
+def operator_container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = one(objs, "Deployment", "kubetune")
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def rbac_rules(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{o['kind']}/{o['metadata']['name']}", rule)
+        for o in objs
+        if o["kind"] in ("ClusterRole", "Role")
+        for rule in o.get("rules") or []
+    ]
+
+
+# --- helm lint / template / schema --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=list(VALUE_SETS))
+def test_helm_lint_passes(values: str) -> None:
+    result = helm("lint", "--strict", str(CHART), *VALUE_SETS[values], check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=list(VALUE_SETS))
+def test_helm_template_renders_the_expected_objects(values: str) -> None:
+    objs = render(*VALUE_SETS[values])
+    kinds = sorted({o["kind"] for o in objs})
+    expected = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "Deployment",
+        "ServiceAccount",
+    }
+    assert expected <= set(kinds)
+    for o in objs:
+        labels = o["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "kubetune"
+        assert labels["app.kubernetes.io/instance"] == "kubetune"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"] == "kubetune-0.1.0"
+    if values == "ci":
+        assert {"PersistentVolumeClaim", "Service", "RoleBinding"} <= set(kinds)
+        assert all(o["metadata"]["labels"]["team"] == "ml-platform" for o in objs)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "unknownKey=1"],
+        ["--set", "operator.replicas=2"],
+        ["--set", "operator.logFormat=xml"],
+        ["--set", "operator.image.pullPolicy=Sometimes"],
+        ["--set", "operator.image.digest=latest"],
+        ["--set", "trainer.runAsUser=0"],
+        ["--set", "mlflow.server.persistence.size=lots"],
+        ["--set", "operator.watchNamespaces[0]=Not_A_Namespace"],
+        ["--set", "mlflow.trackingUri=mlflow.example.com"],
+    ],
+    ids=lambda a: a[1],
+)
+def test_schema_refuses_bad_values(bad: list[str]) -> None:
+    result = helm("template", "kubetune", str(CHART), *bad, check=False)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+
+
+def test_shared_trainer_account_creation_needs_watched_namespaces() -> None:
+    result = helm(
+        "template",
+        "kubetune",
+        str(CHART),
+        "--set",
+        "trainer.serviceAccount.name=trainer",
+        "--set",
+        "trainer.serviceAccount.create=true",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "trainer.serviceAccount.create needs operator.watchNamespaces" in result.stderr
+
+
+def _leaf_paths(node: Any, prefix: str = "") -> set[str]:
+    if isinstance(node, dict) and node:
+        return {p for k, v in node.items() for p in _leaf_paths(v, f"{prefix}.{k}" if prefix else k)}
+    return {prefix}
+
+
+def _schema_paths(node: dict[str, Any], defs: dict[str, Any], prefix: str = "") -> set[str]:
+    if "$ref" in node:
+        node = defs[node["$ref"].split("/")[-1]]
+    props = node.get("properties")
+    if node.get("type") == "object" and props and node.get("additionalProperties") is False:
+        return {p for k, v in props.items() for p in _schema_paths(v, defs, f"{prefix}.{k}" if prefix else k)}
+    return {prefix}
+
+
+def test_schema_is_strict_and_matches_values() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def strict(node: dict[str, Any], where: str) -> None:
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{where} accepts unknown keys"
+        for k, v in (node.get("properties") or {}).items():
+            strict(v, f"{where}.{k}")
+        for k, v in (node.get("$defs") or {}).items():
+            strict(v, f"$defs.{k}")
+
+    strict(schema, "values")
+    in_schema = _schema_paths(schema, schema["$defs"]) - {"global"}
+    in_values = _leaf_paths(values)
+    # Every schema leaf is a documented value, and every value (leaf or free-form map) is in the schema.
+    free_form = {s for s in in_schema if not any(p == s or p.startswith(s + ".") for p in in_values)}
+    assert not free_form, f"in the schema but not in values.yaml: {sorted(free_form)}"
+    for path in in_values:
+        assert any(path == s or path.startswith(s + ".") for s in in_schema), f"{path} is not in the schema"
+
+
+def test_every_value_is_documented() -> None:
+    """Each key either has a ``# --`` comment, is documented with its parent, or is a map of keys."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    key_re = re.compile(r"^(\s*)([A-Za-z][A-Za-z0-9]*):(.*)$")
+    documented_parents: list[tuple[int, bool]] = []  # (indent, documented)
+    missing = []
+    for i, line in enumerate(lines):
+        m = key_re.match(line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        while documented_parents and documented_parents[-1][0] >= indent:
+            documented_parents.pop()
+        j = i - 1
+        doc = False
+        while j >= 0 and lines[j].strip().startswith("#"):
+            doc = doc or lines[j].strip().startswith("# --")
+            j -= 1
+        nxt = next((x for x in lines[i + 1 :] if x.strip() and not x.strip().startswith("#")), "")
+        is_parent = not m.group(3).strip() and len(nxt) - len(nxt.lstrip()) > indent
+        inherited = any(d for _, d in documented_parents)
+        if not (doc or inherited or is_parent):
+            missing.append(m.group(2) + f" (line {i + 1})")
+        documented_parents.append((indent, doc or inherited))
+    assert not missing, f"values without a '# --' comment: {missing}"
+
+
+# --- the CRD ------------------------------------------------------------------------------------------
+
+
+def test_chart_crd_copy_is_identical_to_crds_folder() -> None:
+    assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), (
+        f"the chart's CRD copy is stale: cp {CRD_SOURCE.relative_to(REPO)} {CRD_COPY.relative_to(REPO)}"
+    )
+
+
+def test_rendered_crd_equals_crds_folder_and_is_kept_on_uninstall() -> None:
+    source = yaml.safe_load(CRD_SOURCE.read_text())
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == source["metadata"]["name"]
+    assert crd["spec"] == source["spec"]
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
+
+
+def test_crd_can_be_left_out_or_not_kept() -> None:
+    assert not by_kind(render("--set", "crds.install=false"), "CustomResourceDefinition")
+    crd = one(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+# --- RBAC ---------------------------------------------------------------------------------------------
+
+RBAC_VARIANTS = {
+    "default": [],
+    "ci": ["-f", str(CI_VALUES)],
+    "shared-trainer": ["--set", "trainer.serviceAccount.name=trainer"],
+    "namespaced": ["--set", "operator.watchNamespaces={team-a,team-b}"],
+}
+
+
+@pytest.mark.parametrize("variant", RBAC_VARIANTS, ids=list(RBAC_VARIANTS))
+def test_rbac_has_no_wildcards_and_no_secret_verbs(variant: str) -> None:
+    rules = rbac_rules(render(*RBAC_VARIANTS[variant]))
+    assert rules
+    for where, rule in rules:
+        for key in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+            assert "*" not in (rule.get(key) or []), f"{where}: wildcard in {key}: {rule}"
+        assert not rule.get("nonResourceURLs"), f"{where}: {rule}"
+        # No privilege-escalation verbs, and nothing is ever deleted, updated or listed beyond watching.
+        assert not {"escalate", "bind", "impersonate", "delete", "deletecollection", "update"} & set(
+            rule["verbs"]
+        )
+        if "secrets" in rule["resources"]:
+            assert set(rule["verbs"]) <= SECRET_VERBS_ALLOWED, f"{where}: verbs on Secrets: {rule}"
+
+
+def _allowed(rules: list[tuple[str, dict[str, Any]]], group: str, resource: str) -> set[str]:
+    return {
+        verb
+        for _, rule in rules
+        if group in rule["apiGroups"] and resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_kopf_framework_rules_come_first_in_their_own_block() -> None:
+    objs = render()
+    framework = one(objs, "ClusterRole", "kubetune-framework")
+    assert framework["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["list", "watch"],
+        }
+    ]
+    operator_rules = one(objs, "ClusterRole", "kubetune-operator")["rules"]
+    assert operator_rules[0] == {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    # kopf lists namespaces only when it watches a given set of them.
+    namespaced = one(render(*RBAC_VARIANTS["namespaced"]), "ClusterRole", "kubetune-framework")
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in namespaced["rules"]
+
+
+def test_operator_rbac_is_exactly_what_the_operator_touches() -> None:
+    rules = [r for r in rbac_rules(render()) if r[0] == "ClusterRole/kubetune-operator"]
+    expected = {
+        ("", "events"): {"create"},
+        ("kubetune.io", "finetunejobs"): {"get", "list", "watch", "patch"},
+        ("kubetune.io", "finetunejobs/status"): {"get", "patch"},
+        ("", "persistentvolumeclaims"): {"get", "create"},
+        ("", "configmaps"): {"get", "create"},
+        ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch"},
+        ("batch", "jobs"): {"get", "list", "watch", "create"},
+        ("", "pods"): {"list", "watch"},
+        ("", "serviceaccounts"): {"get", "create"},
+        ("rbac.authorization.k8s.io", "roles"): {"get", "create"},
+        ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create"},
+    }
+    granted = {(g, r) for _, rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    assert granted == set(expected)
+    for (group, resource), verbs in expected.items():
+        assert _allowed(rules, group, resource) == verbs, (group, resource)
+
+
+def test_watched_child_resources_match_the_kopf_handlers() -> None:
+    """Every resource a kopf handler watches is listable and watchable by the chart's ClusterRole."""
+    source = (REPO / "operator" / "kubetune_operator" / "handlers.py").read_text()
+    watched = re.findall(r'@kopf\.on\.event\(\s*(?:"([^"]*)",\s*)?"(v1)",\s*"([a-z]+)"', source)
+    watched += re.findall(r'@kopf\.on\.event\(\s*"([^"]+)",\s*"(v[^"]+)",\s*"([a-z]+)"', source)
+    assert watched, "no kopf event handlers found: has handlers.py moved?"
+    rules = rbac_rules(render())
+    for group, version, plural in watched:
+        api_group = "" if group == "v1" or (not group and version == "v1") else group
+        assert {"list", "watch"} <= _allowed(rules, api_group, plural), (api_group, plural)
+
+
+def test_shared_trainer_identity_drops_the_operators_rbac_powers() -> None:
+    objs = render("--set", "trainer.serviceAccount.name=trainer")
+    rules = rbac_rules(objs)
+    operator_rules = [r for r in rules if r[0] == "ClusterRole/kubetune-operator"]
+    assert not _allowed(operator_rules, "", "serviceaccounts")
+    assert not _allowed(operator_rules, "rbac.authorization.k8s.io", "roles")
+    trainer = one(objs, "ClusterRole", "kubetune-trainer")
+    assert trainer["rules"] == [
+        {"apiGroups": ["kubetune.io"], "resources": ["finetunejobs/status"], "verbs": ["patch"]}
+    ]
+    env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
+    assert env["KUBETUNE_TRAINER_SERVICE_ACCOUNT"] == "trainer"
+
+
+def test_namespaced_mode_binds_the_operator_role_per_namespace_only() -> None:
+    objs = render(*RBAC_VARIANTS["namespaced"])
+    assert [b["metadata"]["name"] for b in by_kind(objs, "ClusterRoleBinding")] == ["kubetune-framework"]
+    bindings = by_kind(objs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "kubetune-operator",
+        }
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "kubetune", "namespace": NAMESPACE}]
+
+
+def test_rbac_create_is_independent_of_the_service_account() -> None:
+    objs = render("--set", "rbac.create=false")
+    assert not rbac_rules(objs) and not by_kind(objs, "ClusterRoleBinding")
+    assert by_kind(objs, "ServiceAccount")
+    objs = render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing")
+    assert not by_kind(objs, "ServiceAccount")
+    subjects = [s for b in by_kind(objs, "ClusterRoleBinding") for s in b["subjects"]]
+    assert subjects and all(s["name"] == "existing" for s in subjects)
+    result = helm("template", "kubetune", str(CHART), "--set", "serviceAccount.create=false", check=False)
+    assert result.returncode != 0 and "serviceAccount.name is required" in result.stderr
+
+
+# --- the operator Deployment --------------------------------------------------------------------------
+
+
+def test_operator_deployment_shape() -> None:
+    deployment = one(render(), "Deployment", "kubetune")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "kubetune"
+    assert restricted_violations(pod) == []
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    assert container["image"] == "ghcr.io/kubetune/operator:0.1.0"
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe == {"path": "/healthz", "port": "health"}
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
+    assert f"--liveness=http://0.0.0.0:{port}/healthz" in container["args"]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=list(VALUE_SETS))
+def test_operator_args_and_env_are_what_the_operator_reads(values: str) -> None:
+    objs = render(*VALUE_SETS[values])
+    container = operator_container(objs)
+    args = build_parser().parse_args(container["args"])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    read_by_settings = set(
+        re.findall(
+            r'get\("([A-Z_]+)"\)', (REPO / "operator" / "kubetune_operator" / "settings.py").read_text()
+        )
+    )
+    chart_vars = {k.removeprefix("KUBETUNE_") for k in env if k.startswith("KUBETUNE_")}
+    extra = {
+        e["name"].removeprefix("KUBETUNE_")
+        for e in yaml.safe_load(CI_VALUES.read_text())["operator"]["extraEnv"]
+    }
+    assert chart_vars - extra <= read_by_settings, (
+        f"set by the chart, read by nobody: {chart_vars - extra - read_by_settings}"
+    )
+    settings = Settings.from_env(env)
+    if values == "default":
+        assert args.all_namespaces and not args.namespace
+        assert settings.namespaces == ()
+        assert settings.trainer_image == "ghcr.io/kubetune/trainer:0.1.0"
+        assert settings.default_tracking_uri is None
+        assert settings.trainer_service_account is None
+        assert settings.default_storage_class is None
+    else:
+        assert args.namespace == ["kubetune-ci-a", "kubetune-ci-b"]
+        assert settings.namespaces == ("kubetune-ci-a", "kubetune-ci-b")
+        assert settings.trainer_image == "ghcr.io/kubetune/trainer:0.1.0-ci"
+        assert settings.default_tracking_uri == "http://kubetune-mlflow.kubetune-system.svc:5000"
+        assert settings.trainer_service_account == "kubetune-trainer"
+        assert settings.default_storage_class == "fast-ssd"
+    assert settings.run_as_user == 1000
+    assert settings.termination_grace_seconds == 600
+    assert args.log_format in ("plain", "full", "json")
+
+
+def test_external_tracking_uri_wins_over_the_in_cluster_server() -> None:
+    objs = render(
+        "--set", "mlflow.server.enabled=true", "--set", "mlflow.trackingUri=https://mlflow.example.com"
+    )
+    env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
+    assert env["KUBETUNE_MLFLOW_TRACKING_URI"] == "https://mlflow.example.com"
+
+
+# --- the optional MLflow server -----------------------------------------------------------------------
+
+
+def test_mlflow_server_is_off_by_default() -> None:
+    objs = render()
+    assert not [o for o in objs if o["metadata"]["labels"].get("app.kubernetes.io/component") == "mlflow"]
+
+
+def test_mlflow_server_shape() -> None:
+    objs = render("-f", str(CI_VALUES))
+    deployment = one(objs, "Deployment", "kubetune-mlflow")
+    pod = deployment["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    container = pod["containers"][0]
+    image = container["image"]
+    assert re.fullmatch(r"ghcr\.io/mlflow/mlflow:v\d+\.\d+\.\d+", image), image
+    hosts = (
+        next(a for a in container["command"] if a.startswith("--allowed-hosts=")).split("=", 1)[1].split(",")
+    )
+    assert "kubetune-mlflow.kubetune-system.svc:5000" in hosts and "mlflow.example.com" in hosts
+    service = one(objs, "Service", "kubetune-mlflow")
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    pvc = one(objs, "PersistentVolumeClaim", "kubetune-mlflow")
+    assert pvc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    claim = next(v for v in pod["volumes"] if v["name"] == "store")["persistentVolumeClaim"]["claimName"]
+    assert claim == "kubetune-mlflow"
+    existing = render("-f", str(CI_VALUES), "--set", "mlflow.server.persistence.existingClaim=mine")
+    assert not by_kind(existing, "PersistentVolumeClaim")
