@@ -65,12 +65,11 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node = inner
     if "const" in node:
         node["enum"] = [node.pop("const")]
-    if "exclusiveMinimum" in node:
-        node["minimum"] = node.pop("exclusiveMinimum")
-        node["exclusiveMinimum"] = True
-    if "exclusiveMaximum" in node:
-        node["maximum"] = node.pop("exclusiveMaximum")
-        node["exclusiveMaximum"] = True
+    # JSON Schema's numeric exclusive bounds become OpenAPI v3.0's boolean flags (once).
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if flag in node and not isinstance(node[flag], bool):
+            node[bound] = node.pop(flag)
+            node[flag] = True
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _KEEP or key in {"exclusiveMinimum", "exclusiveMaximum"}:
@@ -146,14 +145,12 @@ def openapi_schema() -> dict[str, Any]:
                 f"size(self.metadata.name) <= {api.MAX_NAME_LENGTH}",
                 f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters "
                 "(kubetune adds suffixes such as -train-worker-0 to child objects)",
-                field_path=".metadata.name",
-                reason="FieldValueTooLong",
+                reason="FieldValueInvalid",
             ),
             api.cel(
                 f"self.metadata.name.matches('{api.NAME_PATTERN}')",
                 "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', "
                 "starting with a letter): PyTorchJob Services are named after it",
-                field_path=".metadata.name",
                 reason="FieldValueInvalid",
             ),
         ],

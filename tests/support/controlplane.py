@@ -54,21 +54,93 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 def make_pki(d: Path) -> None:
     """CA, apiserver serving cert, admin client cert (system:masters), service-account key pair."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kubetune-test-ca",
-             "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=kubetune-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        cwd=d,
+    )
     (d / "san.cnf").write_text(
         "[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
         "extendedKeyUsage=serverAuth\n"
     )
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=kube-apiserver", "-keyout", "apiserver.key",
-             "-out", "apiserver.csr", cwd=d)
-    _openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-extfile", "san.cnf", "-extensions", "ext", "-out", "apiserver.crt", cwd=d)
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=kube-apiserver",
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        cwd=d,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+        "-extensions",
+        "ext",
+        "-out",
+        "apiserver.crt",
+        cwd=d,
+    )
     (d / "client.cnf").write_text("[ext]\nextendedKeyUsage=clientAuth\n")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=system:masters/CN=kubetune-test-admin",
-             "-keyout", "admin.key", "-out", "admin.csr", cwd=d)
-    _openssl("x509", "-req", "-in", "admin.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-extfile", "client.cnf", "-extensions", "ext", "-out", "admin.crt", cwd=d)
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/O=system:masters/CN=kubetune-test-admin",
+        "-keyout",
+        "admin.key",
+        "-out",
+        "admin.csr",
+        cwd=d,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "admin.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "client.cnf",
+        "-extensions",
+        "ext",
+        "-out",
+        "admin.crt",
+        cwd=d,
+    )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
@@ -90,15 +162,20 @@ class ControlPlane:
     def real_pytorchjob_crd(self) -> bool:
         return self.pytorchjob_crd == SHARED_PYTORCHJOB_CRD
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
             [str(self.assets / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
             input=input,
             capture_output=True,
             text=True,
-            check=check,
+            check=False,
             timeout=120,
         )
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({out.returncode}):\n{out.stderr}")
+        return out
 
     def start(self) -> None:
         d = self.workdir
@@ -109,12 +186,18 @@ class ControlPlane:
             subprocess.Popen(
                 [
                     str(self.assets / "etcd"),
-                    "--data-dir", str(d / "etcd"),
-                    "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-                    "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-                    "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                    "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+                    "--data-dir",
+                    str(d / "etcd"),
+                    "--listen-client-urls",
+                    f"http://127.0.0.1:{etcd_port}",
+                    "--advertise-client-urls",
+                    f"http://127.0.0.1:{etcd_port}",
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{peer_port}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{peer_port}",
+                    "--initial-cluster",
+                    f"default=http://127.0.0.1:{peer_port}",
                     "--unsafe-no-fsync",
                 ],
                 stdout=etcd_log,
@@ -143,6 +226,8 @@ class ControlPlane:
                     "--enable-priority-and-fairness=false",
                     "--disable-admission-plugins=ServiceAccount",
                     "--profiling=false",
+                    # no kube-proxy or Endpoints here; loopback may not be advertised otherwise
+                    "--endpoint-reconciler-type=none",
                 ],
                 stdout=api_log,
                 stderr=subprocess.STDOUT,
@@ -157,12 +242,12 @@ clusters:
 - name: test
   cluster:
     server: {self.url}
-    certificate-authority-data: {_b64(d / 'ca.crt')}
+    certificate-authority-data: {_b64(d / "ca.crt")}
 users:
 - name: admin
   user:
-    client-certificate-data: {_b64(d / 'admin.crt')}
-    client-key-data: {_b64(d / 'admin.key')}
+    client-certificate-data: {_b64(d / "admin.crt")}
+    client-key-data: {_b64(d / "admin.key")}
 contexts:
 - name: test
   context: {{cluster: test, user: admin, namespace: default}}
@@ -191,9 +276,10 @@ current-context: test
             raise TimeoutError(f"kube-apiserver not ready: {last}\n{self.logs()}")
         # the default namespace and RBAC bootstrap roles come from post-start hooks
         while time.monotonic() < deadline:
-            if self.kubectl("get", "namespace", "default", check=False).returncode == 0 and self.kubectl(
-                "get", "clusterrole", "admin", check=False
-            ).returncode == 0:
+            if (
+                self.kubectl("get", "namespace", "default", check=False).returncode == 0
+                and self.kubectl("get", "clusterrole", "admin", check=False).returncode == 0
+            ):
                 return
             time.sleep(0.5)
         raise TimeoutError("kube-apiserver bootstrap did not finish")
