@@ -16,6 +16,7 @@ kopf writes no handler results into the status either.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -47,6 +48,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.client_timeout = 150
     memo.settings = Settings.from_env()
     memo.kube = Kube(load_api_client())
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # The same credentials as the operator's own client (kube.load_api_client): the pod's
+    # ServiceAccount in a cluster, $KUBECONFIG (read at start, not at import) elsewhere.
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs)
 
 
 def _context(memo: Any, logger: Any) -> Context:

@@ -38,7 +38,8 @@ def load_api_client() -> client.ApiClient:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)
     else:
-        config.load_kube_config(client_configuration=cfg)
+        # Read $KUBECONFIG now: the client's own default was fixed when it was imported.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=cfg)
     return client.ApiClient(cfg)
 
 
