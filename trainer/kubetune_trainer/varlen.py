@@ -1,0 +1,140 @@
+"""Padding-free attention for packed rows: PyTorch's variable-length FlashAttention kernel.
+
+Packing puts several examples in one row with no pad tokens; attention must then stay inside each
+example. ``register()`` adds an attention implementation named ``kubetune_varlen`` to transformers'
+attention registry:
+
+* on CUDA it calls ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention inside PyTorch, no
+  extra package), with the cumulative sequence lengths either handed in by the collator
+  (``cu_seq_lens_q`` / ``max_length_q``, no host sync) or derived once per forward from
+  ``position_ids`` (a position of 0 starts an example);
+* elsewhere (CPU tests) it runs SDPA example by example: the same result, slowly.
+
+torch 2.11's varlen kernel has no grouped-query support, so key/value heads are repeated to the
+query head count (a no-op where the counts already match).
+
+    >>> from kubetune_trainer import varlen
+    >>> varlen.register()
+    'kubetune_varlen'
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+NAME = "kubetune_varlen"
+_registered = False
+
+
+def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
+    """Cumulative example boundaries of a packed batch, flattened across rows, and the longest example."""
+    import torch
+
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0, as_tuple=False).flatten()
+    if starts.numel() == 0 or int(starts[0]) != 0:
+        # a row that does not start at position 0 still starts an example
+        starts = torch.cat([torch.zeros(1, dtype=starts.dtype, device=starts.device), starts])
+    # every row starts a new example too (rows of a batch are independent)
+    row = position_ids.shape[-1]
+    row_starts = torch.arange(0, flat.numel(), row, device=flat.device, dtype=starts.dtype)
+    starts = torch.unique(torch.cat([starts, row_starts]))
+    total = torch.tensor([flat.numel()], device=flat.device, dtype=starts.dtype)
+    cu = torch.cat([starts, total]).to(torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max())
+    return cu, max_len
+
+
+_cache: dict[str, Any] = {"key": None, "value": None}
+
+
+def _boundaries(kwargs: dict[str, Any], batch: int, seq: int, device: Any) -> tuple[Any, int]:
+    import torch
+
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        max_len = kwargs.get("max_length_q")
+        return cu.to(device=device, dtype=torch.int32), int(max_len if max_len is not None else seq)
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        # plain rows: each row is one example
+        cu = torch.arange(0, (batch + 1) * seq, seq, device=device, dtype=torch.int32)
+        return cu, seq
+    # one host sync per forward, not per layer: every layer sees the same position_ids tensor
+    key = (position_ids.data_ptr(), position_ids.shape, getattr(position_ids, "_version", 0))
+    if _cache["key"] != key:
+        _cache["key"], _cache["value"] = key, cu_seqlens_from_position_ids(position_ids)
+    cached: tuple[Any, int] = _cache["value"]
+    return cached
+
+
+def varlen_attention_forward(
+    module: Any,
+    query: Any,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """transformers attention-interface signature: q/k/v are (batch, heads, seq, dim)."""
+    batch, q_heads, seq, dim = query.shape
+    kv_heads = key.shape[1]
+    cu, max_len = _boundaries(kwargs, batch, seq, query.device)
+    q = query.transpose(1, 2).reshape(batch * seq, q_heads, dim)
+    k = key.transpose(1, 2).reshape(batch * seq, kv_heads, dim)
+    v = value.transpose(1, 2).reshape(batch * seq, kv_heads, dim)
+    if kv_heads != q_heads:
+        k = k.repeat_interleave(q_heads // kv_heads, dim=1)
+        v = v.repeat_interleave(q_heads // kv_heads, dim=1)
+    window = (-1, 0) if not sliding_window else (sliding_window - 1, 0)
+    if query.is_cuda:
+        from torch.nn.attention.varlen import varlen_attn
+
+        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
+    else:
+        out = _reference(q, k, v, cu, scaling, sliding_window)
+    return out.reshape(batch, seq, q_heads, dim), None
+
+
+def _reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_window: int | None) -> Any:
+    """Example-by-example causal SDPA: the exact semantics of the varlen kernel."""
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.empty_like(q)
+    bounds = cu.tolist()
+    for start, end in itertools.pairwise(bounds):
+        if end <= start:
+            continue
+        qs, ks, vs = (t[start:end].transpose(0, 1) for t in (q, k, v))
+        mask = None
+        if sliding_window:
+            n = end - start
+            i = torch.arange(n, device=q.device)
+            mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < sliding_window)
+        out[start:end] = F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=scaling
+        ).transpose(0, 1)
+    return out
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The varlen kernel needs no mask tensor: boundaries come from cu_seqlens."""
+    return None
+
+
+def register() -> str:
+    """Register the attention function (and a no-op mask builder) with transformers; idempotent."""
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(NAME, varlen_attention_forward)
+        AttentionMaskInterface.register(NAME, _no_mask)
+        _registered = True
+    return NAME
