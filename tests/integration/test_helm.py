@@ -1,0 +1,536 @@
+"""The Helm chart against a real kube-apiserver: dry run, install, the operator running as the chart's
+ServiceAccount through a whole FineTuneJob, the RBAC matrix, upgrade and uninstall.
+
+These tests get a control plane of their own (etcd + kube-apiserver, like the session one) with only
+the Kubeflow PyTorchJob CRD installed: a cluster where kubetune was never installed, so `helm install`
+creates the FineTuneJob CRD itself and `helm uninstall` can be judged on what it leaves behind.
+The tests in this module run in order and share one release.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.integration.conftest import (
+    finish_registration_job,
+    load_example,
+    set_pytorchjob_condition,
+    wait_for,
+    wait_phase,
+)
+from tests.support.controlplane import (
+    REPO,
+    SHARED_PYTORCHJOB_CRD,
+    STANDIN_PYTORCHJOB_CRD,
+    ControlPlane,
+    find_assets,
+    free_port,
+)
+from tests.unit.test_chart import CHART, CI_VALUES
+
+pytestmark = [pytest.mark.integration, pytest.mark.helm]
+
+RELEASE = "kubetune"
+NAMESPACE = "kubetune-system"
+OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:kubetune"
+RESTRICTED = [f"pod-security.kubernetes.io/{mode}=restricted" for mode in ("enforce", "warn")]
+CI_NAMESPACES = ["kubetune-ci-a", "kubetune-ci-b"]
+JOB_NAMESPACE = "team-llm"
+RESULT = {"name": "qwen3_4b_assistant", "version": "1", "uri": "models:/qwen3_4b_assistant/1", "run_id": "r1"}
+
+
+class Cluster:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.helm_bin = str(cp.assets / "helm")
+        self.home = cp.workdir / "helm-home"
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cp.kubectl(*args, input=input, check=check)
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        result = subprocess.run(
+            [self.helm_bin, "--kubeconfig", str(self.cp.kubeconfig), *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def get(self, *args: str) -> dict[str, Any] | None:
+        result = self.kubectl("get", *args, "-o", "json", check=False)
+        if result.returncode != 0:
+            assert "NotFound" in result.stderr, result.stderr
+            return None
+        obj: dict[str, Any] = json.loads(result.stdout)
+        return obj
+
+    def namespace(self, name: str, *labels: str) -> None:
+        if self.get("namespace", name) is None:
+            self.kubectl("create", "namespace", name)
+        if labels:
+            self.kubectl("label", "--overwrite", "namespace", name, *labels)
+
+    def token_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
+        """A kubeconfig that authenticates as the ServiceAccount, with a token from the TokenRequest API."""
+        token = self.kubectl(
+            "create", "token", service_account, "-n", namespace, "--duration=1h"
+        ).stdout.strip()
+        admin = yaml.safe_load(self.cp.kubeconfig.read_text())
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": admin["clusters"],
+            "users": [{"name": service_account, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "sa",
+                    "context": {"cluster": "test", "user": service_account, "namespace": namespace},
+                }
+            ],
+            "current-context": "sa",
+        }
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    if os.environ.get("KUBETUNE_SKIP_CONTROL_PLANE"):
+        pytest.skip("KUBETUNE_SKIP_CONTROL_PLANE is set")
+    assets = find_assets("etcd", "kube-apiserver", "kubectl", "helm")
+    cp = ControlPlane(assets=assets, workdir=Path(tempfile.mkdtemp(prefix="kubetune-helm-")))
+    try:
+        cp.start()
+        pytorchjob_crd = SHARED_PYTORCHJOB_CRD if SHARED_PYTORCHJOB_CRD.exists() else STANDIN_PYTORCHJOB_CRD
+        cp.kubectl("apply", "--server-side", "-f", str(pytorchjob_crd))
+        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/pytorchjobs.kubeflow.org")
+        yield Cluster(cp)
+    finally:
+        cp.stop()
+        shutil.rmtree(cp.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def admin_kube(cluster: Cluster) -> Iterator[Any]:
+    from kubernetes import client, config
+
+    from kubetune_operator.kube import Kube
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(cluster.cp.kubeconfig), client_configuration=cfg)
+    with client.ApiClient(cfg) as api:
+        yield Kube(api)
+
+
+def kube_as(kubeconfig: Path) -> Any:
+    from kubernetes import client, config
+
+    from kubetune_operator.kube import Kube
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    return Kube(client.ApiClient(cfg))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> str:
+    """`helm install` with the default values into a namespace that enforces the restricted profile."""
+    cluster.namespace(NAMESPACE, *RESTRICTED)
+    result = cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE)
+    assert "STATUS: deployed" in result.stdout
+    assert f"kubectl -n {NAMESPACE} rollout status deployment/kubetune" in result.stdout  # NOTES.txt
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/finetunejobs.kubetune.io")
+    return result.stdout
+
+
+# --- every rendered object is accepted --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", ["default", "ci"])
+def test_every_rendered_object_is_accepted_by_the_api_server(cluster: Cluster, values: str) -> None:
+    extra = ["-f", str(CI_VALUES)] if values == "ci" else []
+    for ns in [NAMESPACE, *CI_NAMESPACES]:
+        cluster.namespace(ns, *RESTRICTED)
+    rendered = cluster.helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *extra).stdout
+    objs = [d for d in yaml.safe_load_all(rendered) if d]
+    result = cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=helm-test",
+        "-f",
+        "-",
+        input=rendered,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    # one "serverside-applied (server dry run)" line per object, and no PodSecurity warning
+    assert result.stdout.count("(server dry run)") == len(objs), result.stdout
+    assert "would violate PodSecurity" not in result.stderr, result.stderr
+
+
+# --- install, and the operator as the chart's ServiceAccount -----------------------------------------------
+
+
+class OperatorAsServiceAccount:
+    """`python -m kubetune_operator` with the args and env of the Deployment stored in the API server,
+    authenticated with a token of the chart's ServiceAccount (never as admin)."""
+
+    def __init__(self, cluster: Cluster, kubeconfig: Path, log: Path) -> None:
+        deployment = cluster.get("deployment", "kubetune", "-n", NAMESPACE)
+        assert deployment is not None
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        self.port = free_port()
+        # The kubelet probes the pod IP; here the probe goes to 127.0.0.1 on a free port.
+        self.args = [
+            f"--liveness=http://127.0.0.1:{self.port}/healthz" if a.startswith("--liveness=") else a
+            for a in container["args"]
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBETUNE_", "KUBERNETES_"))}
+        env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+        env["KUBECONFIG"] = str(kubeconfig)
+        self.env = env
+        self.log = log
+        self.probe_path = container["livenessProbe"]["httpGet"]["path"]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> OperatorAsServiceAccount:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kubetune_operator", *self.args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def healthy(self) -> bool:
+        assert self.proc is not None and self.proc.poll() is None, self.output()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.probe_path}", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def test_operator_completes_a_job_as_the_charts_service_account(
+    cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
+) -> None:
+    sa_kubeconfig = cluster.token_kubeconfig(NAMESPACE, "kubetune", tmp_path / "operator.kubeconfig")
+    whoami = subprocess.run(
+        [
+            str(cluster.cp.assets / "kubectl"),
+            "--kubeconfig",
+            str(sa_kubeconfig),
+            "auth",
+            "whoami",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == OPERATOR_SA
+    cluster.namespace(JOB_NAMESPACE)
+    kube = admin_kube
+
+    with OperatorAsServiceAccount(cluster, sa_kubeconfig, tmp_path / "operator.log") as operator:
+        wait_for(operator.healthy, timeout=60, what="the liveness endpoint")
+        doc = load_example("qwen3-4b-full.yaml", JOB_NAMESPACE)
+        name = doc["metadata"]["name"]
+        kube.create(doc)
+        ptj = f"{name}-train"
+        wait_for(
+            lambda: kube.get("kubeflow.org/v1", "PyTorchJob", JOB_NAMESPACE, ptj),
+            timeout=60,
+            what="PyTorchJob",
+        )
+        for kind, child in [
+            ("PersistentVolumeClaim", f"{name}-ckpt"),
+            ("ConfigMap", f"{name}-config"),
+            ("ServiceAccount", f"{name}-trainer"),
+            ("Role", f"{name}-trainer"),
+            ("RoleBinding", f"{name}-trainer"),
+        ]:
+            api = "rbac.authorization.k8s.io/v1" if kind.startswith("Role") else "v1"
+            assert kube.get(api, kind, JOB_NAMESPACE, child), f"{kind} {child} missing\n{operator.output()}"
+
+        set_pytorchjob_condition(kube, JOB_NAMESPACE, ptj, "Created")
+        set_pytorchjob_condition(kube, JOB_NAMESPACE, ptj, "Running")
+        wait_phase(kube, JOB_NAMESPACE, name, "Training", timeout=60)
+
+        # The trainer reports progress with the per-job identity the operator created: its own status only.
+        trainer = kube_as(
+            cluster.token_kubeconfig(JOB_NAMESPACE, f"{name}-trainer", tmp_path / "trainer.kubeconfig")
+        )
+        progress = {"step": 25, "totalSteps": 50, "percent": 50, "loss": 1.5, "etaSeconds": 600}
+        trainer.patch(
+            "kubetune.io/v1alpha1",
+            "FineTuneJob",
+            JOB_NAMESPACE,
+            name,
+            {"status": {"progress": progress}},
+            subresource="status",
+        )
+        with pytest.raises(Exception, match="403"):
+            trainer.patch(
+                "kubetune.io/v1alpha1",
+                "FineTuneJob",
+                JOB_NAMESPACE,
+                name,
+                {"metadata": {"labels": {"x": "y"}}},
+            )
+
+        set_pytorchjob_condition(kube, JOB_NAMESPACE, ptj, "Succeeded")
+        wait_phase(kube, JOB_NAMESPACE, name, "Registering", timeout=60)
+        reg = f"{name}-register"
+        wait_for(lambda: kube.get("batch/v1", "Job", JOB_NAMESPACE, reg), timeout=60, what="registration Job")
+        finish_registration_job(kube, JOB_NAMESPACE, reg, message=json.dumps(RESULT))
+        obj = wait_phase(kube, JOB_NAMESPACE, name, "Succeeded", timeout=60)
+        assert obj["status"]["registeredModel"]["version"] == "1"
+        assert obj["status"]["progress"] == progress
+        assert operator.healthy()
+    log = operator.output()
+    assert "Forbidden" not in log and "403" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "subresource"),
+    [
+        ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
+        ("watch", "customresourcedefinitions.apiextensions.k8s.io", ""),
+        ("create", "events", ""),
+        ("get", "finetunejobs.kubetune.io", ""),
+        ("list", "finetunejobs.kubetune.io", ""),
+        ("watch", "finetunejobs.kubetune.io", ""),
+        ("patch", "finetunejobs.kubetune.io", ""),
+        ("get", "finetunejobs.kubetune.io", "status"),
+        ("patch", "finetunejobs.kubetune.io", "status"),
+        ("get", "persistentvolumeclaims", ""),
+        ("create", "persistentvolumeclaims", ""),
+        ("get", "configmaps", ""),
+        ("create", "configmaps", ""),
+        ("get", "pytorchjobs.kubeflow.org", ""),
+        ("create", "pytorchjobs.kubeflow.org", ""),
+        ("patch", "pytorchjobs.kubeflow.org", ""),
+        ("watch", "pytorchjobs.kubeflow.org", ""),
+        ("get", "jobs.batch", ""),
+        ("create", "jobs.batch", ""),
+        ("watch", "jobs.batch", ""),
+        ("list", "pods", ""),
+        ("watch", "pods", ""),
+        ("create", "serviceaccounts", ""),
+        ("create", "roles.rbac.authorization.k8s.io", ""),
+        ("create", "rolebindings.rbac.authorization.k8s.io", ""),
+    ],
+)
+def test_operator_service_account_can(
+    cluster: Cluster, installed: str, verb: str, resource: str, subresource: str
+) -> None:
+    extra = ["--subresource", subresource] if subresource else []
+    result = cluster.kubectl(
+        "auth", "can-i", verb, resource, *extra, f"--as={OPERATOR_SA}", "-n", JOB_NAMESPACE, check=False
+    )
+    assert result.stdout.strip() == "yes", (verb, resource, subresource, result.stdout, result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "subresource"),
+    [
+        ("get", "secrets", ""),
+        ("list", "secrets", ""),
+        ("watch", "secrets", ""),
+        ("create", "pods", ""),
+        ("patch", "pods", "status"),
+        ("delete", "finetunejobs.kubetune.io", ""),
+        ("update", "finetunejobs.kubetune.io", ""),
+        ("delete", "persistentvolumeclaims", ""),
+        ("create", "deployments.apps", ""),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io", ""),
+        ("escalate", "roles.rbac.authorization.k8s.io", ""),
+        ("bind", "roles.rbac.authorization.k8s.io", ""),
+        ("impersonate", "serviceaccounts", ""),
+        ("create", "serviceaccounts", "token"),
+    ],
+)
+def test_operator_service_account_cannot(
+    cluster: Cluster, installed: str, verb: str, resource: str, subresource: str
+) -> None:
+    extra = ["--subresource", subresource] if subresource else []
+    result = cluster.kubectl(
+        "auth", "can-i", verb, resource, *extra, f"--as={OPERATOR_SA}", "-n", JOB_NAMESPACE, check=False
+    )
+    assert result.stdout.strip() == "no", (verb, resource, subresource, result.stdout)
+
+
+# --- upgrade and uninstall -------------------------------------------------------------------------------
+
+
+def test_upgrade_updates_the_crd_and_the_operator_and_keeps_the_jobs(
+    cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
+) -> None:
+    jobs_before = admin_kube.request(
+        "GET", f"/apis/kubetune.io/v1alpha1/namespaces/{JOB_NAMESPACE}/finetunejobs"
+    )["items"]
+    # A newer chart whose CRD has one more printer column: `helm upgrade` must apply it.
+    newer = tmp_path / "kubetune"
+    shutil.copytree(CHART, newer)
+    crd_file = newer / "files" / "crds" / "kubetune.io_finetunejobs.yaml"
+    text = crd_file.read_text()
+    column = "    - name: Age\n      type: date\n      jsonPath: .metadata.creationTimestamp\n"
+    assert column in text
+    crd_file.write_text(
+        text.replace(
+            column,
+            "    - name: Tokens/s\n      type: number\n      jsonPath: .status.progress.tokensPerSecond\n"
+            + column,
+        )
+    )
+
+    cluster.helm("upgrade", RELEASE, str(newer), "--namespace", NAMESPACE, "--set", "trainer.image.tag=0.2.0")
+    crd = cluster.get("crd", "finetunejobs.kubetune.io")
+    assert crd is not None
+    columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert "Tokens/s" in columns
+    deployment = cluster.get("deployment", "kubetune", "-n", NAMESPACE)
+    assert deployment is not None
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KUBETUNE_TRAINER_IMAGE"] == "ghcr.io/kubetune/trainer:0.2.0"
+    jobs_after = admin_kube.request(
+        "GET", f"/apis/kubetune.io/v1alpha1/namespaces/{JOB_NAMESPACE}/finetunejobs"
+    )["items"]
+    assert [(j["metadata"]["uid"], j["status"]) for j in jobs_after] == [
+        (j["metadata"]["uid"], j["status"]) for j in jobs_before
+    ]
+
+    # And back to this chart, as a rollback would.
+    cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE)
+    crd = cluster.get("crd", "finetunejobs.kubetune.io")
+    assert crd is not None
+    assert "Tokens/s" not in [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
+
+
+def test_uninstall_keeps_the_crd_the_jobs_and_kept_volumes_then_reinstall_adopts_them(
+    cluster: Cluster, installed: str, admin_kube: Any
+) -> None:
+    cluster.helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "mlflow.server.enabled=true"
+    )
+    assert cluster.get("pvc", "kubetune-mlflow", "-n", NAMESPACE) is not None
+    jobs_before = admin_kube.request("GET", "/apis/kubetune.io/v1alpha1/finetunejobs")["items"]
+    assert jobs_before, "the end-to-end test left no FineTuneJob to keep"
+    pvcs_before = {
+        p["metadata"]["name"]
+        for p in admin_kube.request("GET", f"/api/v1/namespaces/{JOB_NAMESPACE}/persistentvolumeclaims")[
+            "items"
+        ]
+    }
+
+    result = cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE)
+    assert "kept due to the resource policy" in result.stdout + result.stderr
+
+    # Gone: what runs and what grants.
+    assert cluster.get("deployment", "kubetune", "-n", NAMESPACE) is None
+    assert cluster.get("serviceaccount", "kubetune", "-n", NAMESPACE) is None
+    assert cluster.get("clusterrole", "kubetune-operator") is None
+    assert cluster.get("clusterrolebinding", "kubetune-framework") is None
+    assert cluster.get("deployment", "kubetune-mlflow", "-n", NAMESPACE) is None
+    # Kept: the CRD, every FineTuneJob with its status, the checkpoint PVCs and MLflow's store.
+    assert cluster.get("crd", "finetunejobs.kubetune.io") is not None
+    jobs_after = admin_kube.request("GET", "/apis/kubetune.io/v1alpha1/finetunejobs")["items"]
+    assert [(j["metadata"]["uid"], j["status"]) for j in jobs_after] == [
+        (j["metadata"]["uid"], j["status"]) for j in jobs_before
+    ]
+    pvcs_after = {
+        p["metadata"]["name"]
+        for p in admin_kube.request("GET", f"/api/v1/namespaces/{JOB_NAMESPACE}/persistentvolumeclaims")[
+            "items"
+        ]
+    }
+    assert pvcs_after == pvcs_before
+    assert cluster.get("pvc", "kubetune-mlflow", "-n", NAMESPACE) is not None
+
+    # Installing again adopts the kept CRD and MLflow volume.
+    cluster.helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "mlflow.server.enabled=true"
+    )
+    crd = cluster.get("crd", "finetunejobs.kubetune.io")
+    assert crd is not None and crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert len(admin_kube.request("GET", "/apis/kubetune.io/v1alpha1/finetunejobs")["items"]) == len(
+        jobs_before
+    )
+
+
+def test_ci_values_install_in_namespaced_mode(cluster: Cluster, installed: str) -> None:
+    """A second release with the CI values (watched namespaces, shared trainer identity, MLflow), its CRD
+    left to the first release: installs, and grants only in the watched namespaces."""
+    for ns in CI_NAMESPACES:
+        cluster.namespace(ns, *RESTRICTED)
+    cluster.namespace("kubetune-ci", *RESTRICTED)
+    cluster.helm(
+        "install",
+        "ci",
+        str(CHART),
+        "--namespace",
+        "kubetune-ci",
+        "-f",
+        str(CI_VALUES),
+        "--set",
+        "crds.install=false",
+    )
+    sa = "system:serviceaccount:kubetune-ci:kubetune-ci-operator"
+    trainer = "system:serviceaccount:kubetune-ci-a:kubetune-trainer"
+
+    def can(verb: str, resource: str, ns: str, who: str, *extra: str) -> str:
+        return cluster.kubectl(
+            "auth", "can-i", verb, resource, *extra, f"--as={who}", "-n", ns, check=False
+        ).stdout.strip()
+
+    assert can("create", "pytorchjobs.kubeflow.org", "kubetune-ci-a", sa) == "yes"
+    assert can("create", "pytorchjobs.kubeflow.org", JOB_NAMESPACE, sa) == "no"
+    assert can("list", "namespaces", "", sa) == "yes"  # kopf matches the watched namespaces
+    assert can("create", "serviceaccounts", "kubetune-ci-a", sa) == "no"  # the trainer's is shared
+    assert can("patch", "finetunejobs.kubetune.io", "kubetune-ci-a", trainer, "--subresource=status") == "yes"
+    assert can("patch", "finetunejobs.kubetune.io", "kubetune-ci-a", trainer) == "no"
+    assert can("get", "secrets", "kubetune-ci-a", trainer) == "no"
+    cluster.helm("uninstall", "ci", "--namespace", "kubetune-ci")
+    assert cluster.get("crd", "finetunejobs.kubetune.io") is not None
