@@ -1,0 +1,325 @@
+"""Registration against a real ``mlflow server``: tiny LoRA and full models, idempotency, outages.
+
+The final models are made here, as training leaves them (``final/`` + tokenizer + ``COMPLETE``),
+from the tiny Qwen2 model kubetune builds, without running the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.mlflow_server import MlflowServer, running_mlflow_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.training]
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_TOKEN = "kt-fake-token-7Qz9wX2p"
+FAKE_HF_TOKEN = "hf_fakeTokenValue4242"
+MODEL_NAME = "tiny-chat"
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kubetune_trainer.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base")
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Fake credentials, as the pod gets them from Secrets; the test server ignores them."""
+    env = {"MLFLOW_TRACKING_TOKEN": FAKE_TOKEN, "HF_TOKEN": FAKE_HF_TOKEN}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    # register.main sets these defaults in os.environ; monkeypatch restores them afterwards.
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_UV_AUTO_DETECT", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    return env
+
+
+def make_final(output_dir: Path, base: Path, method: str) -> Path:
+    """``<output_dir>/final`` as training writes it: adapter or full weights, tokenizer, COMPLETE."""
+    import torch
+    from kubetune_trainer.checkpoints import mark_complete
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    final = output_dir / "final"
+    model = AutoModelForCausalLM.from_pretrained(base)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(1)
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        )
+        # A fresh adapter is a no-op (B = 0); make it change the model, as training would.
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.2)
+    else:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.01)
+    model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    mark_complete(final, {"step": 1})
+    return final
+
+
+def write_config(
+    tmp: Path,
+    *,
+    base: Path,
+    method: str,
+    tracking_uri: str,
+    name: str,
+    uid: str,
+    merge_lora: bool = True,
+    alias: str | None = "champion",
+) -> Path:
+    from kubetune_api.spec import FineTuneJob
+    from kubetune_api.trainer_config import resolve
+
+    spec: dict[str, Any] = {
+        "model": {"path": str(base)},
+        "dataset": {"path": "/data/tiny-chat.jsonl"},
+        "method": method,
+        "training": {"maxSteps": 1, "precision": "fp32"},
+        "registration": {
+            "modelName": MODEL_NAME if method == "lora" else f"{MODEL_NAME}-full",
+            "mergeLora": merge_lora,
+        },
+        "secrets": {"mlflowTrackingToken": {"name": "mlflow", "key": "token"}},
+    }
+    if alias:
+        spec["registration"]["alias"] = alias
+    if method == "lora":
+        spec["lora"] = {"r": 4, "alpha": 8, "targetModules": ["q_proj", "v_proj"]}
+    job = FineTuneJob.model_validate(
+        {"metadata": {"name": name, "namespace": "team-a", "uid": uid}, "spec": spec}
+    )
+    cfg = resolve(job, default_tracking_uri=tracking_uri, output_dir=str(tmp / "out"))
+    path = tmp / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    return path
+
+
+def run_register_process(config: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """The registration Job's container: ``python -m kubetune_trainer.register`` in its own process."""
+    full_env = {**os.environ, **env}
+    return subprocess.run(
+        [sys.executable, "-m", "kubetune_trainer.register", "--config", str(config), *extra],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=config.parent,
+    )
+
+
+def client(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def chat(model_uri: str, tracking_uri: str) -> str:
+    """Load the registered model back through MLflow's pyfunc chat interface and ask it something."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    model = mlflow.pyfunc.load_model(model_uri)
+    out = model.predict({"messages": [{"role": "user", "content": "Hello, who are you?"}], "max_tokens": 12})
+    reply = out[0]["choices"][0]["message"]["content"]
+    assert isinstance(reply, str)
+    return reply
+
+
+def assert_no_secrets(*texts: str) -> None:
+    for text in texts:
+        assert FAKE_TOKEN not in text
+        assert FAKE_HF_TOKEN not in text
+
+
+def test_lora_merged_registers_into_the_training_run_once(
+    tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]
+) -> None:
+    from kubetune_trainer import register
+
+    uri = mlflow_server.uri
+    config = write_config(
+        tmp_path, base=tiny_base, method="lora", tracking_uri=uri, name="tiny-lora", uid="uid-lora-1"
+    )
+    out = tmp_path / "out"
+    make_final(out, tiny_base, "lora")
+    # The run training opened (kubetune_trainer.tracking keeps its id on the volume).
+    mlflow = client(uri)
+    exp_id = mlflow.create_experiment("kubetune/team-a")
+    training_run = mlflow.create_run(exp_id, tags={"kubetune.job.uid": "uid-lora-1"}).info.run_id
+    mlflow.log_param(training_run, "training.maxSteps", "1")
+    mlflow.set_terminated(training_run)
+    (out / "mlflow-run.json").write_text(
+        json.dumps({"run_id": training_run, "experiment_id": exp_id, "tracking_uri": uri})
+    )
+    term = tmp_path / "termination-log"
+
+    started = time.monotonic()
+    first = run_register_process(config, {**secret_env, "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term)})
+    first_s = time.monotonic() - started
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert_no_secrets(first.stdout, first.stderr)
+
+    result = json.loads((out / "register-result.json").read_text())
+    assert result == {
+        "name": MODEL_NAME,
+        "version": "1",
+        "uri": f"models:/{MODEL_NAME}/1",
+        "run_id": training_run,
+        "alias": "champion",
+    }
+    assert json.loads(term.read_text()) == result
+    assert len(term.read_bytes()) < 4096
+
+    # Second run (in-process this time, the same entry point): no new version, same result.
+    term.unlink()
+    assert register.main(["--config", str(config), "--termination-message-path", str(term)]) == 0
+    assert json.loads(term.read_text()) == result
+    versions = mlflow.search_model_versions(f"name = '{MODEL_NAME}'")
+    assert [v.version for v in versions] == ["1"]
+    version = versions[0]
+    assert version.run_id == training_run
+    assert mlflow.get_model_version_by_alias(MODEL_NAME, "champion").version == "1"
+
+    lineage = {
+        "kubetune.job.name": "tiny-lora",
+        "kubetune.job.namespace": "team-a",
+        "kubetune.job.uid": "uid-lora-1",
+        "kubetune.base_model": str(tiny_base),
+        "kubetune.dataset": "/data/tiny-chat.jsonl",
+        "kubetune.method": "lora",
+        "kubetune.lora_merged": "true",
+    }
+    assert lineage.items() <= version.tags.items()
+    assert len(version.tags["kubetune.config_hash"]) == 16
+    run = mlflow.get_run(training_run)
+    assert lineage.items() <= run.data.tags.items()
+    assert run.data.tags["kubetune.registered_model"] == f"{MODEL_NAME}/1"
+    assert run.data.params["training.maxSteps"] == "1"  # the training run, not a new one
+    assert_no_secrets(json.dumps(version.tags), json.dumps(run.data.tags), json.dumps(run.data.params))
+
+    # The merged model is a plain transformers model that loads back and chats.
+    import mlflow as mlflow_module
+
+    mlflow_module.set_tracking_uri(uri)
+    components = mlflow_module.transformers.load_model(
+        f"models:/{MODEL_NAME}@champion", return_type="components"
+    )
+    assert type(components["model"]).__name__ == "Qwen2ForCausalLM"
+    assert chat(f"models:/{MODEL_NAME}/1", uri)
+
+
+def test_lora_unmerged_logs_the_adapter_with_a_base_path_reference(
+    tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]
+) -> None:
+    import mlflow
+    import torch
+    from kubetune_trainer import register
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    uri = mlflow_server.uri
+    config = write_config(
+        tmp_path,
+        base=tiny_base,
+        method="lora",
+        tracking_uri=uri,
+        name="tiny-adapter",
+        uid="uid-adapter-1",
+        merge_lora=False,
+        alias=None,
+    )
+    final = make_final(tmp_path / "out", tiny_base, "lora")
+    assert register.main(["--config", str(config), "--termination-message-path", str(tmp_path / "t")]) == 0
+    result = json.loads((tmp_path / "out" / "register-result.json").read_text())
+    assert result["alias"] is None
+
+    mlflow.set_tracking_uri(uri)
+    loaded = mlflow.transformers.load_model(result["uri"], return_type="components")
+    assert isinstance(loaded["model"], PeftModel)
+    expected = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_base), final)
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.allclose(loaded["model"](tokens).logits, expected(tokens).logits, atol=1e-5)
+    assert (
+        client(uri).get_model_version(result["name"], result["version"]).tags["kubetune.lora_merged"]
+        == "false"
+    )
+
+
+def test_full_model_waits_out_an_outage_then_registers(
+    tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]
+) -> None:
+    from kubetune_trainer import register
+
+    uri = mlflow_server.uri
+    config = write_config(
+        tmp_path, base=tiny_base, method="full", tracking_uri=uri, name="tiny-full", uid="uid-full-1"
+    )
+    out = tmp_path / "out"
+    make_final(out, tiny_base, "full")
+    term = tmp_path / "termination-log"
+
+    mlflow_server.stop()
+    budget = 4.0
+    started = time.monotonic()
+    down = run_register_process(
+        config,
+        {
+            **secret_env,
+            "KUBETUNE_REGISTER_RETRY_BUDGET_S": str(budget),
+            "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term),
+        },
+    )
+    elapsed = time.monotonic() - started
+    assert down.returncode == register.EXIT_UNAVAILABLE, down.stderr[-3000:]
+    assert f"MLflow at {uri} is unreachable" in down.stderr
+    assert "retrying in" in down.stderr  # it did back off and retry
+    # Start-up (imports) + the budget + one attempt; the budget itself is what must hold.
+    assert elapsed < 60 + budget
+    assert_no_secrets(down.stdout, down.stderr)
+    failure = json.loads(term.read_text())
+    assert failure["reason"] == "MlflowUnavailable" and uri in failure["error"]
+    assert not (out / "register-result.json").exists()
+
+    mlflow_server.start()
+    assert register.main(["--config", str(config), "--termination-message-path", str(term)]) == 0
+    result = json.loads(term.read_text())
+    assert (
+        result["name"] == f"{MODEL_NAME}-full" and result["version"] == "1" and result["alias"] == "champion"
+    )
+    # Training never reached MLflow: registration made the job's run and recorded it on the volume.
+    assert json.loads((out / "mlflow-run.json").read_text())["run_id"] == result["run_id"]
+    version = client(uri).get_model_version(result["name"], "1")
+    assert version.run_id == result["run_id"]
+    assert version.tags["kubetune.method"] == "full"
+    assert "kubetune.lora_merged" not in version.tags
+    assert chat(f"models:/{result['name']}@champion", uri)
