@@ -1,0 +1,221 @@
+"""``kubetune run job.yaml --local``: fine-tune a FineTuneJob on this machine, then register it.
+
+The same FineTuneJob that the operator runs in a cluster runs here, in one process, on the CPU (or
+the GPU if there is one), with a progress bar::
+
+    kubetune run examples/tiny-local.yaml --local
+    kubetune run job.yaml --local --output-dir /data/runs/job --tracking-uri http://127.0.0.1:5000
+
+What happens:
+
+1. The manifest is resolved into the trainer config the operator would render
+   (:func:`kubetune_api.trainer_config.resolve`), written to ``<output-dir>/config.yaml``.
+2. Paths under ``/opt/kubetune/tiny/`` (the tiny model and data set that the trainer image carries)
+   are mapped to a local cache folder (``--cache-dir``, default ``~/.cache/kubetune/tiny``) and
+   built there when missing: a random-init Qwen2-architecture model with a tokenizer trained on
+   kubetune's own chat data, so nothing is downloaded. Other relative paths are taken relative to
+   the manifest's folder.
+3. Training writes checkpoints (``<output-dir>/checkpoints``, default output dir ``./runs/<name>``);
+   run the same command again after an interruption and it resumes from the newest complete one.
+4. MLflow: the manifest's ``registration.trackingUri``, ``--tracking-uri``, or a local sqlite store
+   in the output folder. The trained model is registered there (``kubetune_trainer.register``).
+5. It prints where everything is, and how to look at it (``mlflow ui ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import FineTuneJob
+from kubetune_api.trainer_config import (
+    CHECKPOINTS_DIR,
+    EXIT_PREEMPTED,
+    FINAL_DIR,
+    MLFLOW_RUN_FILE,
+    REGISTER_RESULT_FILE,
+    TRAIN_RESULT_FILE,
+    TrainerConfig,
+    load_manifest,
+    resolve,
+)
+
+TINY_ROOT = "/opt/kubetune/tiny"  # kubetune_trainer.tiny.TINY_ROOT (kept import-free here)
+CONFIG_FILE = "config.yaml"
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="fine-tune a FineTuneJob on this machine (--local)",
+        description=__doc__.split("\n")[0],
+    )
+    p.add_argument("manifest", type=Path, help="FineTuneJob YAML file")
+    p.add_argument("--local", action="store_true", help="train on this machine (CPU, or a GPU if present)")
+    p.add_argument("--output-dir", type=Path, default=None, help="run folder (default: ./runs/<name>)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where the tiny model is built (default: $KUBETUNE_CACHE or ~/.cache/kubetune/tiny)",
+    )
+    p.add_argument(
+        "--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite in the run folder)"
+    )
+    p.add_argument(
+        "--no-register", action="store_true", help="train only; skip the MLflow model registration"
+    )
+    p.add_argument(
+        "--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar"
+    )
+    p.set_defaults(func=_run)
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("KUBETUNE_CACHE"):
+        return Path(os.environ["KUBETUNE_CACHE"]) / "tiny"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "kubetune" / "tiny"
+
+
+def localize_path(path: str | None, *, manifest_dir: Path, cache_dir: Path) -> tuple[str | None, bool]:
+    """The local path for a manifest path, and whether it is one of the tiny assets."""
+    if path is None:
+        return None, False
+    if path == TINY_ROOT or path.startswith(TINY_ROOT + "/"):
+        return str(cache_dir / path[len(TINY_ROOT) :].lstrip("/")), True
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else (manifest_dir / p).resolve()), False
+
+
+def localize(job: FineTuneJob, *, manifest_dir: Path, cache_dir: Path) -> tuple[FineTuneJob, bool]:
+    """The job with its model and data paths pointing at this machine; True if tiny assets are used."""
+    model_path, tiny_model = localize_path(
+        job.spec.model.path, manifest_dir=manifest_dir, cache_dir=cache_dir
+    )
+    data_path, tiny_data = localize_path(
+        job.spec.dataset.path, manifest_dir=manifest_dir, cache_dir=cache_dir
+    )
+    # Volumes are a cluster thing: locally the path is the path.
+    model = job.spec.model.model_copy(update={"path": model_path, "volume": None})
+    dataset = job.spec.dataset.model_copy(update={"path": data_path, "volume": None})
+    spec = job.spec.model_copy(update={"model": model, "dataset": dataset})
+    return job.model_copy(update={"spec": spec}), tiny_model or tiny_data
+
+
+def local_config(
+    manifest: Path, *, output_dir: Path | None, cache_dir: Path | None, tracking_uri: str | None
+) -> tuple[TrainerConfig, bool, Path]:
+    """The trainer config of a local run (not yet written), whether it needs the tiny assets, and the cache."""
+    job = load_manifest(manifest)
+    cache = (cache_dir or default_cache_dir()).resolve()
+    job, tiny = localize(job, manifest_dir=manifest.resolve().parent, cache_dir=cache)
+    out = (output_dir or Path("runs") / job.metadata.name).resolve()
+    default_uri = tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
+    cfg = resolve(job, default_tracking_uri=default_uri, output_dir=str(out), report_progress=False)
+    if tracking_uri:
+        cfg = cfg.model_copy(update={"tracking_uri": tracking_uri})
+    return cfg, tiny, cache
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def register(config_path: Path) -> int:
+    """Run the registration entry point in this process (the post-step Job's command in a cluster)."""
+    from kubetune_trainer import register as registration
+
+    return int(registration.main(["--config", str(config_path), "--retry-budget", "60"]))
+
+
+def summary(cfg: TrainerConfig, *, registered: bool) -> str:
+    out = Path(cfg.output_dir)
+    result = _read_json(out / TRAIN_RESULT_FILE)
+    run = _read_json(out / MLFLOW_RUN_FILE)
+    reg = _read_json(out / REGISTER_RESULT_FILE) if registered else {}
+    uri = cfg.tracking_uri or ""
+    lines = ["", f"kubetune: {cfg.job.name} trained locally", ""]
+    first, final = result.get("first_loss"), result.get("final_loss")
+    if first is not None and final is not None:
+        lines.append(f"  loss            {first:.3f} -> {final:.3f} in {result.get('global_step')} steps")
+    lines += [
+        f"  run folder      {out}",
+        f"  checkpoints     {out / CHECKPOINTS_DIR}",
+        f"  final model     {out / FINAL_DIR}",
+        f"  train result    {out / TRAIN_RESULT_FILE}",
+        f"  trainer config  {out / CONFIG_FILE}",
+        f"  MLflow          {uri}  (experiment {cfg.experiment!r}, run {run.get('run_id', '-')})",
+    ]
+    if result and not result.get("mlflow_ok", True):
+        lines.append(
+            f"                  MLflow was not reachable during training: {result.get('mlflow_error')}"
+        )
+    if reg:
+        lines.append(
+            f"  registered      {reg.get('uri')}  (name {reg.get('name')!r}, version {reg.get('version')})"
+        )
+    lines.append("")
+    if uri.startswith("sqlite:"):
+        lines.append(
+            f"  look at it:     mlflow ui --backend-store-uri {uri} --port 5000   # then http://127.0.0.1:5000"
+        )
+    elif uri:
+        lines.append(f"  look at it:     open {uri} in a browser")
+    if reg.get("uri"):
+        lines.append(
+            f"  load it:        python -c \"import mlflow; mlflow.set_tracking_uri('{uri}'); "
+            f"m = mlflow.transformers.load_model('{reg['uri']}'); print(m)\""
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not args.local:
+        print(
+            "kubetune run: only --local runs here; to run in a cluster: kubectl apply -f "
+            + str(args.manifest),
+            file=sys.stderr,
+        )
+        return 2
+    cfg, tiny, cache = local_config(
+        args.manifest, output_dir=args.output_dir, cache_dir=args.cache_dir, tracking_uri=args.tracking_uri
+    )
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config_path = out / CONFIG_FILE
+    config_path.write_text(cfg.to_yaml())
+
+    if tiny:
+        from kubetune_trainer.tiny import ensure_tiny_assets
+
+        print(f"kubetune: tiny model and data in {cache} (built on first use, no download)", file=sys.stderr)
+        ensure_tiny_assets(cache)
+
+    from kubetune_trainer import train
+
+    print(f"kubetune: training {cfg.job.name} into {out}", file=sys.stderr)
+    outcome = train.run(cfg, progress_bar=args.progress_bar)
+    if outcome.exit_code != 0:
+        if outcome.exit_code == EXIT_PREEMPTED:
+            print("kubetune: interrupted; run the same command again to resume", file=sys.stderr)
+        return outcome.exit_code
+
+    registered = False
+    if cfg.spec.registration.enabled and not args.no_register:
+        code = register(config_path)
+        if code != 0:
+            print(f"kubetune: training done, registration failed (exit {code})", file=sys.stderr)
+            sys.stdout.write(summary(cfg, registered=False))
+            return code
+        registered = True
+    sys.stdout.write(summary(cfg, registered=registered))
+    return 0
