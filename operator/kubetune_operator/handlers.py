@@ -30,7 +30,6 @@ from .settings import Settings
 
 # Read at import: kopf needs the timer interval when the decorator runs.
 _RESYNC_SECONDS = Settings.from_env().resync_seconds
-TEMPORARY_DELAY = 15.0
 
 
 @kopf.on.startup()
@@ -73,7 +72,7 @@ def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
     if outcome.invalid:
         raise kopf.PermanentError(outcome.message)
     if outcome.waiting:
-        raise kopf.TemporaryError(outcome.message or "waiting", delay=TEMPORARY_DELAY)
+        raise kopf.TemporaryError(outcome.message or "waiting", delay=memo.settings.retry_seconds)
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)

@@ -23,6 +23,7 @@ Variable                               Meaning (default)
 ``KUBETUNE_CACHE_SIZE_LIMIT``          per-pod emptyDir for HF/Triton/inductor caches (``200Gi``)
 ``KUBETUNE_TMP_SIZE_LIMIT``            per-pod emptyDir for ``/tmp`` (``8Gi``)
 ``KUBETUNE_RESYNC_SECONDS``            slow safety-net re-sync of every FineTuneJob (``300``)
+``KUBETUNE_RETRY_SECONDS``             re-check delay while waiting, e.g. on a child conflict (``15``)
 =====================================  ===========================================================
 """
 
@@ -57,6 +58,7 @@ class Settings:
     cache_size_limit: str = "200Gi"
     tmp_size_limit: str = "8Gi"
     resync_seconds: float = 300.0
+    retry_seconds: float = 15.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -87,6 +89,7 @@ class Settings:
             cache_size_limit=get("CACHE_SIZE_LIMIT") or defaults.cache_size_limit,
             tmp_size_limit=get("TMP_SIZE_LIMIT") or defaults.tmp_size_limit,
             resync_seconds=float(get("RESYNC_SECONDS") or defaults.resync_seconds),
+            retry_seconds=float(get("RETRY_SECONDS") or defaults.retry_seconds),
         )
 
 

@@ -51,6 +51,7 @@ def operator_env(control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -
         "KUBECONFIG": str(control_plane.kubeconfig),
         "KUBETUNE_TRAINER_IMAGE": "registry.example.com/kubetune/trainer:test",
         "KUBETUNE_MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc:5000",
+        "KUBETUNE_RETRY_SECONDS": "1",
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
