@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tests.support.mlflow_server import MlflowServer, running_mlflow_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
@@ -55,11 +54,12 @@ def secret_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def make_final(output_dir: Path, base: Path, method: str) -> Path:
     """``<output_dir>/final`` as training writes it: adapter or full weights, tokenizer, COMPLETE."""
     import torch
-    from kubetune_trainer.checkpoints import mark_complete
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from kubetune_trainer.checkpoints import mark_complete
+
     final = output_dir / "final"
-    model = AutoModelForCausalLM.from_pretrained(base)
+    model: Any = AutoModelForCausalLM.from_pretrained(base)
     tokenizer = AutoTokenizer.from_pretrained(base)
     torch.manual_seed(1)
     if method == "lora":
@@ -128,6 +128,7 @@ def run_register_process(config: Path, env: dict[str, str], *extra: str) -> subp
     return subprocess.run(
         [sys.executable, "-m", "kubetune_trainer.register", "--config", str(config), *extra],
         env=full_env,
+        check=False,
         capture_output=True,
         text=True,
         timeout=300,
@@ -182,9 +183,7 @@ def test_lora_merged_registers_into_the_training_run_once(
     )
     term = tmp_path / "termination-log"
 
-    started = time.monotonic()
     first = run_register_process(config, {**secret_env, "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term)})
-    first_s = time.monotonic() - started
     assert first.returncode == 0, first.stderr[-4000:]
     assert_no_secrets(first.stdout, first.stderr)
 
@@ -242,9 +241,10 @@ def test_lora_unmerged_logs_the_adapter_with_a_base_path_reference(
 ) -> None:
     import mlflow
     import torch
-    from kubetune_trainer import register
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+
+    from kubetune_trainer import register
 
     uri = mlflow_server.uri
     config = write_config(

@@ -1,0 +1,333 @@
+"""Registration without a real MLflow server: failure classes, the retry budget, redaction, results.
+
+The refusal and outage cases talk to a stub HTTP server on 127.0.0.1 through MLflow's real client,
+so the classification is checked against the exceptions MLflow actually raises.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from mlflow.exceptions import MlflowException, RestException
+
+from kubetune_api.spec import FineTuneJob
+from kubetune_api.trainer_config import TrainerConfig, resolve
+from kubetune_trainer import register
+from kubetune_trainer.mlflow_client import (
+    MlflowRefusedError,
+    MlflowUnavailableError,
+    RedactingFilter,
+    Retrier,
+    classify,
+    redact,
+)
+
+SECRET = "kt-unit-secret-value-991"
+
+
+def make_config(tmp_path: Path, tracking_uri: str, **registration: Any) -> TrainerConfig:
+    job = FineTuneJob.model_validate(
+        {
+            "metadata": {"name": "unit-job", "namespace": "ns", "uid": "uid-unit"},
+            "spec": {
+                "model": {"name": "Qwen/Qwen2-0.5B", "revision": "abc123"},
+                "dataset": {"name": "trl-lib/Capybara"},
+                "training": {"maxSteps": 1},
+                "registration": {"alias": "champion", **registration},
+                "secrets": {"huggingFaceToken": {"name": "hf", "key": "token"}},
+            },
+        }
+    )
+    return resolve(job, default_tracking_uri=tracking_uri, output_dir=str(tmp_path / "out"))
+
+
+def write_config(tmp_path: Path, cfg: TrainerConfig, *, complete: bool = True) -> Path:
+    final = Path(cfg.output_dir) / "final"
+    final.mkdir(parents=True)
+    (final / "adapter_config.json").write_text("{}")
+    if complete:
+        (final / "COMPLETE").write_text("{}")
+    path = tmp_path / "config.yaml"
+    path.write_text(cfg.to_yaml())
+    return path
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+# --- classification and retries -----------------------------------------------------------------------
+
+
+def _http_error(status: int) -> requests.HTTPError:
+    response = requests.Response()
+    response.status_code = status
+    return requests.HTTPError(f"{status}", response=response)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (requests.ConnectionError("refused"), "unreachable"),
+        (
+            MlflowException("API request to http://x/api failed with exception HTTPConnectionPool"),
+            "unreachable",
+        ),
+        (RestException({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "busy"}), "unreachable"),
+        (RestException({"error_code": "INTERNAL_ERROR", "message": "db down"}), "unreachable"),
+        (RestException({"error_code": "PERMISSION_DENIED", "message": "no"}), "refused"),
+        (RestException({"error_code": "INVALID_PARAMETER_VALUE", "message": "bad name"}), "refused"),
+        (_http_error(502), "unreachable"),
+        (_http_error(401), "refused"),
+        (MlflowException("a local mistake"), None),
+        (ValueError("bug"), None),
+    ],
+)
+def test_classify(exc: BaseException, kind: str | None) -> None:
+    assert classify(exc)[0] == kind
+
+
+def test_retrier_backs_off_and_then_succeeds() -> None:
+    fake = FakeClock()
+    calls = []
+
+    def flaky() -> str:
+        calls.append(fake.now)
+        if len(calls) < 4:
+            raise requests.ConnectionError("connection refused")
+        return "ok"
+
+    retrier = Retrier("http://mlflow:5000", budget_s=60, sleep=fake.sleep, clock=fake.clock)
+    assert retrier.call("do it", flaky) == "ok"
+    assert len(calls) == 4
+    # Exponential: each wait about twice the one before (jitter is +-20%).
+    assert [round(s) for s in fake.sleeps] == [1, 2, 4]
+
+
+def test_retrier_gives_up_when_the_total_budget_is_spent() -> None:
+    fake = FakeClock()
+
+    def down() -> None:
+        fake.now += 0.5  # each failing attempt takes time too, and counts
+        raise requests.ConnectionError("connection refused")
+
+    retrier = Retrier("http://user:pw@mlflow:5000", budget_s=20, sleep=fake.sleep, clock=fake.clock)
+    with pytest.raises(MlflowUnavailableError) as info:
+        retrier.call("log the model", down)
+    assert fake.now <= 20 + 0.5
+    message = str(info.value)
+    assert "http://***@mlflow:5000" in message and "pw" not in message
+    assert "log the model" in message and "retry budget 20s" in message
+    # The budget is for the whole registration: a later outage gets only what is left.
+    with pytest.raises(MlflowUnavailableError):
+        retrier.call("tag the run", down)
+    assert fake.now <= 20 + 1.0
+
+
+def test_retrier_does_not_retry_a_refusal_or_a_bug() -> None:
+    fake = FakeClock()
+    retrier = Retrier("http://mlflow:5000", budget_s=60, sleep=fake.sleep, clock=fake.clock)
+
+    def forbidden() -> None:
+        raise RestException({"error_code": "PERMISSION_DENIED", "message": "user may not register"})
+
+    with pytest.raises(MlflowRefusedError) as info:
+        retrier.call("register 'm'", forbidden)
+    assert info.value.status == 403 and info.value.error_code == "PERMISSION_DENIED"
+    assert "MLflow at http://mlflow:5000 refused to register 'm' (HTTP 403, PERMISSION_DENIED)" in str(
+        info.value
+    )
+
+    def bug() -> None:
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        retrier.call("x", bug)
+    assert fake.sleeps == []
+
+
+# --- secrets --------------------------------------------------------------------------------------------
+
+
+def test_redact_removes_env_credentials_and_uri_passwords(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    monkeypatch.setenv("HF_TOKEN", "hf_abc")
+    text = redact(f"Authorization: Basic {SECRET} to https://bob:{SECRET}@mlflow/x with hf_abc")
+    assert SECRET not in text and "hf_abc" not in text and "bob" not in text
+    assert "https://***@mlflow/x" in text
+
+
+def test_log_filter_redacts_messages_and_tracebacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    record = logging.LogRecord("x", logging.WARNING, __file__, 1, "token is %s", (SECRET,), None)
+    try:
+        raise RuntimeError(f"header Bearer {SECRET}")
+    except RuntimeError:
+        import sys
+
+        record.exc_info = sys.exc_info()
+    assert RedactingFilter().filter(record)
+    assert SECRET not in logging.Formatter().format(record)
+
+
+def test_lineage_tags_name_the_sources_and_never_a_secret(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://mlflow:5000")
+    tags = register.lineage_tags(cfg)
+    assert tags == {
+        "kubetune.job.name": "unit-job",
+        "kubetune.job.namespace": "ns",
+        "kubetune.job.uid": "uid-unit",
+        "kubetune.config_hash": cfg.config_hash(),
+        "kubetune.method": "lora",
+        "kubetune.base_model": "Qwen/Qwen2-0.5B",
+        "kubetune.base_model.revision": "abc123",
+        "kubetune.dataset": "trl-lib/Capybara",
+        "kubetune.dataset.revision": "main",
+        "kubetune.lora_merged": "true",
+    }
+    # The alias may change later without making it another model.
+    assert register.lineage_tags(make_config(tmp_path, "http://m", alias="other")) == tags
+
+
+# --- results --------------------------------------------------------------------------------------------
+
+
+def test_termination_message_fits_the_kubelet_limit() -> None:
+    text = register.termination_message({"error": "x" * 10_000, "reason": "MlflowRefused"})
+    assert len(text.encode()) <= 4096
+    assert json.loads(text)["reason"] == "MlflowRefused"
+
+
+def test_termination_message_is_not_created_outside_a_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(register.TERMINATION_MESSAGE_ENV, raising=False)
+    absent = tmp_path / "termination-log"
+    monkeypatch.setattr(register, "DEFAULT_TERMINATION_MESSAGE_PATH", str(absent))
+    register.write_termination_message({"name": "m"}, None)
+    assert not absent.exists()
+    absent.write_text("")  # the kubelet creates it in a pod
+    register.write_termination_message({"name": "m"}, None)
+    assert json.loads(absent.read_text()) == {"name": "m"}
+
+
+def test_refuses_a_final_model_without_its_complete_marker(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9")
+    config = write_config(tmp_path, cfg, complete=False)
+    term = tmp_path / "term"
+    assert register.main(["--config", str(config), "--termination-message-path", str(term)]) == 2
+    message = json.loads(term.read_text())
+    assert message["reason"] == "NothingToRegister" and "COMPLETE" in message["error"]
+
+
+def test_disabled_registration_does_nothing(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9", enabled=False)
+    config = write_config(tmp_path, cfg, complete=False)
+    assert register.main(["--config", str(config)]) == 0
+    assert not (Path(cfg.output_dir) / "register-result.json").exists()
+
+
+# --- through MLflow's client, against a stub server --------------------------------------------------------
+
+
+@pytest.fixture
+def stub_mlflow() -> Iterator[tuple[str, dict[str, Any]]]:
+    """An HTTP server on 127.0.0.1 that answers every request with ``state['status']``."""
+    state: dict[str, Any] = {"status": 403, "requests": 0, "auth": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            state["requests"] += 1
+            state["auth"].append(self.headers.get("Authorization"))
+            status = state["status"]
+            body: dict[str, str] = (
+                {"error_code": "PERMISSION_DENIED", "message": "Permission denied for experiment"}
+                if status == 403
+                else {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "overloaded"}
+            )
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer  # noqa: N815
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_UV_AUTO_DETECT", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_a_refusal_fails_at_once_with_the_tracking_uri(
+    tmp_path: Path,
+    stub_mlflow: tuple[str, dict[str, Any]],
+    clean_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    uri, state = stub_mlflow
+    config = write_config(tmp_path, make_config(tmp_path, uri))
+    term = tmp_path / "term"
+    started = time.monotonic()
+    code = register.main(["--config", str(config), "--termination-message-path", str(term)])
+    assert code == register.EXIT_REFUSED
+    assert time.monotonic() - started < 10
+    assert state["requests"] == 1  # no retry
+    assert state["auth"] == [f"Bearer {SECRET}"]  # the token from the environment was used...
+    err = capsys.readouterr().err
+    assert f"MLflow at {uri} refused" in err and "HTTP 403" in err
+    assert SECRET not in err and SECRET not in term.read_text()  # ...and never shown
+    assert json.loads(term.read_text())["reason"] == "MlflowRefused"
+
+
+def test_server_errors_are_retried_until_the_budget_is_spent(
+    tmp_path: Path,
+    stub_mlflow: tuple[str, dict[str, Any]],
+    clean_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    uri, state = stub_mlflow
+    state["status"] = 503
+    config = write_config(tmp_path, make_config(tmp_path, uri))
+    started = time.monotonic()
+    code = register.main(
+        ["--config", str(config), "--retry-budget", "3", "--termination-message-path", str(tmp_path / "t")]
+    )
+    elapsed = time.monotonic() - started
+    assert code == register.EXIT_UNAVAILABLE
+    assert state["requests"] >= 2
+    assert elapsed < 3 + 5
+    assert f"MLflow at {uri} is unreachable" in capsys.readouterr().err
