@@ -1,0 +1,578 @@
+"""Benchmark: the notebooks' configurations against kubetune's defaults, side by side in one run.
+
+    kubetune bench --out bench-out                     # on a GPU: Qwen2-0.5B LoRA and Qwen3-4B full
+    kubetune bench --smoke --out bench-out             # CPU smoke: the tiny model, a few steps
+    kubetune bench --cases qwen3-4b:kubetune --memory-cap-gib 80
+
+Each case trains the same model (built from its published config with random weights: nothing
+is downloaded) on the same synthetic chat data for a few optimizer steps and measures the steps
+after the warm-up:
+
+* ``notebook-a`` / ``notebook-b``: TRL's SFTTrainer configured exactly as the notebook does
+  (A: fp32 weights + fp16 autocast, batch 8 x accumulation 4, gradient checkpointing, Liger,
+  padded batches; B: bf16 weights, batch 1 x accumulation 8, gradient checkpointing, padded);
+* ``kubetune``: the real trainer's own functions (``plan.make_plan``, ``train.build_model``'s
+  dtype/attention choice, ``train.build_sft_config``, ``train.build_trainer``) on the notebook's
+  FineTuneJob example (examples/*.yaml) with its defaults (bf16, padding-free packing with the
+  varlen kernel, Liger fused kernels, checkpointing only when the memory plan needs it).
+
+Metrics per case: training tokens/s (real tokens only: no padding), optimizer-step time, peak GPU
+memory, and MFU = model FLOPs per second / peak dense bf16 FLOP/s of the GPU, where model FLOPs per
+token = m * 2 * N_matmul + a * 4 * L * H * d_head * c: N_matmul the parameters of every matrix
+multiply (LM head included, embeddings excluded), c the mean attended context per token (causal:
+(n+1)/2 for an example of n tokens), m = 3 for full fine-tuning and 2 for LoRA (frozen weights get
+no weight gradients), a = 3. Recomputation from gradient checkpointing is not counted (model FLOPs,
+not hardware FLOPs).
+
+Data: conversations whose token lengths follow a log-normal fitted to Capybara's (median ~850,
+cut at 1024, ~39% at the cap), pre-tokenized with uniform random ids over the model's vocabulary.
+
+Each case runs in its own process (Liger patches classes; memory must start empty); results are
+written as JSON, a markdown table and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# Published architecture configs (facts: sizes of the public Qwen2-0.5B and Qwen3-4B checkpoints).
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2-0.5b": {
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-4b": {
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+    },
+    "tiny": {
+        "model_type": "qwen2",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+    },
+}
+
+# The notebooks' SFTConfig, as they set it (facts from the two notebooks).
+NOTEBOOK_A = {
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 4,
+    "learning_rate": 1e-3,  # 1e-4 x 10 "for LoRA"
+    "warmup_steps": 50,
+    "weight_decay": 0.01,
+    "dataloader_pin_memory": False,
+    "remove_unused_columns": False,
+    "use_liger_kernel": True,
+    "fp16": True,
+    "gradient_checkpointing": True,
+    "gradient_checkpointing_kwargs": {"use_reentrant": False},
+}
+NOTEBOOK_B = {
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 8,
+    "learning_rate": 2e-5,
+    "warmup_steps": 10,
+    "weight_decay": 0.01,
+    "dataloader_pin_memory": False,
+    "remove_unused_columns": False,
+    "bf16": True,
+    "gradient_checkpointing": True,
+    "gradient_checkpointing_kwargs": {"use_reentrant": False},
+}
+LORA = {"r": 8, "alpha": 32, "dropout": 0.1,
+        "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+# (model, kind) -> what it is
+CASES = {
+    "qwen2-0.5b:notebook-a": ("qwen2-0.5b", "notebook-a"),
+    "qwen2-0.5b:kubetune": ("qwen2-0.5b", "kubetune-lora"),
+    "qwen3-4b:notebook-b": ("qwen3-4b", "notebook-b"),
+    "qwen3-4b:kubetune": ("qwen3-4b", "kubetune-full"),
+    "tiny:notebook-a": ("tiny", "notebook-a"),
+    "tiny:kubetune-lora": ("tiny", "kubetune-lora"),
+    "tiny:notebook-b": ("tiny", "notebook-b"),
+    "tiny:kubetune-full": ("tiny", "kubetune-full"),
+}
+GPU_CASES = ["qwen2-0.5b:notebook-a", "qwen2-0.5b:kubetune", "qwen3-4b:notebook-b", "qwen3-4b:kubetune"]
+SMOKE_CASES = ["tiny:notebook-a", "tiny:kubetune-lora", "tiny:notebook-b", "tiny:kubetune-full"]
+# Which case each kubetune case is compared with.
+BASELINE = {"kubetune-lora": "notebook-a", "kubetune-full": "notebook-b"}
+
+# Peak dense bf16 (= fp16) tensor FLOP/s by GPU name (vendor datasheets, SXM parts).
+PEAK_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "B200": 2250e12}
+
+MAX_LENGTH = 1024
+
+
+@dataclass
+class CaseResult:
+    case: str
+    model: str
+    kind: str
+    steps_measured: int
+    seconds: float
+    tokens: int
+    tokens_per_second: float
+    step_seconds: float
+    peak_memory_gib: float | None
+    mfu: float | None
+    flops_per_token: float
+    losses: list[float] = field(default_factory=list)
+    plan: dict[str, Any] = field(default_factory=dict)
+    packing_check: dict[str, Any] | None = None
+    memory_cap_gib: float | None = None
+    device: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+# --- data ------------------------------------------------------------------------------------------
+
+
+def capybara_like_lengths(n: int, *, seed: int = 0, median: float = 850.0, cap: int = MAX_LENGTH) -> list[int]:
+    """Token lengths of chat examples: log-normal with median 850 and P(len >= 1024) ~ 0.39."""
+    import random
+
+    rng = random.Random(seed)
+    mu = math.log(median)
+    # P(X >= cap) = 0.39  ->  (ln cap - mu) / sigma = z(0.61) = 0.2793
+    sigma = (math.log(cap) - mu) / 0.2793
+    return [max(16, min(cap, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+
+
+def synthetic_dataset(n: int, vocab: int, *, seed: int = 0) -> Any:
+    """Pre-tokenized rows (``input_ids``) with Capybara-like lengths; ids avoid the special tokens."""
+    import torch
+    from datasets import Dataset
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = capybara_like_lengths(n, seed=seed)
+    low = min(16, vocab // 4)
+    rows = [torch.randint(low, vocab, (length,), generator=gen).tolist() for length in lengths]
+    return Dataset.from_dict({"input_ids": rows})
+
+
+# --- FLOPs -----------------------------------------------------------------------------------------
+
+
+def matmul_params(cfg: dict[str, Any]) -> int:
+    """Parameters of every matrix multiply per token: attention + MLP projections + the LM head."""
+    h, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = cfg.get("head_dim") or h // heads
+    attn = h * heads * d * 2 + h * kv * d * 2  # q, o and k, v
+    mlp = 3 * h * cfg["intermediate_size"]
+    return layers * (attn + mlp) + cfg["vocab_size"] * h
+
+
+def flops_per_token(cfg: dict[str, Any], *, lora: bool, mean_context: float) -> float:
+    heads = cfg["num_attention_heads"]
+    d = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    linear = (2 if lora else 3) * 2 * matmul_params(cfg)
+    attention = 3 * 4 * cfg["num_hidden_layers"] * heads * d * mean_context
+    return float(linear + attention)
+
+
+def peak_flops(device_name: str, override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    for key, value in PEAK_FLOPS.items():
+        if key in device_name:
+            return value
+    return None
+
+
+# --- one case (in its own process) -----------------------------------------------------------------
+
+
+class _Meter:
+    """Counts real tokens and attended context on the device (no host sync) during measured steps."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.tokens: Any = 0
+        self.context: Any = 0
+
+    def hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if not self.active or not module.training:
+            return
+        mask = kwargs.get("attention_mask")
+        pos = kwargs.get("position_ids")
+        ids = kwargs.get("input_ids")
+        if mask is not None and mask.dim() == 2:
+            self.tokens = self.tokens + mask.sum()
+            self.context = self.context + (mask.cumsum(-1) * mask).sum()
+        elif pos is not None:
+            self.tokens = self.tokens + pos.numel()
+            self.context = self.context + (pos + 1).sum()
+        elif ids is not None:
+            self.tokens = self.tokens + ids.numel()
+
+
+def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
+    from transformers import TrainerCallback
+
+    class Timing(TrainerCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.start: float | None = None
+            self.end: float | None = None
+            self.losses: list[float] = []
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == warmup:
+                sync()
+                meter.active = True
+                self.start = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step == state.max_steps and self.start is not None:
+                sync()
+                self.end = time.perf_counter()
+                meter.active = False
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                self.losses.append(float(logs["loss"]))
+
+    return Timing()
+
+
+def _tokenizer(tmp: Path, vocab: int) -> Any:
+    """A processing class for the trainers: the data is pre-tokenized, only pad/eos ids matter."""
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab_map = {f"t{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab_map, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t1", eos_token="t2", unk_token="t0")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    return fast
+
+
+def _build_model(model_name: str, dtype: Any, attn: str, device: str) -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(MODEL_CONFIGS[model_name])
+    config = AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+    model.config.use_cache = False
+    return model
+
+
+def _kubetune_config(kind: str, model_dir: str, data_dir: str, steps: int, out: str) -> Any:
+    """The notebook's FineTuneJob example, pointed at the benchmark model and data, on one GPU."""
+    from kubetune_api.trainer_config import load_manifest, resolve
+
+    example = "qwen2-0.5b-lora-8gpu.yaml" if kind == "kubetune-lora" else "qwen3-4b-full.yaml"
+    job = load_manifest(REPO_EXAMPLES / example)
+    spec = job.spec.model_copy(deep=True)
+    spec.model.name, spec.model.path = None, model_dir
+    spec.dataset.name, spec.dataset.path, spec.dataset.eval_fraction = None, data_dir, None
+    spec.training.epochs, spec.training.max_steps = None, steps
+    spec.training.eval_steps = None
+    spec.training.save_steps = 10**6
+    spec.training.logging_steps = 1
+    spec.resources.gpus_per_node = 1
+    job.spec = spec
+    return resolve(job, output_dir=out)
+
+
+def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib: float | None,
+             peak_tflops: float | None) -> CaseResult:
+    import torch
+    import transformers
+    import trl
+
+    model_name, kind = CASES[case]
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    if cuda and memory_cap_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_gib * 2**30 / total))
+        os.environ["KUBETUNE_GPU_MEMORY_GIB"] = str(memory_cap_gib)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = MODEL_CONFIGS[model_name]
+    lora = kind in ("notebook-a", "kubetune-lora")
+    total_steps = warmup + steps
+
+    with tempfile.TemporaryDirectory(prefix="kubetune-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        tokenizer = _tokenizer(tmp, cfg["vocab_size"])
+        dataset = synthetic_dataset(n_rows, cfg["vocab_size"], seed=0)
+        plan_info: dict[str, Any] = {}
+        packing_check = None
+
+        if kind.startswith("notebook"):
+            from peft import LoraConfig, TaskType
+            from trl import SFTConfig, SFTTrainer
+
+            settings = dict(NOTEBOOK_A if kind == "notebook-a" else NOTEBOOK_B)
+            if not cuda:  # CPU smoke: same shape, no mixed precision or Triton kernels
+                settings.update(fp16=False, bf16=False, use_liger_kernel=False)
+            # A loads in the default fp32; B asks for bf16 weights.
+            dtype = torch.bfloat16 if (kind == "notebook-b" and cuda) else torch.float32
+            model = _build_model(model_name, dtype, "sdpa", device)
+            peft = None
+            if lora:
+                peft = LoraConfig(task_type=TaskType.CAUSAL_LM, r=LORA["r"], lora_alpha=LORA["alpha"],
+                                  lora_dropout=LORA["dropout"], target_modules=LORA["targets"], bias="none")
+            args = SFTConfig(output_dir=str(tmp / "out"), max_steps=total_steps, logging_steps=1,
+                             save_strategy="no", eval_strategy="no", report_to="none", max_length=MAX_LENGTH,
+                             use_cpu=not cuda, disable_tqdm=True, **settings)
+            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                                 peft_config=peft)
+            plan_info = {"precision": "fp16-amp/fp32-weights" if settings.get("fp16") else
+                         ("bf16" if settings.get("bf16") else "fp32"),
+                         "packing": False, "gradient_checkpointing": True,
+                         "liger": bool(settings.get("use_liger_kernel")),
+                         "per_device_batch_size": settings["per_device_train_batch_size"],
+                         "gradient_accumulation_steps": settings["gradient_accumulation_steps"]}
+        else:
+            from . import train as trainer_module
+            from .plan import Hardware, make_plan
+
+            data_dir = tmp / "data"
+            data_dir.mkdir()
+            dataset.to_json(str(data_dir / "train.jsonl"))
+            tcfg = _kubetune_config(kind, str(tmp / "model"), str(data_dir), total_steps, str(tmp / "out"))
+            shape = trainer_module.shape_from_config(MODEL_CONFIGS[model_name])
+            plan = make_plan(tcfg.spec.training, Hardware.detect(), shape=shape, lora=lora)
+            model = _build_model(model_name, getattr(torch, plan.dtype_name), plan.attn_implementation, device)
+            args = trainer_module.build_sft_config(tcfg, plan, has_eval=False, progress_bar=False)
+            args.logging_steps = 1
+            trainer = trainer_module.build_trainer(model, tokenizer, args, train=dataset, evaluation=None,
+                                                   peft=trainer_module.build_peft_config(tcfg), callbacks=[],
+                                                   plan=plan)
+            plan_info = plan.as_dict()
+            packing_check = trainer_module.check_packing_exact(trainer, dataset, tokenizer) if cuda else None
+
+        meter = _Meter()
+        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+        inner.register_forward_pre_hook(meter.hook, with_kwargs=True)
+        timing = _timing_callback(meter, warmup, sync)
+        trainer.add_callback(timing)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train()
+        sync()
+        tokens = int(meter.tokens) if not isinstance(meter.tokens, int) else meter.tokens
+        context_sum = float(meter.context) if not isinstance(meter.context, int) else float(meter.context)
+        seconds = (timing.end or time.perf_counter()) - (timing.start or time.perf_counter())
+        mean_context = context_sum / tokens if tokens else 0.0
+        fpt = flops_per_token(cfg, lora=lora, mean_context=mean_context)
+        name = torch.cuda.get_device_name(0) if cuda else "cpu"
+        peak = peak_flops(name, peak_tflops) if cuda else None
+        tps = tokens / seconds if seconds > 0 else 0.0
+        return CaseResult(
+            case=case,
+            model=model_name,
+            kind=kind,
+            steps_measured=steps,
+            seconds=round(seconds, 3),
+            tokens=tokens,
+            tokens_per_second=round(tps, 1),
+            step_seconds=round(seconds / steps, 4),
+            peak_memory_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+            mfu=round(tps * fpt / peak, 4) if peak else None,
+            flops_per_token=fpt,
+            losses=timing.losses,
+            plan=plan_info,
+            packing_check=packing_check,
+            memory_cap_gib=memory_cap_gib,
+            device=name,
+            versions={"torch": torch.__version__, "transformers": transformers.__version__,
+                      "trl": trl.__version__, **_liger_version()},
+        )
+
+
+def _liger_version() -> dict[str, str]:
+    try:
+        from importlib.metadata import version
+
+        return {"liger-kernel": version("liger-kernel")}
+    except Exception:
+        return {}
+
+
+# --- the whole benchmark ---------------------------------------------------------------------------
+
+
+def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_case = {r["case"]: r for r in results}
+    rows = []
+    for r in results:
+        base_kind = BASELINE.get(r["kind"])
+        base = next((b for b in results if b["model"] == r["model"] and b["kind"] == base_kind), None)
+        row = dict(r)
+        if base and base["tokens_per_second"]:
+            row["speedup"] = round(r["tokens_per_second"] / base["tokens_per_second"], 2)
+            if base.get("peak_memory_gib") and r.get("peak_memory_gib"):
+                row["memory_ratio"] = round(r["peak_memory_gib"] / base["peak_memory_gib"], 2)
+        rows.append(row)
+    del by_case
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| case | tokens/s | step s | peak GiB | MFU | speed-up vs notebook | memory vs notebook |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines = [head]
+    for r in rows:
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
+        mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") is not None else "n/a"
+        cap = f" (cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else ""
+        lines.append(
+            f"| {r['case']}{cap} | {r['tokens_per_second']:,.0f} | {r['step_seconds']:.3f} | {mem} | {mfu} | "
+            f"{str(r.get('speedup', '')) + '×' if r.get('speedup') else '—'} | "
+            f"{str(r.get('memory_ratio', '')) + '×' if r.get('memory_ratio') else '—'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["case"] + (f"\n(cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else "") for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    colors = ["#999999" if r["kind"].startswith("notebook") else "#2a7ab9" for r in rows]
+    ax1.bar(range(len(rows)), [r["tokens_per_second"] for r in rows], color=colors)
+    ax1.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+    ax1.set_ylabel("training tokens / s (real tokens)")
+    for i, r in enumerate(rows):
+        if r.get("speedup"):
+            ax1.text(i, r["tokens_per_second"], f"{r['speedup']}×", ha="center", va="bottom", fontsize=9)
+    ax2.bar(range(len(rows)), [r.get("peak_memory_gib") or 0 for r in rows], color=colors)
+    ax2.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
+    ax2.set_ylabel("peak GPU memory (GiB)")
+    fig.suptitle("kubetune defaults (blue) vs the notebooks' configurations (grey), same GPU, model and data")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_all(cases: list[str], out: Path, *, warmup: int, steps: int, rows: int, memory_cap_gib: float | None,
+            extra_capped: list[str], peak_tflops: float | None) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(c, None) for c in cases] + [(c, memory_cap_gib) for c in extra_capped]
+    results: list[dict[str, Any]] = []
+    for case, cap in jobs:
+        target = out / f"{case.replace(':', '_')}{'_cap' if cap else ''}.json"
+        cmd = [sys.executable, "-m", "kubetune_trainer.bench", "--one", case, "--json", str(target),
+               "--warmup", str(warmup), "--steps", str(steps), "--rows", str(rows)]
+        if cap:
+            cmd += ["--memory-cap-gib", str(cap)]
+        if peak_tflops:
+            cmd += ["--peak-tflops", str(peak_tflops)]
+        print(f"[bench] {case}{' (cap %g GiB)' % cap if cap else ''}", flush=True)
+        started = time.monotonic()
+        proc = subprocess.run(cmd, check=False)
+        if proc.returncode != 0 or not target.exists():
+            results.append({"case": case, "error": f"exit {proc.returncode}", "memory_cap_gib": cap})
+            print(f"[bench] {case} failed (exit {proc.returncode})", flush=True)
+            continue
+        result = json.loads(target.read_text())
+        results.append(result)
+        print(f"[bench] {case}: {result['tokens_per_second']:,.0f} tokens/s, "
+              f"{result['peak_memory_gib']} GiB, MFU {result['mfu']} ({time.monotonic() - started:.0f} s)",
+              flush=True)
+    ok = [r for r in results if "error" not in r]
+    rows_out = _ratio_rows(ok)
+    (out / "bench.json").write_text(json.dumps({"results": rows_out, "failed": [r for r in results if "error" in r]},
+                                               indent=2))
+    (out / "bench.md").write_text(markdown_table(rows_out))
+    if rows_out:
+        chart(rows_out, out / "bench.png")
+    print(markdown_table(rows_out))
+    return rows_out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubetune bench", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json/.md/.png")
+    p.add_argument("--smoke", action="store_true", help="CPU smoke run on the tiny model")
+    p.add_argument("--cases", help=f"comma-separated cases (default: {','.join(GPU_CASES)})")
+    p.add_argument("--warmup", type=int, default=None, help="optimizer steps before measuring")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps measured")
+    p.add_argument("--rows", type=int, default=None, help="synthetic conversations")
+    p.add_argument("--memory-cap-gib", type=float, default=None,
+                   help="also run the kubetune full case with the GPU capped at this many GiB")
+    p.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s for MFU")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_from_args(args)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if args.one:
+        result = run_case(args.one, warmup=args.warmup, steps=args.steps, n_rows=args.rows,
+                          memory_cap_gib=args.memory_cap_gib, peak_tflops=args.peak_tflops)
+        args.json.write_text(json.dumps(asdict(result), indent=2))
+        return 0
+    smoke = args.smoke
+    cases = args.cases.split(",") if args.cases else (SMOKE_CASES if smoke else GPU_CASES)
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        print(f"unknown case(s) {unknown}; known: {sorted(CASES)}", file=sys.stderr)
+        return 2
+    warmup = args.warmup if args.warmup is not None else (1 if smoke else 2)
+    steps = args.steps if args.steps is not None else (2 if smoke else 4)
+    rows = args.rows if args.rows is not None else (300 if smoke else 1500)
+    capped = [c for c in cases if CASES[c][1] == "kubetune-full"] if args.memory_cap_gib else []
+    results = run_all(cases, args.out, warmup=warmup, steps=steps, rows=rows, memory_cap_gib=args.memory_cap_gib,
+                      extra_capped=capped, peak_tflops=args.peak_tflops)
+    return 0 if len(results) == len(cases) + len(capped) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
