@@ -113,7 +113,8 @@ def build_model(cfg: TrainerConfig, plan: Any) -> Any:
         trust_remote_code=cfg.spec.model.trust_remote_code,
         **kwargs,
     )
-    # The KV cache is useless in training and warns with gradient checkpointing.
+    # No KV cache in training: it is useless there, warns with gradient checkpointing, and with a
+    # cache transformers would not build the packed-sequence (block-diagonal) mask for SDPA/eager.
     model.config.use_cache = False
     return model
 
@@ -346,6 +347,8 @@ def write_final(trainer: Any, tokenizer: Any, final_dir: Path, dist: Dist, info:
 
     from .callbacks import barrier
 
+    # Training ran without a KV cache (it also keeps the packed-sequence mask on); generation wants it.
+    trainer.model.config.use_cache = True
     if dist.is_rank0 and final_dir.exists():
         # A previous attempt died while writing it: never mix old and new files.
         shutil.rmtree(final_dir)

@@ -1,0 +1,178 @@
+"""The trainer's pure decisions: the run plan, data format detection, params without secrets, paths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kubetune_api.spec import TrainingSpec
+from kubetune_api.trainer_config import TrainerConfig
+from kubetune_trainer import tiny_data
+from kubetune_trainer.plan import Hardware, ModelShape, estimate_training_bytes, make_plan
+
+REPO = Path(__file__).resolve().parents[2]
+CPU = Hardware(cuda=False, bf16=False)
+CPU_AMX = Hardware(cuda=False, bf16=True)
+H100 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=80 * 2**30, flash_attn=True)
+QWEN3_4B = ModelShape(params=4_000_000_000, hidden_size=2560, num_layers=36, vocab_size=151_936)
+QWEN2_05B = ModelShape(params=500_000_000, hidden_size=896, num_layers=24, vocab_size=151_936)
+
+
+def test_cpu_without_native_bf16_trains_in_fp32_and_says_why() -> None:
+    plan = make_plan(TrainingSpec(max_steps=1), CPU)
+    assert plan.precision == "fp32" and plan.dtype_name == "float32"
+    assert "no native bf16" in plan.reasons["precision"]
+
+
+def test_cpu_with_amx_keeps_bf16() -> None:
+    assert make_plan(TrainingSpec(max_steps=1), CPU_AMX).precision == "bf16"
+
+
+def test_fp16_needs_a_gpu() -> None:
+    assert make_plan(TrainingSpec(max_steps=1, precision="fp16"), CPU_AMX).precision == "fp32"
+    assert make_plan(TrainingSpec(max_steps=1, precision="fp16"), H100).precision == "fp16"
+
+
+def test_liger_is_switched_off_on_cpu_with_a_reason() -> None:
+    plan = make_plan(TrainingSpec(max_steps=1, liger=True), CPU)
+    assert plan.liger is False and "CUDA" in plan.reasons["liger"]
+    assert make_plan(TrainingSpec(max_steps=1, liger=True), H100).liger is True
+    assert make_plan(TrainingSpec(max_steps=1, liger=False), H100).liger is False
+
+
+def test_packing_is_padding_free_with_a_kernel_that_keeps_documents_apart() -> None:
+    gpu = make_plan(TrainingSpec(max_steps=1), H100)
+    assert gpu.padding_free and gpu.attn_implementation == "flash_attention_2"
+    cpu = make_plan(TrainingSpec(max_steps=1), CPU)
+    # SDPA gets a block-diagonal mask from position_ids (tests/unit/test_trainer_packing.py proves it).
+    assert cpu.padding_free and cpu.attn_implementation == "sdpa"
+    off = make_plan(TrainingSpec(max_steps=1, packing=False), CPU)
+    assert not off.packing and not off.padding_free
+
+
+def test_tokens_per_step_sets_the_micro_batch() -> None:
+    plan = make_plan(TrainingSpec(max_steps=1, max_length=1024, tokens_per_step=16384), H100)
+    assert plan.per_device_batch_size == 16
+    assert make_plan(TrainingSpec(max_steps=1, batch_size=3), H100).per_device_batch_size == 3
+
+
+@pytest.mark.parametrize(
+    ("toggle", "hw", "shape", "lora", "expected"),
+    [
+        ("always", CPU, None, True, True),
+        ("never", H100, QWEN3_4B, False, False),
+        ("auto", CPU, QWEN3_4B, False, False),
+        # Notebook B: a full fine-tune of a 4B model with 8 x 1024 tokens does not fit 80 GB without it.
+        ("auto", H100, QWEN3_4B, False, True),
+        # Notebook A: LoRA on 0.5B fits easily, so no recomputation.
+        ("auto", H100, QWEN2_05B, True, False),
+        ("auto", Hardware(cuda=True, bf16=True), None, True, True),
+    ],
+)
+def test_gradient_checkpointing_follows_the_toggle_and_the_memory_plan(
+    toggle: str, hw: Hardware, shape: ModelShape | None, lora: bool, expected: bool
+) -> None:
+    training = TrainingSpec(max_steps=1, gradient_checkpointing=toggle, batch_size=8, max_length=1024)
+    plan = make_plan(training, hw, shape=shape, lora=lora)
+    assert plan.gradient_checkpointing is expected, plan.reasons["gradient_checkpointing"]
+
+
+def test_memory_estimate_grows_with_full_fine_tuning_and_shrinks_with_checkpointing() -> None:
+    lora = estimate_training_bytes(QWEN2_05B, lora=True, tokens=8192, checkpointing=False)
+    full = estimate_training_bytes(QWEN2_05B, lora=False, tokens=8192, checkpointing=False)
+    ckpt = estimate_training_bytes(QWEN2_05B, lora=False, tokens=8192, checkpointing=True)
+    assert lora < full and ckpt < full
+
+
+def test_detect_format_from_columns_and_declared_formats() -> None:
+    from kubetune_trainer.train import detect_format
+
+    assert detect_format(["messages", "source"], "auto") == "messages"
+    assert detect_format(["prompt", "completion"], "auto") == "promptCompletion"
+    assert detect_format(["text"], "auto") == "text"
+    assert detect_format(["text", "messages"], "text") == "text"
+    with pytest.raises(ValueError, match="cannot tell the dataset format"):
+        detect_format(["question", "answer"], "auto")
+    with pytest.raises(ValueError, match=r"needs column\(s\) \['completion'\]"):
+        detect_format(["prompt"], "promptCompletion")
+
+
+def test_data_files_for_a_file_and_a_folder_of_splits(tmp_path: Path) -> None:
+    from kubetune_trainer.train import _data_files
+
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    (tmp_path / "test.jsonl").write_text("{}\n")
+    assert _data_files(tmp_path / "train.jsonl") == ("json", [str(tmp_path / "train.jsonl")])
+    builder, files = _data_files(tmp_path)
+    assert builder == "json" and set(files) == {"train", "test"}  # type: ignore[arg-type]
+    (tmp_path / "x.parquet").write_bytes(b"")
+    with pytest.raises(ValueError, match="mixes JSON and Parquet"):
+        _data_files(tmp_path)
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unsupported file type"):
+        _data_files(tmp_path / "x.csv")
+
+
+def _cfg(**spec_extra: object) -> TrainerConfig:
+    spec = {
+        "model": {"name": "Qwen/Qwen2-0.5B"},
+        "dataset": {"name": "trl-lib/Capybara"},
+        "training": {"maxSteps": 1},
+        "secrets": {"huggingFaceToken": {"name": "hf-token", "key": "token"}},
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        **spec_extra,
+    }
+    return TrainerConfig.model_validate(
+        {"job": {"name": "j"}, "spec": spec, "experiment": "e", "registeredModelName": "m"}
+    )
+
+
+def test_mlflow_params_are_the_spec_without_secret_references_or_env() -> None:
+    from kubetune_trainer.tracking import spec_params
+
+    params = spec_params(_cfg())
+    assert params["model.name"] == "Qwen/Qwen2-0.5B"
+    assert params["training.maxSteps"] == "1"
+    assert not any(k.startswith(("secrets", "env")) for k in params)
+    assert "hf-token" not in json.dumps(params)
+    assert params["kubetune.configHash"] == _cfg().config_hash()
+
+
+def test_redact_drops_credentials_from_uris() -> None:
+    from kubetune_trainer.tracking import _redact
+
+    assert _redact("https://user:pw@mlflow.example:443/x") == "https://mlflow.example:443/x"
+    assert _redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+
+
+def test_shipped_tiny_data_is_what_the_generator_makes() -> None:
+    shipped = (REPO / "examples" / "data" / tiny_data.FILE_NAME).read_text().splitlines()
+    generated = [json.dumps(r, ensure_ascii=False) for r in tiny_data.conversations()]
+    assert shipped == generated, (
+        "regenerate: python -m kubetune_trainer.tiny_data --out examples/data/tiny-chat.jsonl"
+    )
+    assert 200 <= len(shipped) <= 400
+
+
+def test_local_run_maps_the_tiny_assets_and_relative_paths(tmp_path: Path) -> None:
+    from kubetune_cli.run import local_config
+
+    manifest = REPO / "examples" / "tiny-local.yaml"
+    cfg, tiny, cache = local_config(
+        manifest, output_dir=tmp_path / "run", cache_dir=tmp_path / "cache", tracking_uri=None
+    )
+    assert tiny and cache == (tmp_path / "cache").resolve()
+    assert cfg.spec.model.path == str(cache / "model")
+    assert cfg.spec.dataset.path == str(cache / "data" / "tiny-chat.jsonl")
+    assert cfg.tracking_uri == f"sqlite:///{(tmp_path / 'run').resolve() / 'mlflow.db'}"
+    assert cfg.output_dir == str((tmp_path / "run").resolve())
+    assert cfg.report_progress is False
+
+    from kubetune_cli.run import localize_path
+
+    assert localize_path("data/x.jsonl", manifest_dir=tmp_path, cache_dir=cache) == (
+        str(tmp_path / "data" / "x.jsonl"),
+        False,
+    )

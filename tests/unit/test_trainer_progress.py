@@ -1,0 +1,62 @@
+"""Progress into the FineTuneJob status: the payload, throttling, and never failing training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import Progress
+from kubetune_trainer.progress import ProgressReporter, ProgressState
+
+
+def test_status_payload_uses_the_api_field_names() -> None:
+    state = ProgressState(total_steps=200)
+    state.update(step=1, epoch=0.0, now=2.0, start=0.0)
+    state.update(step=50, epoch=0.25, now=100.0, start=0.0)
+    state.loss, state.eval_loss, state.tokens_per_second = 1.5, 1.7, 12345.678
+    state.checkpoint_latest, state.checkpoint_step, state.checkpoint_count = "/ckpt/checkpoint-50", 50, 1
+    status = state.as_status()
+    progress = status["progress"]
+    assert progress["step"] == 50 and progress["totalSteps"] == 200 and progress["percent"] == 25
+    assert progress["etaSeconds"] == 300  # 150 steps left at 2 s per step
+    assert progress["tokensPerSecond"] == 12345.7 and progress["evalLoss"] == 1.7
+    assert progress["updatedAt"].endswith("Z")
+    assert status["checkpoints"] == {"latest": "/ckpt/checkpoint-50", "latestStep": 50, "count": 1}
+    # Every key is a field of the API's Progress model (strict: unknown fields are refused).
+    Progress.model_validate(progress)
+
+
+def test_eta_after_a_resume_counts_only_this_attempts_steps() -> None:
+    state = ProgressState(total_steps=100)
+    state.update(step=61, epoch=None, now=0.0, start=0.0)  # resumed from checkpoint 60
+    state.update(step=70, epoch=None, now=20.0, start=0.0)  # 10 steps in 20 s
+    assert state.eta_seconds == 60
+
+
+def test_reports_are_throttled_but_checkpoints_always_go_out() -> None:
+    sent: list[dict[str, Any]] = []
+    reporter = ProgressReporter(sent.append, total_steps=10, min_interval_s=3600)
+    for step in range(1, 6):
+        reporter.on_step(step, None)
+    assert len(sent) == 1  # the first one, then nothing for an hour
+    reporter.on_checkpoint(Path("/c/checkpoint-5"), 5, 1)
+    assert len(sent) == 2 and sent[-1]["checkpoints"]["latestStep"] == 5
+
+
+def test_an_api_error_never_reaches_training() -> None:
+    calls = []
+
+    def broken(status: dict[str, Any]) -> None:
+        calls.append(status)
+        raise RuntimeError("403 Forbidden")
+
+    reporter = ProgressReporter(broken, total_steps=10, min_interval_s=0)
+    reporter.on_step(1, 0.1)
+    reporter.on_step(2, 0.2)
+    assert len(calls) == 2 and reporter.sent == 0
+
+
+def test_without_a_patcher_it_is_a_no_op() -> None:
+    reporter = ProgressReporter(None, total_steps=10)
+    reporter.on_step(1, None)
+    assert not reporter.enabled and reporter.report(force=True) is False
