@@ -1,0 +1,273 @@
+"""The pure state machine: observations in, status and events out."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from kubetune_api.spec import FineTuneJobStatus
+from kubetune_operator import state
+from kubetune_operator.state import Observation, RegistrationObservation, TrainingObservation
+
+T0 = "2026-01-01T00:00:00Z"
+T1 = "2026-01-01T01:00:00Z"
+
+
+def obs(**kw: Any) -> Observation:
+    base: dict[str, Any] = {
+        "generation": 1,
+        "now": T0,
+        "namespace": "ml",
+        "pytorchjob_name": "j-train",
+        "registration_job_name": "j-register",
+        "checkpoint_claim": "j-ckpt",
+        "children": {"checkpointClaim": "j-ckpt", "configMap": "j-config", "pytorchJob": "j-train"},
+    }
+    base.update(kw)
+    return Observation(**base)
+
+
+def training(condition: str | None, message: str = "") -> TrainingObservation:
+    return TrainingObservation(exists=True, condition=condition, message=message)
+
+
+def status_of(t: state.Transition) -> FineTuneJobStatus:
+    return FineTuneJobStatus.model_validate(t.status)
+
+
+def cond(t: state.Transition, type_: str) -> dict[str, Any]:
+    return next(c for c in t.status["conditions"] if c["type"] == type_)
+
+
+def ptj(*conditions: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "status": {"conditions": [{"type": t, "status": s, "reason": t, "message": t} for t, s in conditions]}
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "expected"),
+    [
+        ((), None),
+        ((("Created", "True"),), "Created"),
+        ((("Created", "True"), ("Running", "True")), "Running"),
+        ((("Created", "True"), ("Running", "False"), ("Restarting", "True")), "Restarting"),
+        ((("Created", "True"), ("Running", "False"), ("Succeeded", "True")), "Succeeded"),
+        ((("Created", "True"), ("Running", "True"), ("Failed", "True")), "Failed"),
+        ((("Created", "True"), ("Suspended", "True")), "Suspended"),
+        ((("Created", "True"), ("Suspended", "False"), ("Running", "True")), "Running"),
+    ],
+)
+def test_training_observation_precedence(
+    conditions: tuple[tuple[str, str], ...], expected: str | None
+) -> None:
+    assert state.training_observation(ptj(*conditions)).condition == expected
+
+
+def test_no_pytorchjob_yet() -> None:
+    assert state.training_observation(None) == TrainingObservation()
+
+
+def test_the_happy_path() -> None:
+    t = state.advance(None, obs(training=training(None)))
+    assert t.phase == "Pending"
+    assert cond(t, "Training")["reason"] == state.WAITING_FOR_TRAINING_OPERATOR
+    assert cond(t, "ChildrenReady") == {
+        "type": "ChildrenReady",
+        "status": "True",
+        "reason": "ChildrenCreated",
+        "message": "checkpoint volume, trainer config and PyTorchJob exist",
+        "lastTransitionTime": T0,
+        "observedGeneration": 1,
+    }
+    assert t.events == []
+
+    t = state.advance(status_of(t), obs(now=T1, training=training("Running")))
+    assert t.phase == "Training"
+    assert t.status["startTime"] == T1
+    assert cond(t, "Training")["status"] == "True"
+    assert cond(t, "ChildrenReady")["lastTransitionTime"] == T0  # unchanged status keeps its time
+    assert [e.reason for e in t.events] == ["TrainingStarted"]
+
+    t = state.advance(status_of(t), obs(training=training("Succeeded")))
+    assert t.phase == "Registering"
+    assert cond(t, "Registered")["reason"] == state.REGISTRATION_PENDING
+    assert [e.reason for e in t.events] == ["RegistrationStarted"]
+    assert "startTime" not in t.status  # set once, never again
+
+    running = RegistrationObservation(exists=True, state="Running")
+    t = state.advance(status_of(t), obs(training=training("Succeeded"), registration=running))
+    assert t.phase == "Registering"
+    assert cond(t, "Registered")["reason"] == state.REGISTRATION_RUNNING
+    assert t.events == []
+
+    result = {"name": "m", "version": 4, "uri": "models:/m/4", "run_id": "abc", "alias": "champion"}
+    done = RegistrationObservation(exists=True, state="Complete", result=result)
+    t = state.advance(status_of(t), obs(training=training("Succeeded"), registration=done))
+    assert t.phase == "Succeeded"
+    assert t.status["registeredModel"] == {
+        "name": "m",
+        "version": "4",
+        "uri": "models:/m/4",
+        "alias": "champion",
+    }
+    assert t.status["mlflow"] == {"runId": "abc"}
+    assert t.status["completionTime"] == T0
+    assert cond(t, "Ready")["status"] == "True"
+    assert cond(t, "Registered")["reason"] == state.MODEL_REGISTERED
+    assert [(e.type, e.reason) for e in t.events] == [("Normal", "Succeeded")]
+
+    # Final: nothing changes any more, whatever the children say.
+    after = state.advance(status_of(t), obs(generation=2, training=training("Failed")))
+    assert after.phase == "Succeeded"
+    assert after.events == []
+    assert after.status["observedGeneration"] == 2
+
+
+def test_status_never_carries_trainer_fields() -> None:
+    t = state.advance(None, obs(training=training("Running")))
+    assert not {"progress", "checkpoints"} & set(t.status)
+
+
+def test_training_failed_is_actionable() -> None:
+    prev = status_of(state.advance(None, obs(training=training("Running"))))
+    t = state.advance(prev, obs(training=training("Failed", "1 Master replica(s) failed.")))
+    assert t.phase == "Failed"
+    ready = cond(t, "Ready")
+    assert ready["reason"] == state.TRAINING_FAILED
+    assert "1 Master replica(s) failed." in ready["message"]
+    assert "kubectl logs -n ml -l training.kubeflow.org/job-name=j-train" in ready["message"]
+    assert "re-create" in ready["message"]
+    assert [(e.type, e.reason) for e in t.events] == [("Warning", "TrainingFailed")]
+    assert t.status["completionTime"] == T0
+
+
+def test_registration_failed_is_actionable() -> None:
+    failed = RegistrationObservation(
+        exists=True, state="Failed", message="BackoffLimitExceeded: ...; last output: 401"
+    )
+    t = state.advance(None, obs(training=training("Succeeded"), registration=failed))
+    assert t.phase == "Failed"
+    ready = cond(t, "Ready")
+    assert ready["reason"] == state.REGISTRATION_FAILED
+    assert "401" in ready["message"]
+    assert "kubectl delete job -n ml j-register" in ready["message"]
+
+
+def test_registration_disabled_succeeds_after_training() -> None:
+    t = state.advance(None, obs(training=training("Succeeded"), registration_enabled=False))
+    assert t.phase == "Succeeded"
+    assert cond(t, "Registered")["reason"] == state.REGISTRATION_DISABLED
+    assert "registeredModel" not in t.status
+
+
+def test_complete_without_result_waits() -> None:
+    done = RegistrationObservation(exists=True, state="Complete", result=None)
+    t = state.advance(None, obs(training=training("Succeeded"), registration=done))
+    assert t.phase == "Registering"
+    assert t.waiting
+    assert cond(t, "Registered")["reason"] == state.REGISTRATION_RESULT_PENDING
+
+
+def test_suspend_and_resume() -> None:
+    prev = status_of(state.advance(None, obs(training=training("Running"))))
+    t = state.advance(prev, obs(generation=2, suspend=True, training=training("Running")))
+    assert t.phase == "Suspended"
+    assert cond(t, "Suspended")["status"] == "True"
+    assert cond(t, "Suspended")["observedGeneration"] == 2
+    assert [e.reason for e in t.events] == [state.SUSPENDED_BY_USER]
+
+    t2 = state.advance(status_of(t), obs(generation=3, training=training("Suspended")))
+    assert t2.phase == "Pending"
+    assert cond(t2, "Suspended")["reason"] == state.RESUMING
+    assert [e.reason for e in t2.events] == [state.RESUMED]
+
+    t3 = state.advance(status_of(t2), obs(generation=3, training=training("Running")))
+    assert t3.phase == "Training"
+    assert cond(t3, "Suspended")["status"] == "False"
+
+
+def test_suspended_before_training_ends_only() -> None:
+    t = state.advance(None, obs(suspend=True, training=training("Succeeded")))
+    assert t.phase == "Registering"  # suspend stops training; it does not hold back registration
+
+
+def test_queued_by_kueue() -> None:
+    t = state.advance(None, obs(queued_by_kueue=True, training=training("Suspended")))
+    assert t.phase == "Pending"
+    assert cond(t, "Suspended")["reason"] == state.QUEUED
+    assert cond(t, "Ready")["reason"] == state.QUEUED
+
+
+def test_restarting_warns_once() -> None:
+    prev = status_of(state.advance(None, obs(training=training("Running"))))
+    t = state.advance(prev, obs(training=training("Restarting", "pod exited with 143")))
+    assert t.phase == "Training"
+    assert [(e.type, e.reason) for e in t.events] == [("Warning", state.TRAINING_RESTARTING)]
+    again = state.advance(status_of(t), obs(training=training("Restarting", "pod exited with 143")))
+    assert again.events == []
+
+
+def test_conflict_keeps_pending_and_warns_once() -> None:
+    t = state.advance(None, obs(conflict="ConfigMap j-config already exists ..."))
+    assert t.phase == "Pending"
+    assert t.waiting
+    assert cond(t, "ChildrenReady")["reason"] == state.CHILD_CONFLICT
+    assert [(e.type, e.reason) for e in t.events] == [("Warning", state.CHILD_CONFLICT)]
+    assert state.advance(status_of(t), obs(conflict="ConfigMap j-config already exists ...")).events == []
+
+
+def test_invalid_spec_fails() -> None:
+    t = state.advance(None, obs(invalid_spec="the spec cannot be used: training: ..."))
+    assert t.phase == "Failed"
+    assert cond(t, "Ready")["reason"] == state.INVALID_SPEC
+
+
+def _pod(uid: str, exit_code: int, message: str, created: str = T0) -> dict[str, Any]:
+    return {
+        "metadata": {"creationTimestamp": created, "ownerReferences": [{"uid": uid}]},
+        "status": {
+            "containerStatuses": [
+                {"name": "register", "state": {"terminated": {"exitCode": exit_code, "message": message}}}
+            ]
+        },
+    }
+
+
+def _job(*conditions: str) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": "job-uid"},
+        "status": {
+            "conditions": [{"type": c, "status": "True", "reason": "R", "message": "M"} for c in conditions]
+        },
+    }
+
+
+def test_registration_result_from_the_termination_message() -> None:
+    result = {"name": "m", "version": "2", "uri": "models:/m/2", "run_id": "r", "alias": None}
+    pods = [
+        _pod("job-uid", 1, "Traceback ...\nConnectionError: mlflow unreachable"),
+        _pod("job-uid", 0, json.dumps(result), created=T1),
+        _pod("other-job", 0, json.dumps({**result, "version": "99"})),  # a stranger's pod
+    ]
+    o = state.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
+    assert o.state == "Complete"
+    assert o.result == result
+
+
+def test_registration_result_survives_log_tail() -> None:
+    message = "merging adapter...\nlogging model...\n" + json.dumps({"name": "m", "version": "3"})
+    assert state.parse_registration_result(message) == {"name": "m", "version": "3"}
+    assert state.parse_registration_result("no json here") is None
+    assert state.parse_registration_result('{"name": "m"}') is None  # no version: not a result
+
+
+def test_registration_failure_message_carries_the_log_tail() -> None:
+    pods = [_pod("job-uid", 1, "mlflow.exceptions.MlflowException: 401 Unauthorized")]
+    o = state.registration_observation(_job("FailureTarget", "Failed"), pods, "register")
+    assert o.state == "Failed"
+    assert "401 Unauthorized" in o.message
+    assert state.registration_observation(_job(), [], "register").state == "Running"
+    assert state.registration_observation(None, [], "register") == RegistrationObservation()
