@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.support.controlplane import REPO, ControlPlane
+from tests.support.controlplane import REPO, ControlPlane, free_port
 
 API_VERSION = "kubetune.io/v1alpha1"
 EXAMPLES = REPO / "examples"
@@ -85,11 +85,25 @@ class OperatorProcess:
         self.env = {**os.environ, **env}
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.liveness_port = free_port()
+
+    @property
+    def liveness_url(self) -> str:
+        return f"http://127.0.0.1:{self.liveness_port}/healthz"
 
     def start(self) -> None:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kubetune_operator", "--namespace", self.namespace, "--verbose"],
+            [
+                sys.executable,
+                "-m",
+                "kubetune_operator",
+                "--namespace",
+                self.namespace,
+                "--verbose",
+                "--liveness",
+                self.liveness_url,
+            ],
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,

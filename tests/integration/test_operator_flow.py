@@ -181,3 +181,24 @@ def test_suspend_and_resume(kube: Any, namespace: str, operator: Any) -> None:
     assert condition(obj, "Suspended")["status"] == "False"
     assert get_job(kube, namespace, name)["metadata"]["generation"] == 3
     assert obj["status"]["observedGeneration"] == 3
+
+
+def test_delete_releases_the_finalizer_and_keeps_a_kept_pvc(kube: Any, namespace: str, operator: Any) -> None:
+    doc = load_example("qwen3-4b-full.yaml", namespace)
+    doc["spec"]["storage"]["keepOnDelete"] = True
+    kube.create(doc)
+    name = doc["metadata"]["name"]
+    wait_for(
+        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, f"{name}-train"), what="the PyTorchJob"
+    )
+    obj = wait_for(
+        lambda: (o := get_job(kube, namespace, name))["metadata"].get("finalizers") and o, what="finalizer"
+    )
+    assert obj["metadata"]["finalizers"] == ["kubetune.io/finalizer"]
+    pvc = kube.get("v1", "PersistentVolumeClaim", namespace, f"{name}-ckpt")
+    assert "ownerReferences" not in pvc["metadata"]  # the garbage collector will leave it alone
+    ptj = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, f"{name}-train")
+    assert ptj["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]  # ... and delete this
+
+    kube.request("DELETE", f"/apis/{API_VERSION}/namespaces/{namespace}/finetunejobs/{name}")
+    wait_for(lambda: kube.get(API_VERSION, "FineTuneJob", namespace, name) is None, what="the job to be gone")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 from typing import Any
 
@@ -105,6 +106,14 @@ def test_restart_after_each_child(
         obj = wait_phase(kube, namespace, name, "Succeeded")
     assert obj["status"]["registeredModel"]["version"] == "1"
     _exactly_one_of_each(kube, namespace, name, registration=True)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
 
 
 def test_kill_operator_process_midflight(
