@@ -33,6 +33,8 @@ VALUE_SETS = {"default": [], "ci": ["-f", str(CI_VALUES)]}
 # The documented exception list for Secrets: none. FineTuneJobs reference Secrets by name only
 # (secretKeyRef in pod templates), which needs no permission on Secrets.
 SECRET_VERBS_ALLOWED: set[str] = set()
+# Kept on `helm uninstall`, and never pruned or deleted by Argo CD.
+KEEP = {"helm.sh/resource-policy": "keep", "argocd.argoproj.io/sync-options": "Prune=false,Delete=false"}
 
 
 @cache
@@ -229,7 +231,7 @@ def test_rendered_crd_equals_crds_folder_and_is_kept_on_uninstall() -> None:
     crd = one(render(), "CustomResourceDefinition")
     assert crd["metadata"]["name"] == source["metadata"]["name"]
     assert crd["spec"] == source["spec"]
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["annotations"] == KEEP
     assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
 
 
@@ -455,7 +457,7 @@ def test_mlflow_server_shape() -> None:
     service = one(objs, "Service", "kubetune-mlflow")
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     pvc = one(objs, "PersistentVolumeClaim", "kubetune-mlflow")
-    assert pvc["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert pvc["metadata"]["annotations"] == KEEP
     claim = next(v for v in pod["volumes"] if v["name"] == "store")["persistentVolumeClaim"]["claimName"]
     assert claim == "kubetune-mlflow"
     existing = render("-f", str(CI_VALUES), "--set", "mlflow.server.persistence.existingClaim=mine")
