@@ -92,6 +92,7 @@ def write_config(
     tracking_uri: str,
     name: str,
     uid: str,
+    model_name: str,
     merge_lora: bool = True,
     alias: str | None = "champion",
 ) -> Path:
@@ -104,7 +105,7 @@ def write_config(
         "method": method,
         "training": {"maxSteps": 1, "precision": "fp32"},
         "registration": {
-            "modelName": MODEL_NAME if method == "lora" else f"{MODEL_NAME}-full",
+            "modelName": model_name,
             "mergeLora": merge_lora,
         },
         "secrets": {"mlflowTrackingToken": {"name": "mlflow", "key": "token"}},
@@ -168,13 +169,20 @@ def test_lora_merged_registers_into_the_training_run_once(
 
     uri = mlflow_server.uri
     config = write_config(
-        tmp_path, base=tiny_base, method="lora", tracking_uri=uri, name="tiny-lora", uid="uid-lora-1"
+        tmp_path,
+        base=tiny_base,
+        method="lora",
+        tracking_uri=uri,
+        name="tiny-lora",
+        uid="uid-lora-1",
+        model_name=MODEL_NAME,
     )
     out = tmp_path / "out"
     make_final(out, tiny_base, "lora")
     # The run training opened (kubetune_trainer.tracking keeps its id on the volume).
     mlflow = client(uri)
-    exp_id = mlflow.create_experiment("kubetune/team-a")
+    experiment = mlflow.get_experiment_by_name("kubetune/team-a")
+    exp_id = experiment.experiment_id if experiment else mlflow.create_experiment("kubetune/team-a")
     training_run = mlflow.create_run(exp_id, tags={"kubetune.job.uid": "uid-lora-1"}).info.run_id
     mlflow.log_param(training_run, "training.maxSteps", "1")
     mlflow.set_terminated(training_run)
@@ -236,8 +244,12 @@ def test_lora_merged_registers_into_the_training_run_once(
     assert chat(f"models:/{MODEL_NAME}/1", uri)
 
 
-def test_lora_unmerged_logs_the_adapter_with_a_base_path_reference(
-    tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]
+def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
+    tmp_path: Path,
+    tiny_base: Path,
+    mlflow_server: MlflowServer,
+    secret_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import mlflow
     import torch
@@ -247,6 +259,7 @@ def test_lora_unmerged_logs_the_adapter_with_a_base_path_reference(
     from kubetune_trainer import register
 
     uri = mlflow_server.uri
+    name = f"{MODEL_NAME}-adapter"
     config = write_config(
         tmp_path,
         base=tiny_base,
@@ -254,14 +267,41 @@ def test_lora_unmerged_logs_the_adapter_with_a_base_path_reference(
         tracking_uri=uri,
         name="tiny-adapter",
         uid="uid-adapter-1",
+        model_name=name,
         merge_lora=False,
         alias=None,
     )
     final = make_final(tmp_path / "out", tiny_base, "lora")
-    assert register.main(["--config", str(config), "--termination-message-path", str(tmp_path / "t")]) == 0
-    result = json.loads((tmp_path / "out" / "register-result.json").read_text())
-    assert result["alias"] is None
+    args = ["--config", str(config), "--termination-message-path", str(tmp_path / "t")]
 
+    # The pod dies after the model was logged, before it was registered.
+    def killed(*_: Any) -> None:
+        raise RuntimeError("pod killed")
+
+    monkeypatch.setattr(register.Registration, "register", killed)
+    assert register.main(args) == register.EXIT_ERROR
+    assert client(uri).search_model_versions(f"name = '{name}'") == []
+    monkeypatch.undo()
+    for key, value in secret_env.items():
+        monkeypatch.setenv(key, value)
+
+    # The next attempt registers the model already logged: no second upload, one version.
+    def must_not_load(*_: Any) -> None:
+        raise AssertionError("the logged model should have been reused")
+
+    monkeypatch.setattr(register, "load_final_model", must_not_load)
+    assert register.main(args) == 0
+    result = json.loads((tmp_path / "out" / "register-result.json").read_text())
+    assert result["alias"] is None and result["version"] == "1"
+    run = client(uri).get_run(result["run_id"])
+    logged = client(uri).search_logged_models(
+        [run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+    )
+    assert len(logged) == 1
+    version = client(uri).get_model_version(name, "1")
+    assert version.tags["kubetune.lora_merged"] == "false"
+
+    # The adapter is logged as a PEFT model over the base on its volume, and loads back as it was.
     mlflow.set_tracking_uri(uri)
     loaded = mlflow.transformers.load_model(result["uri"], return_type="components")
     assert isinstance(loaded["model"], PeftModel)
@@ -269,10 +309,22 @@ def test_lora_unmerged_logs_the_adapter_with_a_base_path_reference(
     tokens = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert torch.allclose(loaded["model"](tokens).logits, expected(tokens).logits, atol=1e-5)
-    assert (
-        client(uri).get_model_version(result["name"], result["version"]).tags["kubetune.lora_merged"]
-        == "false"
+
+    # registration.alias may change after the fact: a re-run points the new alias, same version.
+    config = write_config(
+        tmp_path,
+        base=tiny_base,
+        method="lora",
+        tracking_uri=uri,
+        name="tiny-adapter",
+        uid="uid-adapter-1",
+        model_name=name,
+        merge_lora=False,
+        alias="staging",
     )
+    assert register.main(args) == 0
+    assert client(uri).get_model_version_by_alias(name, "staging").version == "1"
+    assert len(client(uri).search_model_versions(f"name = '{name}'")) == 1
 
 
 def test_full_model_waits_out_an_outage_then_registers(
@@ -282,7 +334,13 @@ def test_full_model_waits_out_an_outage_then_registers(
 
     uri = mlflow_server.uri
     config = write_config(
-        tmp_path, base=tiny_base, method="full", tracking_uri=uri, name="tiny-full", uid="uid-full-1"
+        tmp_path,
+        base=tiny_base,
+        method="full",
+        tracking_uri=uri,
+        name="tiny-full",
+        uid="uid-full-1",
+        model_name=f"{MODEL_NAME}-full",
     )
     out = tmp_path / "out"
     make_final(out, tiny_base, "full")
