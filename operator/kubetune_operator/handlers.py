@@ -24,8 +24,8 @@ import kopf
 from kubetune_api import spec as api
 
 from . import builders, state
-from .kube import Kube, load_api_client
-from .reconcile import Context, reconcile
+from .kube import ApiError, Kube, load_api_client
+from .reconcile import Context, StatusConflictError, reconcile
 from .settings import Settings
 
 # Read at import: kopf needs the timer interval when the decorator runs.
@@ -66,7 +66,12 @@ def _context(memo: Any, logger: Any) -> Context:
 
 
 def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
-    outcome = reconcile(_context(memo, logger), namespace or "default", name)
+    try:
+        outcome = reconcile(_context(memo, logger), namespace or "default", name)
+    except (ApiError, StatusConflictError) as e:
+        # The API server said no for now (throttled, restarting, a race): retry soon, not in kopf's
+        # default minute. A persistent 403 also lands here and shows in the kopf progress annotation.
+        raise kopf.TemporaryError(str(e), delay=memo.settings.retry_seconds) from e
     if outcome is None:
         return
     if outcome.invalid:

@@ -1,0 +1,64 @@
+"""Exactly the API access the operator needs: the Helm chart's ClusterRole (or per-namespace Roles).
+
+An integration test runs the operator as a ServiceAccount bound to these rules and no more, through
+a whole fine-tune, so this list stays true. kopf's own needs come first (its framework block).
+
+Why each rule:
+
+- CRDs, namespaces (list/watch): kopf discovers resources and namespaces as they come and go.
+- events (create, patch): ``kubectl describe ftj`` shows what happened (kopf posts them).
+- finetunejobs (get/list/watch/patch): read and watch jobs; kopf patches its finalizer and its
+  progress annotations. finetunejobs/status (get/patch): the operator's status writes. The per-job
+  trainer Role grants get/patch on the status too, and RBAC lets only a holder grant a permission.
+- pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
+- jobs (get/list/watch/create): the registration Job. pods (get/list/watch): its termination message.
+- persistentvolumeclaims, configmaps (get/create): checkpoint volume, trainer config.
+- serviceaccounts, roles, rolebindings (get/create): the per-job trainer identity (not needed when
+  ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount).
+
+Nothing is updated or deleted: children go with their FineTuneJob through owner references.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubetune_api import spec as api
+
+KOPF_FRAMEWORK_RULES: list[dict[str, Any]] = [
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "verbs": ["list", "watch"],
+    },
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+OPERATOR_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [api.GROUP], "resources": [api.PLURAL], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [api.GROUP], "resources": [f"{api.PLURAL}/status"], "verbs": ["get", "patch"]},
+    {
+        "apiGroups": ["kubeflow.org"],
+        "resources": ["pytorchjobs"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
+    {
+        "apiGroups": ["rbac.authorization.k8s.io"],
+        "resources": ["roles", "rolebindings"],
+        "verbs": ["get", "create"],
+    },
+]
+
+
+def cluster_role(name: str = "kubetune-operator") -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": KOPF_FRAMEWORK_RULES + OPERATOR_RULES,
+    }

@@ -1,0 +1,95 @@
+"""The operator does a whole fine-tune as a ServiceAccount holding only ``kubetune_operator.rbac``'s
+rules: the list the Helm chart grants is complete, and nothing beyond it is used."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.integration.conftest import (
+    events_for,
+    finish_registration_job,
+    kopf_runner,
+    load_example,
+    set_pytorchjob_condition,
+    wait_for,
+    wait_phase,
+)
+from tests.support.controlplane import ControlPlane
+
+from kubetune_operator import rbac
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+
+def _kubeconfig_for_service_account(control_plane: ControlPlane, namespace: str, sa: str, path: Path) -> Path:
+    token = control_plane.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}],
+        "current-context": sa,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_whole_flow_with_least_privilege(
+    kube: Any,
+    control_plane: ControlPlane,
+    namespace: str,
+    operator_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    role_name = f"kubetune-operator-{namespace}"
+    control_plane.kubectl("create", "serviceaccount", "kubetune-operator", "-n", namespace)
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(rbac.cluster_role(role_name)))
+    control_plane.kubectl(
+        "create",
+        "clusterrolebinding",
+        role_name,
+        f"--clusterrole={role_name}",
+        f"--serviceaccount={namespace}:kubetune-operator",
+    )
+    kubeconfig = _kubeconfig_for_service_account(
+        control_plane, namespace, "kubetune-operator", tmp_path / "kc"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+
+    doc = load_example("qwen2-0.5b-lora-8gpu.yaml", namespace)
+    name = doc["metadata"]["name"]
+    ptj = f"{name}-train"
+    try:
+        with kopf_runner(namespace) as runner:
+            kube.create(doc)
+            wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+            set_pytorchjob_condition(kube, namespace, ptj, "Running")
+            wait_phase(kube, namespace, name, "Training")
+            kube.patch("kubetune.io/v1alpha1", "FineTuneJob", namespace, name, {"spec": {"suspend": True}})
+            wait_phase(kube, namespace, name, "Suspended")
+            kube.patch("kubetune.io/v1alpha1", "FineTuneJob", namespace, name, {"spec": {"suspend": False}})
+            set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+            wait_for(
+                lambda: kube.get("batch/v1", "Job", namespace, f"{name}-register"), what="registration Job"
+            )
+            result = {
+                "name": "qwen2_liger_lora_assistant",
+                "version": "7",
+                "uri": "models:/x/7",
+                "run_id": "r",
+            }
+            finish_registration_job(kube, namespace, f"{name}-register", message=json.dumps(result))
+            obj = wait_phase(kube, namespace, name, "Succeeded")
+            wait_for(lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "Succeeded"])
+        assert obj["status"]["registeredModel"]["version"] == "7"
+        assert "Forbidden" not in runner.output and " 403" not in runner.output, runner.output
+    finally:
+        control_plane.kubectl("delete", "clusterrolebinding", role_name, check=False)
+        control_plane.kubectl("delete", "clusterrole", role_name, check=False)
