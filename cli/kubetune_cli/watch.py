@@ -1,0 +1,333 @@
+"""``kubetune watch <name>``: follow a FineTuneJob until it ends.
+
+Shows the phase (and why, from the status conditions), a progress bar with the step, loss, tokens per
+second and ETA the trainer reports, then the registered model. On a terminal the progress line is
+redrawn in place; otherwise (CI logs, pipes) a line is printed whenever something changes.
+
+    kubetune watch qwen3-4b-assistant
+    kubetune watch qwen3-4b-assistant -n team-llm --timeout 6h
+    kubetune watch my-job --kubeconfig ~/.kube/prod --context gpu-cluster
+
+Exit status: 0 when the job Succeeded, 1 when it Failed, 2 when it does not exist or was deleted,
+3 when --timeout passed first. A Suspended job is followed until it resumes and ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+from kubetune_api import spec as api
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_MISSING = 2
+EXIT_TIMEOUT = 3
+
+FINAL = {"Succeeded": EXIT_SUCCEEDED, "Failed": EXIT_FAILED}
+BAR_WIDTH = 24
+# Which condition explains each phase best.
+PHASE_CONDITION = {
+    "Pending": ("ChildrenReady", "Training", "Ready"),
+    "Training": ("Training",),
+    "Suspended": ("Suspended",),
+    "Registering": ("Registered",),
+    "Succeeded": ("Ready",),
+    "Failed": ("Ready",),
+}
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "watch",
+        help="follow a FineTuneJob: phase, progress, loss, ETA, then the registered model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("name", help="FineTuneJob name")
+    p.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
+    p.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)"
+    )
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument(
+        "--timeout", type=parse_duration, default=None, help="give up after this long, e.g. 90m, 6h"
+    )
+    p.set_defaults(func=_run)
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``6h``, ``1h30m`` → seconds."""
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s?)?", text.strip())
+    if not text.strip() or parts is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 15m, 6h, 1h30m)")
+    h, m, s = (int(g) if g else 0 for g in parts.groups())
+    return float(h * 3600 + m * 60 + s)
+
+
+# --- formatting (pure) -----------------------------------------------------------------------------
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "?"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def progress_bar(percent: float | None, width: int = BAR_WIDTH) -> str:
+    p = 0.0 if percent is None else max(0.0, min(100.0, float(percent)))
+    filled = round(width * p / 100)
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {int(p):3d}%"
+
+
+def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == ctype:
+            return dict(c)
+    return None
+
+
+def phase_reason(status: dict[str, Any]) -> str:
+    """The message of the condition that best explains the current phase."""
+    phase = status.get("phase") or "Pending"
+    for ctype in PHASE_CONDITION.get(phase, ("Ready",)):
+        c = condition(status, ctype)
+        if c and (c.get("message") or c.get("reason")):
+            if phase == "Pending" and ctype == "ChildrenReady" and c.get("status") == "True":
+                continue  # "children exist" says nothing about why it is pending
+            return str(c.get("message") or c.get("reason"))
+    return ""
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    """``[#####-----]  50%  step 25/50  epoch 0.50  loss 1.5000  eval 1.6000  12,345 tok/s  ETA 10m00s``"""
+    p = status.get("progress") or {}
+    percent = p.get("percent")
+    if percent is None and p.get("step") is not None and p.get("totalSteps"):
+        percent = 100.0 * p["step"] / p["totalSteps"]
+    parts = [progress_bar(percent)]
+    if p.get("step") is not None:
+        parts.append(f"step {p['step']}" + (f"/{p['totalSteps']}" if p.get("totalSteps") else ""))
+    if p.get("epoch") is not None:
+        parts.append(f"epoch {p['epoch']:.2f}")
+    if p.get("loss") is not None:
+        parts.append(f"loss {p['loss']:.4f}")
+    if p.get("evalLoss") is not None:
+        parts.append(f"eval {p['evalLoss']:.4f}")
+    if p.get("tokensPerSecond") is not None:
+        parts.append(f"{p['tokensPerSecond']:,.0f} tok/s")
+    if p.get("etaSeconds") is not None:
+        parts.append(f"ETA {format_duration(p['etaSeconds'])}")
+    return "  ".join(parts)
+
+
+def outcome(status: dict[str, Any]) -> str:
+    """The closing lines: the registered model (with its run) or why it failed."""
+    phase = status.get("phase")
+    if phase == "Succeeded":
+        model = status.get("registeredModel") or {}
+        if model.get("name"):
+            line = f"Registered model {model['name']} version {model.get('version', '?')}"
+            if model.get("uri"):
+                line += f"  ({model['uri']})"
+            if model.get("alias"):
+                line += f"  alias @{model['alias']}"
+        else:
+            line = phase_reason(status) or "Succeeded"
+        mlflow = status.get("mlflow") or {}
+        if mlflow.get("runId"):
+            line += f"\nMLflow run {mlflow['runId']}" + (
+                f" on {mlflow['trackingUri']}" if mlflow.get("trackingUri") else ""
+            )
+        return line
+    return phase_reason(status) or "the FineTuneJob failed"
+
+
+# --- following a stream of objects -----------------------------------------------------------------------
+
+
+@dataclass
+class Follower:
+    """Turns successive versions of one FineTuneJob into output; knows when it is over."""
+
+    out: TextIO
+    tty: bool = False
+    started: float = field(default_factory=time.monotonic)
+    _phase: str | None = None
+    _reason: str = ""
+    _line: str = ""
+    _drawn: bool = False
+
+    def show(self, obj: dict[str, Any]) -> int | None:
+        """Render one version; the exit status once the job has ended, else None."""
+        status = obj.get("status") or {}
+        phase = status.get("phase") or "Pending"
+        reason = phase_reason(status)
+        if phase != self._phase or reason != self._reason:
+            self._end_line()
+            stamp = format_duration(time.monotonic() - self.started)
+            self._write(
+                f"{stamp:>7}  {phase}" + (f": {reason}" if reason and phase not in FINAL else "") + "\n"
+            )
+            self._phase, self._reason = phase, reason
+        if phase in FINAL:
+            self._end_line()
+            self._write(outcome(status) + "\n")
+            return FINAL[phase]
+        if phase == "Training" and status.get("progress"):
+            line = progress_line(status)
+            if line != self._line:
+                if self.tty:
+                    self._write("\r\033[2K" + line)
+                    self._drawn = True
+                else:
+                    self._write(f"         {line}\n")
+                self._line = line
+        return None
+
+    def gone(self) -> int:
+        self._end_line()
+        self._write("the FineTuneJob was deleted\n")
+        return EXIT_MISSING
+
+    def _end_line(self) -> None:
+        if self._drawn:
+            self._write("\n")
+            self._drawn = False
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+
+def follow(versions: Iterable[dict[str, Any] | None], out: TextIO, *, tty: bool = False) -> int:
+    """Follow successive versions (None: the object was deleted) to the end."""
+    follower = Follower(out, tty=tty)
+    for obj in versions:
+        if obj is None:
+            return follower.gone()
+        result = follower.show(obj)
+        if result is not None:
+            return result
+    follower._end_line()
+    return EXIT_TIMEOUT
+
+
+# --- the cluster -------------------------------------------------------------------------------------------
+
+
+def _load(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
+    """An ApiClient and the default namespace of the chosen context."""
+    import os
+
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    namespace = "default"
+    if (
+        kubeconfig is None
+        and context is None
+        and os.environ.get("KUBERNETES_SERVICE_HOST")
+        and not os.environ.get("KUBECONFIG")
+    ):
+        config.load_incluster_config(client_configuration=cfg)
+        ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        if ns_file.exists():
+            namespace = ns_file.read_text().strip() or namespace
+    else:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        if context:
+            contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
+            active = next((c for c in contexts if c["name"] == context), active)
+        namespace = (active or {}).get("context", {}).get("namespace") or namespace
+    return client.ApiClient(cfg), namespace
+
+
+def versions(
+    api_client: Any, namespace: str, name: str, deadline: float | None
+) -> Iterator[dict[str, Any] | None]:
+    """The FineTuneJob now, then every change (a watch, re-listed when it expires); None when deleted."""
+    from kubernetes import client, watch
+    from kubernetes.client.exceptions import ApiException
+
+    objects = client.CustomObjectsApi(api_client)
+    selector = f"metadata.name={name}"
+    while deadline is None or time.monotonic() < deadline:
+        listed = cast(
+            dict[str, Any],
+            objects.list_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, field_selector=selector
+            ),
+        )
+        items = listed.get("items") or []
+        if not items:
+            yield None
+            return
+        yield items[0]
+        resource_version = listed["metadata"]["resourceVersion"]
+        remaining = 60 if deadline is None else max(1, min(60, int(deadline - time.monotonic())))
+        try:
+            for event in watch.Watch().stream(
+                objects.list_namespaced_custom_object,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+                field_selector=selector,
+                resource_version=resource_version,
+                timeout_seconds=remaining,
+            ):
+                if event["type"] == "DELETED":
+                    yield None
+                    return
+                if event["type"] in ("ADDED", "MODIFIED"):
+                    yield event["object"]
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+        except ApiException as e:
+            if e.status != 410:  # 410 Gone: the resourceVersion is too old; list again
+                raise
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        api_client, default_namespace = _load(args.kubeconfig, args.context)
+    except ModuleNotFoundError:
+        sys.stderr.write("kubetune watch needs the Kubernetes client: pip install 'kubetune[operator]'\n")
+        return EXIT_MISSING
+    namespace = args.namespace or default_namespace
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    with api_client:
+        stream = versions(api_client, namespace, args.name, deadline)
+        first = next(stream, None)
+        if first is None:
+            sys.stderr.write(f"FineTuneJob {namespace}/{args.name} not found\n")
+            return EXIT_MISSING
+        sys.stdout.write(
+            f"Following FineTuneJob {namespace}/{args.name} (Ctrl-C stops watching, not the job)\n"
+        )
+
+        def chained() -> Iterator[dict[str, Any] | None]:
+            yield first
+            yield from stream
+
+        try:
+            code = follow(chained(), sys.stdout, tty=sys.stdout.isatty())
+        except KeyboardInterrupt:
+            sys.stdout.write("\n")
+            return 130
+    if code == EXIT_TIMEOUT:
+        sys.stderr.write(f"timed out after {format_duration(args.timeout)}; the job goes on\n")
+    return code
