@@ -45,6 +45,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Watches are re-established at this interval (seconds), so a lost connection heals quickly.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
+    # Server-side filtering: watch only our children, never every pod/job of the cluster.
+    ours = builders.LABEL_JOB
+    registration = f"{ours},{builders.LABEL_COMPONENT}={builders.COMPONENT_REGISTRATION}"
+    settings.watching.label_selectors["kubeflow.org", "v1", "pytorchjobs"] = ours
+    settings.watching.label_selectors["batch", "v1", "jobs"] = registration
+    settings.watching.label_selectors["v1", "pods"] = registration
     memo.settings = Settings.from_env()
     memo.kube = Kube(load_api_client())
 

@@ -1,0 +1,123 @@
+"""The ensure steps' decisions, against an in-memory API: ownership, conflicts, suspend hand-over."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from kubetune_api.spec import FineTuneJob
+from kubetune_api.trainer_config import load_manifest
+from kubetune_operator import builders
+from kubetune_operator.children import ensure, is_ours, sync_suspend
+from kubetune_operator.kube import ApiError
+from kubetune_operator.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+UID = "11111111-2222-3333-4444-555555555555"
+
+
+class MemoryKube:
+    """Just enough of ``kube.Kube`` for the ensure steps."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.patches: list[dict[str, Any]] = []
+        self.creates = 0
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((kind, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        if key in self.objects:
+            raise ApiError(409, "Conflict", "AlreadyExists")
+        self.creates += 1
+        self.objects[key] = copy.deepcopy(manifest)
+        return copy.deepcopy(manifest)
+
+    def patch(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.patches.append(patch)
+        obj = self.objects[(kind, name)]
+        _merge(obj, patch)
+        return copy.deepcopy(obj)
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        elif isinstance(v, dict):
+            _merge(target.setdefault(k, {}), v)
+        else:
+            target[k] = v
+
+
+def job(**spec: Any) -> FineTuneJob:
+    j = load_manifest(REPO / "examples" / "qwen3-4b-full.yaml")
+    j.metadata.uid = UID
+    for k, v in spec.items():
+        setattr(j.spec, k, v)
+    return j
+
+
+def test_ensure_creates_once_and_adopts_its_own() -> None:
+    kube: Any = MemoryKube()
+    manifest = builders.build_config_map(job(), Settings())
+    first = ensure(kube, manifest, job())
+    again = ensure(kube, manifest, job())
+    assert first.created and not first.conflict
+    assert not again.created and not again.conflict
+    assert kube.creates == 1
+
+
+def test_ensure_reports_a_stranger_and_leaves_it() -> None:
+    kube: Any = MemoryKube()
+    stranger = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "qwen3-4b-assistant-config"},
+        "data": {},
+    }
+    kube.objects[("ConfigMap", "qwen3-4b-assistant-config")] = stranger
+    result = ensure(kube, builders.build_config_map(job(), Settings()), job())
+    assert result.conflict is not None
+    assert "no owner" in result.conflict
+    assert kube.objects[("ConfigMap", "qwen3-4b-assistant-config")] == stranger
+    assert kube.patches == []
+
+
+def test_kept_pvc_is_recognised_by_its_uid_label() -> None:
+    kept = job()
+    kept.spec.storage.keep_on_delete = True
+    pvc = builders.build_pvc(kept, Settings())
+    assert pvc is not None
+    assert is_ours(pvc, kept)
+    other = job()
+    other.metadata.uid = "another-uid"
+    assert not is_ours(pvc, other)  # a kept PVC from an earlier job of the same name is not ours
+
+
+def test_suspend_and_resume_what_we_suspended() -> None:
+    kube: Any = MemoryKube()
+    ptj = kube.create(builders.build_pytorchjob(job(), Settings()))
+    ptj = sync_suspend(kube, ptj, job(suspend=True))
+    assert ptj["spec"]["runPolicy"]["suspend"] is True
+    assert ptj["metadata"]["annotations"][builders.ANNOTATION_SUSPENDED_BY_US] == "true"
+    assert sync_suspend(kube, ptj, job(suspend=True)) == ptj
+    assert len(kube.patches) == 1
+    ptj = sync_suspend(kube, ptj, job(suspend=False))
+    assert ptj["spec"]["runPolicy"]["suspend"] is False
+    assert builders.ANNOTATION_SUSPENDED_BY_US not in ptj["metadata"]["annotations"]
+
+
+def test_a_job_kueue_holds_back_is_left_to_kueue() -> None:
+    kube: Any = MemoryKube()
+    manifest = builders.build_pytorchjob(job(), Settings())
+    manifest["spec"]["runPolicy"]["suspend"] = True  # what Kueue's webhook does to a queued job
+    ptj = kube.create(manifest)
+    assert sync_suspend(kube, ptj, job(suspend=False)) == ptj
+    assert kube.patches == []
