@@ -157,11 +157,12 @@ def registration_observation(
 ) -> RegistrationObservation:
     """Fold the registration Job and its pods into one observation.
 
-    The contract with ``python -m kubetune_trainer.register``: on success it prints one JSON object
+    The contract with ``python -m kubetune_trainer.register``: on success it writes one JSON object
     ``{"name", "version", "uri", "run_id", "alias"}`` to ``/dev/termination-log``; the operator reads
     it from ``status.containerStatuses[name=register].state.terminated.message`` of a pod of this Job
-    (ownerReference to the Job's uid) that terminated with exit code 0. On failure the message is
-    the log tail (terminationMessagePolicy FallbackToLogsOnError) and becomes the status message.
+    (ownerReference to the Job's uid) that terminated with exit code 0, once the Job is Complete.
+    On failure the message is ``{"error", "reason"}`` (or, after a crash, the log tail:
+    terminationMessagePolicy FallbackToLogsOnError) and goes into the Failed status message.
     """
     if job is None:
         return RegistrationObservation()
@@ -205,8 +206,19 @@ def _termination_messages(pods: list[dict[str, Any]], container: str) -> tuple[d
                 if parsed is not None:
                     result = parsed
             elif message:
-                failure = message[-500:]
+                failure = _failure_text(message)
     return result, failure
+
+
+def _failure_text(message: str) -> str:
+    """The register step writes ``{"error", "reason"}`` when it fails; a crash leaves a log tail."""
+    try:
+        data = json.loads(message)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and data.get("error"):
+        return f"{data.get('reason') or 'Error'}: {data['error']}"[-1000:]
+    return message[-500:]
 
 
 def parse_registration_result(message: str) -> dict[str, Any] | None:

@@ -271,3 +271,9 @@ def test_registration_failure_message_carries_the_log_tail() -> None:
     assert "401 Unauthorized" in o.message
     assert state.registration_observation(_job(), [], "register").state == "Running"
     assert state.registration_observation(None, [], "register") == RegistrationObservation()
+
+
+def test_registration_failure_json_becomes_the_message() -> None:
+    message = json.dumps({"error": "MLflow refused: 403 PERMISSION_DENIED", "reason": "MlflowRefused"})
+    o = state.registration_observation(_job("Failed"), [_pod("job-uid", 3, message)], "register")
+    assert o.message.endswith("last output: MlflowRefused: MLflow refused: 403 PERMISSION_DENIED")
