@@ -84,3 +84,16 @@ def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -
     if patch is None:
         return pytorchjob
     return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
+
+
+def sync_config(kube: Kube, live: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """Keep our ConfigMap's trainer config current.
+
+    Only the mutable parts of the spec can differ (``suspend``, ``registration.alias``,
+    ``registration.enabled``): what shapes training is immutable. The registration step reads the
+    alias from this file, so an alias changed after creation must reach it.
+    """
+    if live.get("data") == manifest["data"]:
+        return live
+    meta = live["metadata"]
+    return kube.patch("v1", "ConfigMap", meta["namespace"], meta["name"], {"data": manifest["data"]})

@@ -12,11 +12,12 @@ Why each rule:
   trainer Role grants get/patch on the status too, and RBAC lets only a holder grant a permission.
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
 - jobs (get/list/watch/create): the registration Job. pods (get/list/watch): its termination message.
-- persistentvolumeclaims, configmaps (get/create): checkpoint volume, trainer config.
+- persistentvolumeclaims (get/create): the checkpoint volume. configmaps (get/create/patch): the
+  trainer config, patched when a mutable field (suspend, registration.alias) changes.
 - serviceaccounts, roles, rolebindings (get/create): the per-job trainer identity (not needed when
   ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount).
 
-Nothing is updated or deleted: children go with their FineTuneJob through owner references.
+Nothing is deleted: children go with their FineTuneJob through owner references.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [""], "resources": ["persistentvolumeclaims", "configmaps"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
     {
         "apiGroups": ["rbac.authorization.k8s.io"],

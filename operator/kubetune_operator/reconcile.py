@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from kubetune_api import spec as api
 
 from . import builders, state
-from .children import ensure, sync_suspend
+from .children import ensure, sync_config, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
 
@@ -120,6 +120,8 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             break
         if result.created:
             created.append(manifest)
+        elif manifest["kind"] == "ConfigMap":
+            sync_config(ctx.kube, result.obj, manifest)
         if manifest["kind"] == "PyTorchJob":
             pytorchjob = result.obj
 

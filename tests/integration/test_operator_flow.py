@@ -182,6 +182,18 @@ def test_suspend_and_resume(kube: Any, namespace: str, operator: Any) -> None:
     assert get_job(kube, namespace, name)["metadata"]["generation"] == 3
     assert obj["status"]["observedGeneration"] == 3
 
+    # The alias may change at any time; the registration step reads it from the trainer config.
+    kube.patch(
+        API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "candidate"}}}
+    )
+    wait_for(
+        lambda: (
+            "alias: candidate"
+            in kube.get("v1", "ConfigMap", namespace, f"{name}-config")["data"]["config.yaml"]
+        ),
+        what="the new alias in the trainer config",
+    )
+
 
 def test_delete_releases_the_finalizer_and_keeps_a_kept_pvc(kube: Any, namespace: str, operator: Any) -> None:
     doc = load_example("qwen3-4b-full.yaml", namespace)
