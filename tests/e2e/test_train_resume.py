@@ -1,0 +1,113 @@
+"""Checkpoints that survive anything: kill -9 during a save, and SIGTERM (preemption), then restart.
+
+The trainer runs as its own process, as in a pod. kill -9 in the middle of a save is made exact
+with the trainer's fault injection (``KUBETUNE_FAULT_INJECT=kill-before-mark:<step>``: SIGKILL after
+the checkpoint's files are written and before its COMPLETE marker), so the test does not depend on
+winning a race against a tiny save.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubetune_api.trainer_config import COMPLETE_MARKER, EXIT_PREEMPTED, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
+from kubetune_trainer import checkpoints
+from kubetune_trainer.callbacks import FAULT_ENV
+from tests.e2e.conftest import run_trainer, start_trainer, trainer_config
+
+pytestmark = [pytest.mark.e2e, pytest.mark.training]
+
+
+def _result(out: Path) -> dict[str, Any]:
+    return json.loads((out / TRAIN_RESULT_FILE).read_text())
+
+
+def test_kill_9_during_a_save_resumes_from_the_previous_complete_checkpoint(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "train.log"
+    config = trainer_config(out, tiny_model, tracking_uri=mlflow_server.uri, maxSteps=8, saveSteps=3)
+    root = checkpoints.checkpoints_root(out)
+
+    code = run_trainer(config, log, extra_env={FAULT_ENV: "kill-before-mark:6"})
+    assert code == -signal.SIGKILL, log.read_text()[-3000:]
+    # Step 3 complete; step 6 written but never marked: it must not count.
+    assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(3, True), (6, False)]
+    assert (root / "checkpoint-6" / "trainer_state.json").exists()
+    first_run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
+
+    code = run_trainer(config, log)
+    assert code == 0, log.read_text()[-3000:]
+    result = _result(out)
+    assert result["resumed_from_step"] == 3
+    assert result["global_step"] == result["planned_steps"] == 8
+    assert result["mlflow_run_id"] == first_run_id
+    # The cut-short save was deleted and redone; retention kept the newest two complete ones.
+    assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(6, True), (8, True)]
+    assert (out / "final" / COMPLETE_MARKER).is_file()
+    # The restarted attempt logged only the steps after the checkpoint.
+    assert [step for step, _loss in result["losses"]][0] == 4
+
+
+def _wait_for(predicate: Any, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def test_sigterm_saves_a_checkpoint_exits_143_and_the_restart_continues_the_same_run(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "train.log"
+    # No periodic save before the end: any checkpoint must come from the SIGTERM.
+    config = trainer_config(out, tiny_model, tracking_uri=mlflow_server.uri, maxSteps=24, saveSteps=1000)
+    root = checkpoints.checkpoints_root(out)
+
+    proc = start_trainer(config, log)
+    try:
+        # Training has started once the first step's loss is logged.
+        _wait_for(lambda: "'loss'" in log.read_text(), 240, "the first training step", log)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert code == EXIT_PREEMPTED, log.read_text()[-3000:]
+    first = _result(out)
+    assert first["status"] == "preempted"
+    step = first["preempted_at_step"]
+    assert 1 <= step < 24
+    assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(step, True)]
+    assert not (out / "final").exists()
+    run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri)
+    assert client.get_run(run_id).info.status == "KILLED"
+
+    code = run_trainer(config, log)
+    assert code == 0, log.read_text()[-3000:]
+    second = _result(out)
+    assert second["resumed_from_step"] == step
+    assert second["global_step"] == 24
+    assert second["mlflow_run_id"] == run_id
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    # One run holds both attempts: its loss history spans the steps before and after the SIGTERM.
+    history = [m.step for m in client.get_metric_history(run_id, "loss")]
+    assert min(history) == 1 and max(history) == 24
+    experiment = run.info.experiment_id
+    assert len(client.search_runs([experiment])) == 1
