@@ -97,7 +97,9 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def start_trainer(config: Path, log: Path, *, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def start_trainer(
+    config: Path, log: Path, *, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """``python -m kubetune_trainer.train --config ...`` as its own process, output to ``log``."""
     env = {**trainer_env(), **(extra_env or {})}
     with log.open("ab") as out:
@@ -110,7 +112,9 @@ def start_trainer(config: Path, log: Path, *, extra_env: dict[str, str] | None =
         )
 
 
-def run_trainer(config: Path, log: Path, *, timeout: float = 300, extra_env: dict[str, str] | None = None) -> int:
+def run_trainer(
+    config: Path, log: Path, *, timeout: float = 300, extra_env: dict[str, str] | None = None
+) -> int:
     proc = start_trainer(config, log, extra_env=extra_env)
     try:
         return proc.wait(timeout=timeout)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.e2e.conftest import trainer_config
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE, TrainerConfig
 from kubetune_trainer import checkpoints
-from tests.e2e.conftest import trainer_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
@@ -43,7 +43,10 @@ def test_lora_trains_and_its_loss_falls(tmp_path: Path, tiny_model: Path, mlflow
         learningRate=1e-2,
         saveSteps=4,
         saveTotalLimit=2,
-        dataset={"path": str(Path(__file__).parents[2] / "examples/data/tiny-chat.jsonl"), "evalFraction": 0.1},
+        dataset={
+            "path": str(Path(__file__).parents[2] / "examples/data/tiny-chat.jsonl"),
+            "evalFraction": 0.1,
+        },
     )
     result = _train(config)
 
@@ -75,7 +78,9 @@ def test_lora_trains_and_its_loss_falls(tmp_path: Path, tiny_model: Path, mlflow
     assert [a.path for a in client.list_artifacts(run_id, "kubetune")] == ["kubetune/trainer-config.yaml"]
 
 
-def test_full_fine_tuning_trains_and_its_loss_falls(tmp_path: Path, tiny_model: Path, mlflow_server: Any) -> None:
+def test_full_fine_tuning_trains_and_its_loss_falls(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
     out = tmp_path / "full"
     config = trainer_config(out, tiny_model, method="full", tracking_uri=mlflow_server.uri, maxSteps=10)
     result = _train(config)

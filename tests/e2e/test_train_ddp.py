@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.e2e.conftest import REPO, trainer_config, trainer_env
+from tests.support.mlflow_server import free_port
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
 from kubetune_trainer import checkpoints
-from tests.e2e.conftest import REPO, trainer_config, trainer_env
-from tests.support.mlflow_server import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
@@ -24,7 +24,9 @@ def test_torchrun_two_processes_train_with_ddp(tmp_path: Path, tiny_model: Path,
     if not torchrun.exists() and shutil.which("torchrun") is None:
         pytest.skip("torchrun is not installed")
     out = tmp_path / "run"
-    config = trainer_config(out, tiny_model, method="lora", tracking_uri=mlflow_server.uri, maxSteps=6, saveSteps=3)
+    config = trainer_config(
+        out, tiny_model, method="lora", tracking_uri=mlflow_server.uri, maxSteps=6, saveSteps=3
+    )
     command = [
         str(torchrun if torchrun.exists() else "torchrun"),
         "--nproc_per_node",
@@ -38,7 +40,9 @@ def test_torchrun_two_processes_train_with_ddp(tmp_path: Path, tiny_model: Path,
         "--config",
         str(config),
     ]
-    proc = subprocess.run(command, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        command, check=False, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     result = json.loads((out / TRAIN_RESULT_FILE).read_text())

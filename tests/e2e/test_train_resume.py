@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.e2e.conftest import run_trainer, start_trainer, trainer_config
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, EXIT_PREEMPTED, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
 from kubetune_trainer import checkpoints
 from kubetune_trainer.callbacks import FAULT_ENV
-from tests.e2e.conftest import run_trainer, start_trainer, trainer_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
@@ -53,7 +53,7 @@ def test_kill_9_during_a_save_resumes_from_the_previous_complete_checkpoint(
     assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(6, True), (8, True)]
     assert (out / "final" / COMPLETE_MARKER).is_file()
     # The restarted attempt logged only the steps after the checkpoint.
-    assert [step for step, _loss in result["losses"]][0] == 4
+    assert result["losses"][0][0] == 4
 
 
 def _wait_for(predicate: Any, timeout: float, what: str, log: Path) -> None:
