@@ -1,6 +1,8 @@
 """Registration against a real ``mlflow server``: tiny LoRA and full models, idempotency, outages.
 
-The final models are made here, as training leaves them (``final/`` + tokenizer + ``COMPLETE``),
+The MLflow server and the tiny model are the session's (``tests/e2e/conftest.py``); the outage
+test stops that server and always starts it again on the same port and store. The final models
+are made here, as training leaves them (``final/`` + tokenizer + ``COMPLETE``),
 from the tiny Qwen2 model kubetune builds, without running the trainer.
 """
 
@@ -8,15 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.mlflow_server import MlflowServer, running_mlflow_server
+from tests.support.mlflow_server import MlflowServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
@@ -26,17 +28,10 @@ FAKE_HF_TOKEN = "hf_fakeTokenValue4242"
 MODEL_NAME = "tiny-chat"
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from kubetune_trainer.tiny import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "base")
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
-        yield server
+@pytest.fixture
+def tiny_base(tiny_model: Path) -> Path:
+    """The tiny Qwen2 base model (built once per session by tests/e2e/conftest.py)."""
+    return tiny_model
 
 
 @pytest.fixture
@@ -347,28 +342,32 @@ def test_full_model_waits_out_an_outage_then_registers(
     term = tmp_path / "termination-log"
 
     mlflow_server.stop()
-    budget = 4.0
-    started = time.monotonic()
-    down = run_register_process(
-        config,
-        {
-            **secret_env,
-            "KUBETUNE_REGISTER_RETRY_BUDGET_S": str(budget),
-            "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term),
-        },
-    )
-    elapsed = time.monotonic() - started
-    assert down.returncode == register.EXIT_UNAVAILABLE, down.stderr[-3000:]
-    assert f"MLflow at {uri} is unreachable" in down.stderr
-    assert "retrying in" in down.stderr  # it did back off and retry
-    # Start-up (imports) + the budget + one attempt; the budget itself is what must hold.
-    assert elapsed < 60 + budget
-    assert_no_secrets(down.stdout, down.stderr)
-    failure = json.loads(term.read_text())
-    assert failure["reason"] == "MlflowUnavailable" and uri in failure["error"]
-    assert not (out / "register-result.json").exists()
+    try:
+        budget = 4.0
+        started = time.monotonic()
+        down = run_register_process(
+            config,
+            {
+                **secret_env,
+                "KUBETUNE_REGISTER_RETRY_BUDGET_S": str(budget),
+                "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term),
+            },
+        )
+        elapsed = time.monotonic() - started
+        assert down.returncode == register.EXIT_UNAVAILABLE, down.stderr[-3000:]
+        assert f"MLflow at {uri} is unreachable" in down.stderr
+        assert "retrying in" in down.stderr  # it did back off and retry
+        waited = re.search(r"over (\d+)s \(retry budget 4s\)", down.stderr)
+        assert waited is not None and int(waited.group(1)) <= budget
+        # Start-up (imports) + the budget + one attempt; the budget itself is what must hold.
+        assert elapsed < 60 + budget
+        assert_no_secrets(down.stdout, down.stderr)
+        failure = json.loads(term.read_text())
+        assert failure["reason"] == "MlflowUnavailable" and uri in failure["error"]
+        assert not (out / "register-result.json").exists()
+    finally:
+        mlflow_server.start()  # the server is the session's: always bring it back
 
-    mlflow_server.start()
     assert register.main(["--config", str(config), "--termination-message-path", str(term)]) == 0
     result = json.loads(term.read_text())
     assert (

@@ -400,6 +400,9 @@ class Registration:
             log.info("reusing logged model %s of run %s", existing.model_id, run_id)
             return f"models:/{existing.model_id}"
         spec = self.cfg.spec
+        # MLflow files the logged model under the active experiment, not the run's: without this,
+        # it lands in "Default" and a retry would not find it in the run's experiment.
+        mlflow.set_experiment(experiment_id=self.client.get_run(run_id).info.experiment_id)
         log.info("logging the model into run %s (this uploads its weights)", run_id)
         info = mlflow.transformers.log_model(
             transformers_model=loaded.components,
