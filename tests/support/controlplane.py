@@ -298,7 +298,18 @@ current-context: test
             self.pytorchjob_crd = STANDIN_PYTORCHJOB_CRD
         for path in [*sorted(OUR_CRDS.glob("*.yaml")), self.pytorchjob_crd]:
             self.kubectl("apply", "--server-side", "-f", str(path))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        # A CRD created a moment ago may have no status.conditions yet; `kubectl wait` then fails at
+        # once ("accessor error") instead of waiting, so retry it until it really waits.
+        deadline = time.monotonic() + 60
+        while True:
+            out = self.kubectl(
+                "wait", "--for=condition=Established", "--timeout=60s", "crd", "--all", check=False
+            )
+            if out.returncode == 0:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRDs not established: {out.stderr}")
+            time.sleep(0.2)
 
     def stop(self) -> None:
         for p in reversed(self.procs):
