@@ -26,6 +26,7 @@ from kubetune_trainer.mlflow_client import (
     MlflowRefusedError,
     MlflowUnavailableError,
     RedactingFilter,
+    RedactingStream,
     Retrier,
     classify,
     redact,
@@ -103,6 +104,28 @@ def _http_error(status: int) -> requests.HTTPError:
 )
 def test_classify(exc: BaseException, kind: str | None) -> None:
     assert classify(exc)[0] == kind
+
+
+def test_a_failure_of_another_host_is_not_an_mlflow_outage() -> None:
+    hub = requests.ConnectionError(
+        "no route", request=requests.Request("GET", "https://huggingface.co/api/x")
+    )
+    assert classify(hub, "http://mlflow.example:5000")[0] is None
+    ours = requests.ConnectionError(
+        "refused", request=requests.Request("GET", "http://mlflow.example:5000/api")
+    )
+    assert classify(ours, "http://u:p@mlflow.example:5000")[0] == "unreachable"
+
+
+def test_redacting_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
+    sink = io.StringIO()
+    stream = RedactingStream(sink)
+    stream.write(f"View run at https://me:{SECRET}@mlflow/#/runs/1\n")
+    stream.flush()
+    assert sink.getvalue() == "View run at https://***@mlflow/#/runs/1\n"
 
 
 def test_retrier_backs_off_and_then_succeeds() -> None:
@@ -302,17 +325,20 @@ def test_a_refusal_fails_at_once_with_the_tracking_uri(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     uri, state = stub_mlflow
-    config = write_config(tmp_path, make_config(tmp_path, uri))
+    # Credentials in the URI (basic auth) are as secret as the token.
+    config = write_config(tmp_path, make_config(tmp_path, uri.replace("http://", "http://kt:pw-in-uri-55@")))
     term = tmp_path / "term"
     started = time.monotonic()
     code = register.main(["--config", str(config), "--termination-message-path", str(term)])
     assert code == register.EXIT_REFUSED
     assert time.monotonic() - started < 10
     assert state["requests"] == 1  # no retry
-    assert state["auth"] == [f"Bearer {SECRET}"]  # the token from the environment was used...
-    err = capsys.readouterr().err
-    assert f"MLflow at {uri} refused" in err and "HTTP 403" in err
-    assert SECRET not in err and SECRET not in term.read_text()  # ...and never shown
+    assert state["auth"][0]  # credentials were sent (requests prefers the URI's over the token)...
+    out, err = capsys.readouterr()
+    shown_uri = uri.replace("http://", "http://***@")
+    assert f"MLflow at {shown_uri} refused" in err and "HTTP 403" in err
+    for text in (out, err, term.read_text()):  # ...and never shown
+        assert SECRET not in text and "pw-in-uri-55" not in text
     assert json.loads(term.read_text())["reason"] == "MlflowRefused"
 
 
@@ -333,4 +359,7 @@ def test_server_errors_are_retried_until_the_budget_is_spent(
     assert code == register.EXIT_UNAVAILABLE
     assert state["requests"] >= 2
     assert elapsed < 3 + 5
-    assert f"MLflow at {uri} is unreachable" in capsys.readouterr().err
+    assert set(state["auth"]) == {f"Bearer {SECRET}"}  # the token comes from the environment...
+    out, err = capsys.readouterr()
+    assert f"MLflow at {uri} is unreachable" in err
+    assert SECRET not in out + err  # ...and is never shown

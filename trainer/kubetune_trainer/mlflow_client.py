@@ -26,14 +26,17 @@ applies it to every log handler.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import re
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,31 @@ def install_log_redaction() -> None:
                 handler.addFilter(RedactingFilter())
 
 
+class RedactingStream:
+    """A text stream that redacts what is written to it: MLflow prints run URLs with ``print``."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_stdio() -> Iterator[None]:
+    """Redact ``sys.stdout`` and ``sys.stderr`` for the duration (handlers made meanwhile keep it)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 # --- MLflow's own HTTP retries --------------------------------------------------------------------------
 
 
@@ -163,11 +191,27 @@ def _response_status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
-def classify(exc: BaseException) -> tuple[Failure | None, int | None, str | None]:
-    """(kind, HTTP status, MLflow error code) of a failed MLflow call."""
+def _request_host(exc: BaseException) -> str | None:
+    request = getattr(exc, "request", None)
+    url = getattr(request, "url", None)
+    return urlsplit(str(url)).netloc.rsplit("@", 1)[-1].lower() if url else None
+
+
+def classify(
+    exc: BaseException, tracking_uri: str | None = None
+) -> tuple[Failure | None, int | None, str | None]:
+    """(kind, HTTP status, MLflow error code) of a failed MLflow call.
+
+    With ``tracking_uri``, an HTTP failure of a request to another host (the Hugging Face Hub, which
+    MLflow asks for a base model's commit) is not an MLflow outage: kind None.
+    """
     import requests
     from mlflow.exceptions import MlflowException, RestException
 
+    host = _request_host(exc)
+    tracking_host = urlsplit(tracking_uri).netloc.rsplit("@", 1)[-1].lower() if tracking_uri else ""
+    if host and tracking_host and host != tracking_host:
+        return None, None, None
     if isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError):
         return "unreachable", None, None
     if isinstance(exc, RestException):
@@ -222,7 +266,7 @@ class Retrier:
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                kind, status, code = classify(exc)
+                kind, status, code = classify(exc, self.tracking_uri)
                 detail = redact(f"{type(exc).__name__}: {exc}").strip()
                 if kind == "refused":
                     raise MlflowRefusedError(

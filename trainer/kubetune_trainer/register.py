@@ -74,7 +74,9 @@ from .mlflow_client import (
     install_log_redaction,
     redact,
     redact_uri,
+    redacted_stdio,
 )
+from .tracking import TAG_CONFIG_HASH, TAG_JOB_NAME, TAG_JOB_NAMESPACE, TAG_JOB_UID, default_tracking_uri
 
 log = logging.getLogger("kubetune_trainer.register")
 
@@ -96,12 +98,8 @@ EXIT_REFUSED = 3
 EXIT_UNAVAILABLE = 4
 
 # Lineage tags, on the model version, the logged model and the run. The job/config-hash keys are
-# the ones the trainer tags its run with (kubetune_trainer.tracking); they also make registration
-# idempotent.
-TAG_JOB_NAME = "kubetune.job.name"
-TAG_JOB_NAMESPACE = "kubetune.job.namespace"
-TAG_JOB_UID = "kubetune.job.uid"
-TAG_CONFIG_HASH = "kubetune.config_hash"
+# the ones the trainer tags its run with (imported from kubetune_trainer.tracking); they also make
+# registration idempotent.
 TAG_BASE_MODEL = "kubetune.base_model"
 TAG_BASE_MODEL_REVISION = "kubetune.base_model.revision"
 TAG_DATASET = "kubetune.dataset"
@@ -260,11 +258,6 @@ def pip_requirements(peft: bool) -> list[str]:
 def _strip_userinfo(uri: str) -> str:
     # mlflow-run.json keeps the URI without credentials (as kubetune_trainer.tracking writes it).
     return redact_uri(uri).replace("***@", "")
-
-
-def default_tracking_uri(output_dir: str | Path) -> str:
-    """The local store of a run without a tracking server: sqlite next to the checkpoints (as training)."""
-    return f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
 
 
 class Registration:
@@ -550,6 +543,12 @@ def _fail(code: int, reason: str, message: str, term_path: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Libraries print too (MLflow prints run URLs): what reaches the pod log is redacted as well.
+    with redacted_stdio():
+        return _register(args)
+
+
+def _register(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     budget = args.retry_budget if args.retry_budget is not None else _budget_from_env()
