@@ -265,7 +265,7 @@ def _env(job: api.FineTuneJob) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         # Caches go to the writable emptyDir: the root filesystem is read-only.
-        {"name": "HOME", "value": f"{CACHE_MOUNT}/home"},
+        {"name": "HOME", "value": CACHE_MOUNT},  # exists (the mount point); some tools write to ~
         {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
         {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
