@@ -49,7 +49,10 @@ def render(manifest: Path, *, namespace: str | None = None, registration: bool =
 
 
 class _Dumper(yaml.SafeDumper):
-    """YAML for people: multi-line strings (the trainer config) as literal blocks."""
+    """YAML for people: multi-line strings (the trainer config) as literal blocks, no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

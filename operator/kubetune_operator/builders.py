@@ -28,6 +28,7 @@ Registration pods need no API access and mount no token.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from kubetune_api import spec as api
@@ -423,7 +424,7 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
         replica_specs["Worker"] = {
             "replicas": res.nodes - 1,
             "restartPolicy": "ExitCode",
-            "template": template,
+            "template": copy.deepcopy(template),  # no shared dicts (and no YAML anchors when rendered)
         }
     meta = _metadata(job, pytorchjob_name(job), COMPONENT_TRAINING)
     meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job, settings)}
@@ -453,12 +454,10 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
 
 def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
     volumes, mounts = _volumes_and_mounts(job, settings, shm=False)
-    res = job.spec.resources
-    resources: dict[str, Any] = {"requests": {"cpu": "1"}}
-    if res.memory:
-        # Merging a LoRA adapter loads the whole base model: give it the trainer's memory.
-        resources["requests"]["memory"] = res.memory
-        resources["limits"] = {"memory": res.memory}
+    # Merging a LoRA adapter (and logging the model) loads the whole model in CPU memory. Not the
+    # trainer's memory: that was sized for GPU nodes, and this pod runs anywhere.
+    memory = settings.register_memory
+    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": memory}, "limits": {"memory": memory}}
     container: dict[str, Any] = {
         "name": REGISTER_CONTAINER,
         "image": _image(job, settings),

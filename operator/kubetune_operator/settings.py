@@ -20,6 +20,8 @@ Variable                               Meaning (default)
 ``KUBETUNE_TRAIN_BACKOFF_LIMIT``       PyTorchJob restarts before it fails (``6``)
 ``KUBETUNE_REGISTER_BACKOFF_LIMIT``    registration Job retries (``2``)
 ``KUBETUNE_REGISTER_DEADLINE_SECONDS`` registration Job deadline (``7200``)
+``KUBETUNE_REGISTER_MEMORY``           memory of the registration pod, which loads the whole model
+                                       on CPU to merge and log it (``64Gi``: up to ~14B in bf16)
 ``KUBETUNE_CACHE_SIZE_LIMIT``          per-pod emptyDir for HF/Triton/inductor caches (``200Gi``)
 ``KUBETUNE_TMP_SIZE_LIMIT``            per-pod emptyDir for ``/tmp`` (``8Gi``)
 ``KUBETUNE_RESYNC_SECONDS``            slow safety-net re-sync of every FineTuneJob (``300``)
@@ -55,6 +57,7 @@ class Settings:
     # tracking server without hiding a real misconfiguration for long.
     register_backoff_limit: int = 2
     register_deadline_seconds: int = 7200
+    register_memory: str = "64Gi"
     cache_size_limit: str = "200Gi"
     tmp_size_limit: str = "8Gi"
     resync_seconds: float = 300.0
@@ -86,6 +89,7 @@ class Settings:
             register_deadline_seconds=_int(
                 get("REGISTER_DEADLINE_SECONDS"), defaults.register_deadline_seconds
             ),
+            register_memory=get("REGISTER_MEMORY") or defaults.register_memory,
             cache_size_limit=get("CACHE_SIZE_LIMIT") or defaults.cache_size_limit,
             tmp_size_limit=get("TMP_SIZE_LIMIT") or defaults.tmp_size_limit,
             resync_seconds=float(get("RESYNC_SECONDS") or defaults.resync_seconds),
