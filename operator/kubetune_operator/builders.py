@@ -367,10 +367,27 @@ def _train_resources(job: api.FineTuneJob) -> dict[str, Any]:
 
 
 def train_command() -> list[str]:
+    # kubetune_trainer.launch is torchrun (same arguments) that exits 143, retryable under the
+    # ExitCode restart policy, when the pod is preempted (plain torchrun exits 1: permanent), and
+    # gives the workers KUBETUNE_SHUTDOWN_GRACE_S to checkpoint instead of torchrun's 30 s.
     # torchrun reads its rendezvous settings from the PET_* variables the Training Operator sets
     # (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT) and runs
     # `python -m kubetune_trainer.train --config ...` once per GPU.
-    return ["torchrun", "--module", "kubetune_trainer.train", "--config", CONFIG_PATH]
+    return [
+        "python",
+        "-m",
+        "kubetune_trainer.launch",
+        "--module",
+        "kubetune_trainer.train",
+        "--config",
+        CONFIG_PATH,
+    ]
+
+
+def shutdown_grace_seconds(settings: Settings) -> int:
+    """The workers' time to checkpoint after SIGTERM: inside the pod's grace period, with a margin
+    for the launcher and the pod to exit before the kubelet's SIGKILL."""
+    return max(30, settings.termination_grace_seconds - 60)
 
 
 def register_command() -> list[str]:
@@ -388,7 +405,11 @@ def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[s
         "image": _image(job, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": train_command(),
-        "env": _env(job),
+        "workingDir": CACHE_MOUNT,
+        "env": [
+            *_env(job),
+            {"name": "KUBETUNE_SHUTDOWN_GRACE_S", "value": str(shutdown_grace_seconds(settings))},
+        ],
         "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "resources": _train_resources(job),
         "volumeMounts": mounts,
@@ -463,6 +484,8 @@ def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str
         "image": _image(job, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": register_command(),
+        # The image's working directory lies under the cache mount, which hides it.
+        "workingDir": CACHE_MOUNT,
         "env": _env(job),
         "resources": resources,
         "volumeMounts": mounts,

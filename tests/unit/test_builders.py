@@ -78,7 +78,17 @@ def test_eight_gpus_one_master() -> None:
     assert container["name"] == "pytorch"
     assert container["image"] == SETTINGS.trainer_image
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert container["command"] == ["torchrun", "--module", "kubetune_trainer.train", "--config", CONFIG_PATH]
+    assert container["command"] == [
+        "python",
+        "-m",
+        "kubetune_trainer.launch",  # torchrun that exits 143 (retryable) when preempted
+        "--module",
+        "kubetune_trainer.train",
+        "--config",
+        CONFIG_PATH,
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KUBETUNE_SHUTDOWN_GRACE_S"] == "540"  # inside terminationGracePeriodSeconds (600)
     assert _master(ptj)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 
