@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,7 @@ from tests.unit.test_chart import CHART, CI_VALUES
 pytestmark = [pytest.mark.integration, pytest.mark.helm]
 
 RELEASE = "kubetune"
+API = "kubetune.io/v1alpha1"
 NAMESPACE = "kubetune-system"
 OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:kubetune"
 RESTRICTED = [f"pod-security.kubernetes.io/{mode}=restricted" for mode in ("enforce", "warn")]
@@ -118,6 +120,17 @@ class Cluster:
         return path
 
 
+def wait_established(cp: ControlPlane, crd: str) -> None:
+    """`kubectl wait` fails at once (instead of waiting) while a new CRD has no conditions: retry it."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}", check=False)
+        if out.returncode == 0:
+            return
+        assert time.monotonic() < deadline, f"CRD {crd} not established: {out.stderr}"
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     if os.environ.get("KUBETUNE_SKIP_CONTROL_PLANE"):
@@ -128,7 +141,7 @@ def cluster() -> Iterator[Cluster]:
         cp.start()
         pytorchjob_crd = SHARED_PYTORCHJOB_CRD if SHARED_PYTORCHJOB_CRD.exists() else STANDIN_PYTORCHJOB_CRD
         cp.kubectl("apply", "--server-side", "-f", str(pytorchjob_crd))
-        cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/pytorchjobs.kubeflow.org")
+        wait_established(cp, "pytorchjobs.kubeflow.org")
         yield Cluster(cp)
     finally:
         cp.stop()
@@ -164,7 +177,7 @@ def installed(cluster: Cluster) -> str:
     result = cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE)
     assert "STATUS: deployed" in result.stdout
     assert f"kubectl -n {NAMESPACE} rollout status deployment/kubetune" in result.stdout  # NOTES.txt
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/finetunejobs.kubetune.io")
+    wait_established(cluster.cp, "finetunejobs.kubetune.io")
     return result.stdout
 
 
@@ -201,10 +214,18 @@ class OperatorAsServiceAccount:
     """`python -m kubetune_operator` with the args and env of the Deployment stored in the API server,
     authenticated with a token of the chart's ServiceAccount (never as admin)."""
 
-    def __init__(self, cluster: Cluster, kubeconfig: Path, log: Path) -> None:
-        deployment = cluster.get("deployment", "kubetune", "-n", NAMESPACE)
-        assert deployment is not None
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
+    def __init__(
+        self,
+        cluster: Cluster,
+        kubeconfig: Path,
+        log: Path,
+        *,
+        namespace: str = NAMESPACE,
+        deployment: str = "kubetune",
+    ) -> None:
+        stored = cluster.get("deployment", deployment, "-n", namespace)
+        assert stored is not None
+        container = stored["spec"]["template"]["spec"]["containers"][0]
         self.port = free_port()
         # The kubelet probes the pod IP; here the probe goes to 127.0.0.1 on a free port.
         self.args = [
@@ -251,10 +272,23 @@ class OperatorAsServiceAccount:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def test_operator_completes_a_job_as_the_charts_service_account(
-    cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
+def run_a_job_through(
+    cluster: Cluster,
+    kube: Any,
+    tmp_path: Path,
+    *,
+    release_namespace: str,
+    deployment: str,
+    service_account: str,
+    job_namespace: str,
+    trainer_service_account: str | None = None,
 ) -> None:
-    sa_kubeconfig = cluster.token_kubeconfig(NAMESPACE, "kubetune", tmp_path / "operator.kubeconfig")
+    """The operator issue's end-to-end flow, with the operator running as the release's ServiceAccount:
+    a FineTuneJob goes Pending -> Training -> Registering -> Succeeded, the test playing the Training
+    Operator and the Job controller, the trainer reporting progress with its own identity."""
+    sa_kubeconfig = cluster.token_kubeconfig(
+        release_namespace, service_account, tmp_path / "operator.kubeconfig"
+    )
     whoami = subprocess.run(
         [
             str(cluster.cp.assets / "kubectl"),
@@ -269,68 +303,85 @@ def test_operator_completes_a_job_as_the_charts_service_account(
         text=True,
         check=True,
     )
-    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == OPERATOR_SA
-    cluster.namespace(JOB_NAMESPACE)
-    kube = admin_kube
+    username = json.loads(whoami.stdout)["status"]["userInfo"]["username"]
+    assert username == f"system:serviceaccount:{release_namespace}:{service_account}"
 
-    with OperatorAsServiceAccount(cluster, sa_kubeconfig, tmp_path / "operator.log") as operator:
+    operator = OperatorAsServiceAccount(
+        cluster, sa_kubeconfig, tmp_path / "operator.log", namespace=release_namespace, deployment=deployment
+    )
+    with operator:
         wait_for(operator.healthy, timeout=60, what="the liveness endpoint")
-        doc = load_example("qwen3-4b-full.yaml", JOB_NAMESPACE)
+        doc = load_example("qwen3-4b-full.yaml", job_namespace)
         name = doc["metadata"]["name"]
         kube.create(doc)
         ptj = f"{name}-train"
         wait_for(
-            lambda: kube.get("kubeflow.org/v1", "PyTorchJob", JOB_NAMESPACE, ptj),
+            lambda: kube.get("kubeflow.org/v1", "PyTorchJob", job_namespace, ptj),
             timeout=60,
-            what="PyTorchJob",
+            what=f"the PyTorchJob; operator log:\n{operator.output()[-2000:]}",
         )
-        for kind, child in [
-            ("PersistentVolumeClaim", f"{name}-ckpt"),
-            ("ConfigMap", f"{name}-config"),
+        children = [("PersistentVolumeClaim", f"{name}-ckpt"), ("ConfigMap", f"{name}-config")]
+        identity = [
             ("ServiceAccount", f"{name}-trainer"),
             ("Role", f"{name}-trainer"),
             ("RoleBinding", f"{name}-trainer"),
-        ]:
+        ]
+        for kind, child in children + identity:
             api = "rbac.authorization.k8s.io/v1" if kind.startswith("Role") else "v1"
-            assert kube.get(api, kind, JOB_NAMESPACE, child), f"{kind} {child} missing\n{operator.output()}"
+            found = kube.get(api, kind, job_namespace, child)
+            if trainer_service_account and (kind, child) in identity:
+                assert found is None, f"{kind} {child}: the shared trainer identity needs no per-job one"
+            else:
+                assert found, f"{kind} {child} missing\n{operator.output()}"
+        pod_spec = kube.get("kubeflow.org/v1", "PyTorchJob", job_namespace, ptj)["spec"][
+            "pytorchReplicaSpecs"
+        ]["Master"]["template"]["spec"]
+        trainer_sa = trainer_service_account or f"{name}-trainer"
+        assert pod_spec["serviceAccountName"] == trainer_sa
 
-        set_pytorchjob_condition(kube, JOB_NAMESPACE, ptj, "Created")
-        set_pytorchjob_condition(kube, JOB_NAMESPACE, ptj, "Running")
-        wait_phase(kube, JOB_NAMESPACE, name, "Training", timeout=60)
+        set_pytorchjob_condition(kube, job_namespace, ptj, "Created")
+        set_pytorchjob_condition(kube, job_namespace, ptj, "Running")
+        wait_phase(kube, job_namespace, name, "Training", timeout=60)
 
-        # The trainer reports progress with the per-job identity the operator created: its own status only.
+        # The trainer reports progress with its identity: the status subresource and nothing else.
         trainer = kube_as(
-            cluster.token_kubeconfig(JOB_NAMESPACE, f"{name}-trainer", tmp_path / "trainer.kubeconfig")
+            cluster.token_kubeconfig(job_namespace, trainer_sa, tmp_path / "trainer.kubeconfig")
         )
         progress = {"step": 25, "totalSteps": 50, "percent": 50, "loss": 1.5, "etaSeconds": 600}
         trainer.patch(
-            "kubetune.io/v1alpha1",
-            "FineTuneJob",
-            JOB_NAMESPACE,
-            name,
-            {"status": {"progress": progress}},
-            subresource="status",
+            API, "FineTuneJob", job_namespace, name, {"status": {"progress": progress}}, subresource="status"
         )
         with pytest.raises(Exception, match="403"):
-            trainer.patch(
-                "kubetune.io/v1alpha1",
-                "FineTuneJob",
-                JOB_NAMESPACE,
-                name,
-                {"metadata": {"labels": {"x": "y"}}},
-            )
+            trainer.patch(API, "FineTuneJob", job_namespace, name, {"metadata": {"labels": {"x": "y"}}})
+        with pytest.raises(Exception, match="403"):
+            trainer.request("GET", f"/api/v1/namespaces/{job_namespace}/secrets")
 
-        set_pytorchjob_condition(kube, JOB_NAMESPACE, ptj, "Succeeded")
-        wait_phase(kube, JOB_NAMESPACE, name, "Registering", timeout=60)
+        set_pytorchjob_condition(kube, job_namespace, ptj, "Succeeded")
+        wait_phase(kube, job_namespace, name, "Registering", timeout=60)
         reg = f"{name}-register"
-        wait_for(lambda: kube.get("batch/v1", "Job", JOB_NAMESPACE, reg), timeout=60, what="registration Job")
-        finish_registration_job(kube, JOB_NAMESPACE, reg, message=json.dumps(RESULT))
-        obj = wait_phase(kube, JOB_NAMESPACE, name, "Succeeded", timeout=60)
+        wait_for(lambda: kube.get("batch/v1", "Job", job_namespace, reg), timeout=60, what="registration Job")
+        finish_registration_job(kube, job_namespace, reg, message=json.dumps(RESULT))
+        obj = wait_phase(kube, job_namespace, name, "Succeeded", timeout=60)
         assert obj["status"]["registeredModel"]["version"] == "1"
         assert obj["status"]["progress"] == progress
         assert operator.healthy()
     log = operator.output()
     assert "Forbidden" not in log and "403" not in log, log[-3000:]
+
+
+def test_operator_completes_a_job_as_the_charts_service_account(
+    cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
+) -> None:
+    cluster.namespace(JOB_NAMESPACE)
+    run_a_job_through(
+        cluster,
+        admin_kube,
+        tmp_path,
+        release_namespace=NAMESPACE,
+        deployment="kubetune",
+        service_account="kubetune",
+        job_namespace=JOB_NAMESPACE,
+    )
 
 
 @pytest.mark.parametrize(
@@ -500,9 +551,12 @@ def test_uninstall_keeps_the_crd_the_jobs_and_kept_volumes_then_reinstall_adopts
     )
 
 
-def test_ci_values_install_in_namespaced_mode(cluster: Cluster, installed: str) -> None:
+def test_ci_values_install_in_namespaced_mode(
+    cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
+) -> None:
     """A second release with the CI values (watched namespaces, shared trainer identity, MLflow), its CRD
-    left to the first release: installs, and grants only in the watched namespaces."""
+    left to the first release: installs, grants only in the watched namespaces, and its operator runs a
+    job through in a watched namespace that enforces the restricted Pod Security profile."""
     for ns in CI_NAMESPACES:
         cluster.namespace(ns, *RESTRICTED)
     cluster.namespace("kubetune-ci", *RESTRICTED)
@@ -532,5 +586,37 @@ def test_ci_values_install_in_namespaced_mode(cluster: Cluster, installed: str) 
     assert can("patch", "finetunejobs.kubetune.io", "kubetune-ci-a", trainer, "--subresource=status") == "yes"
     assert can("patch", "finetunejobs.kubetune.io", "kubetune-ci-a", trainer) == "no"
     assert can("get", "secrets", "kubetune-ci-a", trainer) == "no"
+
+    # The first release's operator would handle this job too (it watches every namespace), but it is
+    # not running: only this release's operator, as its own ServiceAccount, in namespaced mode.
+    run_a_job_through(
+        cluster,
+        admin_kube,
+        tmp_path,
+        release_namespace="kubetune-ci",
+        deployment="ci-kubetune",
+        service_account="kubetune-ci-operator",
+        job_namespace="kubetune-ci-a",
+        trainer_service_account="kubetune-trainer",
+    )
     cluster.helm("uninstall", "ci", "--namespace", "kubetune-ci")
     assert cluster.get("crd", "finetunejobs.kubetune.io") is not None
+
+
+def test_a_crd_applied_with_kubectl_is_taken_over_on_request(cluster: Cluster, installed: str) -> None:
+    """Users who applied crds/ with kubectl first: `helm install` refuses to adopt the CRD silently;
+    `--take-ownership` (docs/install.md, troubleshooting) makes the release own it."""
+    cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE)
+    crd = "crd/finetunejobs.kubetune.io"
+    # What `kubectl apply --server-side -f crds/` leaves: the CRD without Helm's ownership metadata.
+    cluster.kubectl("annotate", crd, "meta.helm.sh/release-name-", "meta.helm.sh/release-namespace-")
+    cluster.kubectl("label", crd, "app.kubernetes.io/managed-by-")
+    refused = cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, check=False)
+    assert refused.returncode != 0
+    assert 'CustomResourceDefinition "finetunejobs.kubetune.io"' in refused.stderr, refused.stderr
+    assert "exists and cannot be imported into the current release" in refused.stderr, refused.stderr
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--take-ownership")
+    owned = cluster.get(crd)
+    assert owned is not None
+    assert owned["metadata"]["annotations"]["meta.helm.sh/release-name"] == RELEASE
+    assert owned["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
