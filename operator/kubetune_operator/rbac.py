@@ -6,12 +6,12 @@ a whole fine-tune, so this list stays true. kopf's own needs come first (its fra
 Why each rule:
 
 - CRDs, namespaces (list/watch): kopf discovers resources and namespaces as they come and go.
-- events (create, patch): ``kubectl describe ftj`` shows what happened (kopf posts them).
+- events (create): ``kubectl describe ftj`` shows what happened (kopf posts them, core v1).
 - finetunejobs (get/list/watch/patch): read and watch jobs; kopf patches its finalizer and its
   progress annotations. finetunejobs/status (get/patch): the operator's status writes. The per-job
   trainer Role grants get/patch on the status too, and RBAC lets only a holder grant a permission.
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
-- jobs (get/list/watch/create): the registration Job. pods (get/list/watch): its termination message.
+- jobs (get/list/watch/create): the registration Job. pods (list/watch): its termination message.
 - persistentvolumeclaims (get/create): the checkpoint volume. configmaps (get/create/patch): the
   trainer config, patched when a mutable field (suspend, registration.alias) changes.
 - serviceaccounts, roles, rolebindings (get/create): the per-job trainer identity (not needed when
@@ -33,7 +33,7 @@ KOPF_FRAMEWORK_RULES: list[dict[str, Any]] = [
         "verbs": ["list", "watch"],
     },
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
 OPERATOR_RULES: list[dict[str, Any]] = [
@@ -45,7 +45,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},
