@@ -1,7 +1,7 @@
 """``kubetune watch``: what it prints for each kind of FineTuneJob status, and its exit status.
 
 The real-API-server version (a FineTuneJob whose status changes while the command runs) is in
-tests/integration/test_watch.py.
+tests/integration/test_watch_cluster.py.
 """
 
 from __future__ import annotations
