@@ -161,15 +161,14 @@ def redacted_stdio() -> Iterator[None]:
 # --- MLflow's own HTTP retries --------------------------------------------------------------------------
 
 
-def configure_mlflow_http(*, request_timeout_s: int | None = None) -> None:
+def configure_mlflow_http() -> None:
     """Leave retrying to :class:`Retrier` (unless the environment chose otherwise).
 
-    Must run before the first MLflow request: MLflow reads these variables per request, and caches
-    its HTTP session per retry setting.
+    Must run before the first MLflow request: MLflow reads the variable per request, and caches its
+    HTTP session per retry setting. ``MLFLOW_HTTP_REQUEST_TIMEOUT`` (MLflow's default, 120 s) stays:
+    an upload of model weights needs it, and it bounds how far one attempt may overrun the budget.
     """
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    if request_timeout_s is not None:
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(request_timeout_s))
 
 
 # --- classifying failures -------------------------------------------------------------------------------

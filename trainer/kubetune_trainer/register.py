@@ -31,10 +31,15 @@ this run with the same tags that was never registered (the step was interrupted 
 and registering) is registered instead of logging again. Each MLflow step looks again before it
 writes, so a retry after a lost response does not duplicate either.
 
-MLflow unreachable (connection errors, timeouts, 5xx): retried with exponential backoff until it
-has been unreachable for ``--retry-budget`` seconds in total (default 600;
-``KUBETUNE_REGISTER_RETRY_BUDGET_S``). MLflow refusing (4xx: permission denied, invalid name):
-no retry. Either way the error names the tracking URI.
+MLflow unreachable (connection errors, timeouts, 5xx, 408, 429): retried with exponential backoff
+(1 s, doubling, at most 30 s, +-20% jitter) until it has been unreachable for ``--retry-budget``
+seconds in total over the whole registration (default 600; ``KUBETUNE_REGISTER_RETRY_BUDGET_S``);
+failed attempts and waits both count, and no wait runs past the budget, so the process gives up
+within the budget plus one attempt (an attempt ends by ``MLFLOW_HTTP_REQUEST_TIMEOUT``, 120 s by
+default). MLflow's own per-request retries are off unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is
+set, so they do not multiply with these. MLflow refusing (4xx: permission denied, invalid name):
+no retry. Either way the error names the tracking URI. Local steps (loading and merging the model)
+are not retried: a failure there is not MLflow's.
 
 Exit codes: 0 registered (or already registered, or registration disabled); 1 unexpected error;
 2 nothing to register (no complete final model, or a model that does not match the spec);
