@@ -363,3 +363,42 @@ def test_server_errors_are_retried_until_the_budget_is_spent(
     out, err = capsys.readouterr()
     assert f"MLflow at {uri} is unreachable" in err
     assert SECRET not in out + err  # ...and is never shown
+
+
+# --- loading the base model -----------------------------------------------------------------------------
+
+
+class _StopError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_the_hub_base_is_loaded_at_its_revision_with_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trust: bool
+) -> None:
+    import torch
+    import transformers
+
+    monkeypatch.setenv("HF_TOKEN", "hf_unit_token")
+    cfg = make_config(tmp_path, "http://m")
+    cfg.spec.model.trust_remote_code = trust
+    seen: dict[str, Any] = {}
+
+    def fake_tokenizer(path: Any, **kwargs: Any) -> Any:
+        seen["tokenizer"] = (str(path), kwargs)
+        return object()
+
+    def fake_model(name: Any, **kwargs: Any) -> Any:
+        seen["model"] = (name, kwargs)
+        raise _StopError
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tokenizer)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    with pytest.raises(_StopError):
+        register.load_final_model(cfg, tmp_path / "final")
+    # The trained tokenizer (chat template, pad token) comes from final/, the weights from the Hub.
+    assert seen["tokenizer"] == (str(tmp_path / "final"), {"trust_remote_code": trust})
+    assert seen["model"] == (
+        "Qwen/Qwen2-0.5B",
+        {"revision": "abc123", "token": "hf_unit_token", "dtype": torch.bfloat16, "trust_remote_code": trust},
+    )
