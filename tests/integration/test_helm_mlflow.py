@@ -53,8 +53,15 @@ def test_rendered_mlflow_server_command_runs(tmp_path: Path) -> None:
         for arg in command[2:]
     ]
     log = (tmp_path / "server.log").open("wb")
+    # Its own process group (killed as a whole at the end), the container's environment.
+    env = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, "HOME": str(tmp_path)}
     proc = subprocess.Popen(
-        [str(mlflow_bin), "server", *args], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path
+        [str(mlflow_bin), "server", *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
     )
     try:
         probe = container["readinessProbe"]["httpGet"]["path"]
