@@ -1,11 +1,18 @@
-"""``torchrun --nproc_per_node 2`` on the CPU (gloo): one DDP run, one checkpoint set, one MLflow run."""
+"""torchrun with two processes on the CPU (gloo): DDP training, preempted and resumed.
+
+The trainer pod's command is ``python -m kubetune_trainer.launch <torchrun args>`` (torchrun in
+process, with a retryable exit code and a longer shutdown grace on SIGTERM). Here it runs
+``--nproc_per_node 2``, gets SIGTERM mid-run like a preempted pod, exits 143 with a complete
+checkpoint, and the restart finishes: one checkpoint set, one MLflow run, both ranks' state saved.
+"""
 
 from __future__ import annotations
 
 import json
-import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +20,17 @@ import pytest
 from tests.e2e.conftest import REPO, trainer_config, trainer_env
 from tests.support.mlflow_server import free_port
 
-from kubetune_api.trainer_config import COMPLETE_MARKER, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
+from kubetune_api.trainer_config import COMPLETE_MARKER, EXIT_PREEMPTED, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
 from kubetune_trainer import checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
 
-def test_torchrun_two_processes_train_with_ddp(tmp_path: Path, tiny_model: Path, mlflow_server: Any) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists() and shutil.which("torchrun") is None:
-        pytest.skip("torchrun is not installed")
-    out = tmp_path / "run"
-    config = trainer_config(
-        out, tiny_model, method="lora", tracking_uri=mlflow_server.uri, maxSteps=6, saveSteps=3
-    )
+def _launch(config: Path, log: Path) -> subprocess.Popen[bytes]:
     command = [
-        str(torchrun if torchrun.exists() else "torchrun"),
+        sys.executable,
+        "-m",
+        "kubetune_trainer.launch",
         "--nproc_per_node",
         "2",
         "--master_addr",
@@ -40,30 +42,62 @@ def test_torchrun_two_processes_train_with_ddp(tmp_path: Path, tiny_model: Path,
         "--config",
         str(config),
     ]
-    proc = subprocess.run(
-        command, check=False, cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with log.open("ab") as out:
+        return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=out, stderr=subprocess.STDOUT)
 
-    result = json.loads((out / TRAIN_RESULT_FILE).read_text())
-    assert result["world_size"] == 2 and result["global_step"] == 6
-    assert result["plan"]["world_size"] == 2
-    # One checkpoint set (not one per rank), each checkpoint complete and holding both ranks' RNG state.
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_torchrun_two_processes_ddp_preempted_and_resumed(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
+    out = tmp_path / "run"
+    log = tmp_path / "train.log"
+    config = trainer_config(
+        out, tiny_model, method="lora", tracking_uri=mlflow_server.uri, maxSteps=12, saveSteps=6
+    )
     root = checkpoints.checkpoints_root(out)
+
+    proc = _launch(config, log)
+    deadline = time.monotonic() + 300
+    while "'loss'" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)  # what the kubelet does to the pod's first process
+    code = _wait(proc, 300)
+    assert code == EXIT_PREEMPTED, log.read_text()[-4000:]
+    first = json.loads((out / TRAIN_RESULT_FILE).read_text())
+    assert first["status"] == "preempted" and first["world_size"] == 2
+    step = first["preempted_at_step"]
+    saved = checkpoints.latest_complete(root)
+    assert saved is not None and saved.step == step
+    run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
+
+    code = _wait(_launch(config, log), 300)
+    assert code == 0, log.read_text()[-4000:]
+    result = json.loads((out / TRAIN_RESULT_FILE).read_text())
+    assert result["world_size"] == 2 and result["global_step"] == 12
+    assert result["resumed_from_step"] == step and result["mlflow_run_id"] == run_id
+
+    # One checkpoint set (not one per rank), each complete and holding both ranks' RNG state.
     listed = checkpoints.list_checkpoints(root)
-    assert [(c.step, c.complete) for c in listed] == [(3, True), (6, True)]
+    assert [c.step for c in listed][-1] == 12 and all(c.complete for c in listed) and len(listed) <= 2
     for ckpt in listed:
         assert (ckpt.path / "rng_state_0.pth").is_file() and (ckpt.path / "rng_state_1.pth").is_file()
         assert json.loads((ckpt.path / COMPLETE_MARKER).read_text())["world_size"] == 2
-    assert not [p.name for p in out.iterdir() if p.name.startswith("checkpoint-")]
     assert (out / "final" / COMPLETE_MARKER).is_file()
 
-    # One MLflow run: only rank 0 talks to MLflow.
+    # One MLflow run across both attempts and both ranks: only rank 0 talks to MLflow.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_server.uri)
-    run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
-    experiment = client.get_run(run_id).info.experiment_id
-    runs = client.search_runs([experiment])
-    assert [r.info.run_id for r in runs] == [run_id]
-    assert runs[0].data.params["kubetune.worldSize"] == "2"
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert [r.info.run_id for r in client.search_runs([run.info.experiment_id])] == [run_id]
+    assert run.data.params["kubetune.worldSize"] == "2"

@@ -315,12 +315,35 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
     )
 
 
+def trainer_class() -> Any:
+    """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
+    from trl import SFTTrainer
+
+    class KubetuneSFTTrainer(SFTTrainer):  # type: ignore[misc]
+        def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+            # transformers maps the optimizer state to args.device, which is "cpu:<n>" under
+            # multi-process CPU training, and torch.load refuses that: resuming DDP on gloo fails.
+            if checkpoint is None or self.args.device.type != "cpu" or self.args.world_size == 1:
+                super()._load_optimizer_and_scheduler(checkpoint)
+                return
+            import torch
+            from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
+
+            folder = Path(checkpoint)
+            if not (folder / OPTIMIZER_NAME).is_file() or not (folder / SCHEDULER_NAME).is_file():
+                return
+            self.optimizer.load_state_dict(
+                torch.load(folder / OPTIMIZER_NAME, map_location="cpu", weights_only=True)
+            )
+            self.lr_scheduler.load_state_dict(torch.load(folder / SCHEDULER_NAME, weights_only=True))
+
+    return KubetuneSFTTrainer
+
+
 def build_trainer(
     model: Any, tokenizer: Any, args: Any, *, train: Any, evaluation: Any, peft: Any, callbacks: list[Any]
 ) -> Any:
-    from trl import SFTTrainer
-
-    return SFTTrainer(
+    return trainer_class()(
         model=model,
         args=args,
         train_dataset=train,

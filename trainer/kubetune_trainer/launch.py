@@ -1,0 +1,98 @@
+"""``torchrun`` for preemptible pods: the trainer's container command in a PyTorchJob.
+
+    python -m kubetune_trainer.launch --nproc_per_node 8 -m kubetune_trainer.train --config /etc/kubetune/config.yaml
+
+It takes torchrun's arguments unchanged and runs torchrun in this process, fixing two things that
+matter when a pod is preempted (the kubelet sends SIGTERM to the container's first process only):
+
+1. torchrun exits 1 when it gets SIGTERM (it raises ``SignalException``), and a PyTorchJob with
+   ``restartPolicy: ExitCode`` treats 1 as a permanent failure. Here the launcher exits 128 + the
+   signal (143 for SIGTERM, ``EXIT_PREEMPTED``: retryable). Likewise when the workers themselves
+   exited 143 (they saved a checkpoint on SIGTERM).
+2. torchrun gives its workers 30 s after forwarding SIGTERM, then SIGKILLs them: too short to
+   finish a step and save a big model's checkpoint. Here the workers get
+   ``KUBETUNE_SHUTDOWN_GRACE_S`` seconds (default 300); the pod's ``terminationGracePeriodSeconds``
+   should be a bit longer than that.
+
+The second point replaces the timeout default of torch's ``PContext.close`` (torch 2.11, pinned in
+the trainer image); the launcher logs when it cannot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from kubetune_api.trainer_config import EXIT_PREEMPTED
+
+log = logging.getLogger("kubetune_trainer.launch")
+
+GRACE_ENV = "KUBETUNE_SHUTDOWN_GRACE_S"
+DEFAULT_GRACE_S = 300
+
+
+def shutdown_grace_s() -> int:
+    raw = os.environ.get(GRACE_ENV, "")
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_GRACE_S
+    except ValueError:
+        raise SystemExit(f"{GRACE_ENV}={raw!r} is not a whole number of seconds") from None
+
+
+def extend_worker_grace(grace_s: int) -> bool:
+    """Make torchrun wait ``grace_s`` (not 30 s) for its workers after forwarding a signal."""
+    try:
+        from torch.distributed.elastic.multiprocessing.api import PContext
+    except ImportError:
+        return False
+    original = PContext.close
+    if getattr(original, "_kubetune_grace", None) == grace_s:
+        return True
+
+    def close(self: Any, death_sig: Any = None, timeout: int = grace_s) -> None:
+        original(self, death_sig, max(timeout, grace_s))
+
+    close._kubetune_grace = grace_s  # type: ignore[attr-defined]
+    PContext.close = close  # type: ignore[method-assign]
+    return True
+
+
+def exit_code_for_failures(exit_codes: list[int]) -> int | None:
+    """EXIT_PREEMPTED when every failed worker exited that way (they were preempted); else None."""
+    codes = set(exit_codes)
+    return EXIT_PREEMPTED if codes and codes <= {EXIT_PREEMPTED, -15} else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    grace = shutdown_grace_s()
+    if not extend_worker_grace(grace):
+        log.warning("could not extend torchrun's 30 s shutdown grace; big checkpoints may be cut short")
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # Not torchrun.main: its @record wrapper turns every failure into exit code 1.
+        torchrun.run(torchrun.parse_args(args))
+    except SignalException as e:
+        code = 128 + int(e.sigval)
+        name = signal.Signals(int(e.sigval)).name
+        log.warning("got %s: workers were asked to checkpoint; exiting %d (retryable)", name, code)
+        return code
+    except ChildFailedError as e:
+        preempted = exit_code_for_failures([f.exitcode for f in e.failures.values()])
+        if preempted is not None:
+            log.warning("workers were preempted and saved a checkpoint; exiting %d (retryable)", preempted)
+            return preempted
+        log.error("%s", e.format_msg())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
