@@ -227,6 +227,11 @@ def test_lora_merged_registers_into_the_training_run_once(
     assert run.data.tags["kubetune.registered_model"] == f"{MODEL_NAME}/1"
     assert run.data.params["training.maxSteps"] == "1"  # the training run, not a new one
     assert_no_secrets(json.dumps(version.tags), json.dumps(run.data.tags), json.dumps(run.data.params))
+    # Nor anywhere in the store: database, artifacts (MLmodel, requirements, weights), server log.
+    for path in mlflow_server.workdir.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert FAKE_TOKEN.encode() not in data and FAKE_HF_TOKEN.encode() not in data, path
 
     # The merged model is a plain transformers model that loads back and chats.
     import mlflow as mlflow_module
