@@ -263,6 +263,14 @@ def test_refuses_a_final_model_without_its_complete_marker(tmp_path: Path) -> No
     assert message["reason"] == "NothingToRegister" and "COMPLETE" in message["error"]
 
 
+def test_an_unreadable_config_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    term = tmp_path / "term"
+    missing = tmp_path / "nope.yaml"
+    assert register.main(["--config", str(missing), "--termination-message-path", str(term)]) == 1
+    assert f"cannot read the trainer config {missing}" in capsys.readouterr().err
+    assert json.loads(term.read_text())["reason"] == "InvalidConfig"
+
+
 def test_disabled_registration_does_nothing(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, "http://127.0.0.1:9", enabled=False)
     config = write_config(tmp_path, cfg, complete=False)

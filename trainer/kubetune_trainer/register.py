@@ -559,7 +559,12 @@ def _register(args: argparse.Namespace) -> int:
     budget = args.retry_budget if args.retry_budget is not None else _budget_from_env()
     term_path = args.termination_message_path
 
-    cfg = TrainerConfig.load(args.config)
+    try:
+        cfg = TrainerConfig.load(args.config)
+    except (OSError, ValueError) as exc:  # missing file, bad YAML, or a spec that does not validate
+        return _fail(
+            EXIT_ERROR, "InvalidConfig", f"cannot read the trainer config {args.config}: {exc}", term_path
+        )
     if not cfg.spec.registration.enabled:
         log.info("registration is disabled in the spec (registration.enabled: false); nothing to do")
         return EXIT_OK
