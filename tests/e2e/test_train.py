@@ -94,15 +94,17 @@ def test_full_fine_tuning_trains_and_its_loss_falls(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     # The final folder is a plain transformers model: it loads and generates.
-    model = AutoModelForCausalLM.from_pretrained(final)
-    tokenizer = AutoTokenizer.from_pretrained(final)
+    model: Any = AutoModelForCausalLM.from_pretrained(final)
+    tokenizer: Any = AutoTokenizer.from_pretrained(final)
     assert model.config.use_cache is True
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is 2 plus 3?"}], add_generation_prompt=True, return_tensors="pt"
+        [{"role": "user", "content": "What is 2 plus 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     )
-    ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
-    generated = model.generate(ids, max_new_tokens=5, do_sample=False)
-    assert generated.shape[1] > ids.shape[1]
+    generated = model.generate(**prompt, max_new_tokens=5, do_sample=False)
+    assert generated.shape[1] > prompt["input_ids"].shape[1]
 
 
 def test_training_survives_a_dead_tracking_server(tmp_path: Path, tiny_model: Path) -> None:

@@ -32,5 +32,5 @@ def test_torchrun_waits_the_grace_for_its_workers(monkeypatch: pytest.MonkeyPatc
     seen = []
     monkeypatch.setattr(PContext, "close", lambda self, death_sig=None, timeout=30: seen.append(timeout))
     assert launch.extend_worker_grace(420)
-    PContext.close(object(), None)  # how torchrun's agent calls it: no timeout, so 30 s by default
+    PContext.close(object(), None)  # type: ignore[arg-type]  # how torchrun's agent calls it: no timeout, so 30 s by default
     assert seen == [420]

@@ -9,12 +9,14 @@ FlashAttention kernel.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 
-def _tiny_model(attn: str):  # type: ignore[no-untyped-def]
+def _tiny_model(attn: str) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)

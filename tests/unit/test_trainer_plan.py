@@ -106,7 +106,7 @@ def test_data_files_for_a_file_and_a_folder_of_splits(tmp_path: Path) -> None:
     (tmp_path / "test.jsonl").write_text("{}\n")
     assert _data_files(tmp_path / "train.jsonl") == ("json", [str(tmp_path / "train.jsonl")])
     builder, files = _data_files(tmp_path)
-    assert builder == "json" and set(files) == {"train", "test"}  # type: ignore[arg-type]
+    assert builder == "json" and set(files) == {"train", "test"}
     (tmp_path / "x.parquet").write_bytes(b"")
     with pytest.raises(ValueError, match="mixes JSON and Parquet"):
         _data_files(tmp_path)

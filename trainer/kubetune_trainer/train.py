@@ -319,7 +319,7 @@ def trainer_class() -> Any:
     """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
     from trl import SFTTrainer
 
-    class KubetuneSFTTrainer(SFTTrainer):  # type: ignore[misc]
+    class KubetuneSFTTrainer(SFTTrainer):
         def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
             # transformers maps the optimizer state to args.device, which is "cpu:<n>" under
             # multi-process CPU training, and torch.load refuses that: resuming DDP on gloo fails.
@@ -330,6 +330,7 @@ def trainer_class() -> Any:
             from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME
 
             folder = Path(checkpoint)
+            assert self.optimizer is not None and self.lr_scheduler is not None  # created before resuming
             if not (folder / OPTIMIZER_NAME).is_file() or not (folder / SCHEDULER_NAME).is_file():
                 return
             self.optimizer.load_state_dict(
