@@ -88,20 +88,28 @@ class ProgressState:
         return status
 
 
-def in_cluster_patcher(namespace: str, name: str) -> PatchFn:
-    """A function that merge-patches the FineTuneJob's status with the pod's service account."""
-    from kubernetes import client, config
+def status_patcher(api_client: Any, namespace: str, name: str) -> PatchFn:
+    """A function that merge-patches the FineTuneJob's status through ``api_client``."""
+    from kubernetes import client
 
-    config.load_incluster_config()
-    api = client.CustomObjectsApi()
+    api = client.CustomObjectsApi(api_client)
 
     def patch(status: dict[str, Any]) -> None:
-        # A dict body goes out as a JSON merge patch: only the keys we send change.
+        # A dict body goes out as a JSON merge patch: only the keys sent change, so the operator's
+        # phase and conditions are left alone.
         api.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=10
         )
 
     return patch
+
+
+def in_cluster_patcher(namespace: str, name: str) -> PatchFn:
+    """:func:`status_patcher` with the pod's service-account token (in-cluster config)."""
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    return status_patcher(client.ApiClient(), namespace, name)
 
 
 class ProgressReporter:
