@@ -430,6 +430,15 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
         for what, why in plan.reasons.items():
             log.info("plan: %s: %s", what, why)
 
+        if progress_bar is None:
+            progress_bar = sys.stderr.isatty()
+        if not progress_bar:
+            # In a pod the bars are noise in the logs; the per-step log lines tell the story.
+            import datasets
+            import transformers
+
+            datasets.disable_progress_bars()
+            transformers.utils.logging.disable_progress_bar()
         tokenizer = build_tokenizer(cfg)
         model = build_model(cfg, plan)
         ensure_chat_format(model, tokenizer)
@@ -441,8 +450,6 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
             fmt,
         )
 
-        if progress_bar is None:
-            progress_bar = sys.stderr.isatty()
         args = build_sft_config(cfg, plan, has_eval=eval_ds is not None, progress_bar=progress_bar)
         patcher = None
         if cfg.report_progress and dist.is_rank0:
@@ -532,6 +539,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
             "world_size": dist.world_size,
             "plan": plan.as_dict(),
             "data_format": fmt,
+            "tokens_per_second": callback.tokens_per_second,
             "seconds": round(time.monotonic() - started, 1),
         }
         if tracker is not None:
