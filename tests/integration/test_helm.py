@@ -343,6 +343,30 @@ def run_a_job_through(
         set_pytorchjob_condition(kube, job_namespace, ptj, "Running")
         wait_phase(kube, job_namespace, name, "Training", timeout=60)
 
+        # Suspend and resume: the operator patches the PyTorchJob and the trainer config.
+        kube.patch(API, "FineTuneJob", job_namespace, name, {"spec": {"suspend": True}})
+        wait_for(
+            lambda: kube.get("kubeflow.org/v1", "PyTorchJob", job_namespace, ptj)["spec"]["runPolicy"][
+                "suspend"
+            ],
+            timeout=60,
+            what="the PyTorchJob suspended",
+        )
+        wait_phase(kube, job_namespace, name, "Suspended", timeout=60)
+        set_pytorchjob_condition(kube, job_namespace, ptj, "Suspended")
+        kube.patch(API, "FineTuneJob", job_namespace, name, {"spec": {"suspend": False}})
+        wait_for(
+            lambda: (
+                not kube.get("kubeflow.org/v1", "PyTorchJob", job_namespace, ptj)["spec"]["runPolicy"][
+                    "suspend"
+                ]
+            ),
+            timeout=60,
+            what="the PyTorchJob resumed",
+        )
+        set_pytorchjob_condition(kube, job_namespace, ptj, "Running")
+        wait_phase(kube, job_namespace, name, "Training", timeout=60)
+
         # The trainer reports progress with its identity: the status subresource and nothing else.
         trainer = kube_as(
             cluster.token_kubeconfig(job_namespace, trainer_sa, tmp_path / "trainer.kubeconfig")
@@ -400,6 +424,7 @@ def test_operator_completes_a_job_as_the_charts_service_account(
         ("create", "persistentvolumeclaims", ""),
         ("get", "configmaps", ""),
         ("create", "configmaps", ""),
+        ("patch", "configmaps", ""),
         ("get", "pytorchjobs.kubeflow.org", ""),
         ("create", "pytorchjobs.kubeflow.org", ""),
         ("patch", "pytorchjobs.kubeflow.org", ""),

@@ -18,6 +18,7 @@ import yaml
 from tests.support.controlplane import REPO, find_assets
 from tests.unit.test_builders_pss import restricted_violations
 
+from kubetune_operator import rbac as operator_rbac
 from kubetune_operator.__main__ import build_parser
 from kubetune_operator.settings import Settings
 
@@ -293,25 +294,40 @@ def test_kopf_framework_rules_come_first_in_their_own_block() -> None:
     assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in namespaced["rules"]
 
 
-def test_operator_rbac_is_exactly_what_the_operator_touches() -> None:
-    rules = [r for r in rbac_rules(render()) if r[0] == "ClusterRole/kubetune-operator"]
-    expected = {
-        ("", "events"): {"create"},
-        ("kubetune.io", "finetunejobs"): {"get", "list", "watch", "patch"},
-        ("kubetune.io", "finetunejobs/status"): {"get", "patch"},
-        ("", "persistentvolumeclaims"): {"get", "create"},
-        ("", "configmaps"): {"get", "create"},
-        ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch"},
-        ("batch", "jobs"): {"get", "list", "watch", "create"},
-        ("", "pods"): {"list", "watch"},
-        ("", "serviceaccounts"): {"get", "create"},
-        ("rbac.authorization.k8s.io", "roles"): {"get", "create"},
-        ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create"},
-    }
-    granted = {(g, r) for _, rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
-    assert granted == set(expected)
-    for (group, resource), verbs in expected.items():
-        assert _allowed(rules, group, resource) == verbs, (group, resource)
+def _grants(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+@pytest.mark.parametrize("variant", ["default", "namespaced", "shared-trainer"])
+def test_operator_rbac_is_exactly_what_the_operator_declares(variant: str) -> None:
+    """The chart grants kubetune_operator.rbac's rules (what the operator's own least-privilege flow test
+    proves sufficient), nothing more; cluster-wide, kopf needs no namespaces; with a shared trainer
+    account, the operator needs no per-job identity rules."""
+    objs = render(*RBAC_VARIANTS[variant])
+    chart = _grants(
+        [
+            r
+            for o in objs
+            if o["kind"] == "ClusterRole" and o["metadata"]["name"] != "kubetune-trainer"
+            for r in o["rules"]
+        ]
+    )
+    declared = _grants(operator_rbac.KOPF_FRAMEWORK_RULES + operator_rbac.OPERATOR_RULES)
+    if variant != "namespaced":
+        declared.pop(("", "namespaces"))
+    if variant == "shared-trainer":
+        for key in [
+            ("", "serviceaccounts"),
+            ("rbac.authorization.k8s.io", "roles"),
+            ("rbac.authorization.k8s.io", "rolebindings"),
+        ]:
+            declared.pop(key)
+    assert chart == declared
 
 
 def test_watched_child_resources_match_the_kopf_handlers() -> None:
@@ -424,6 +440,17 @@ def test_operator_args_and_env_are_what_the_operator_reads(values: str) -> None:
     assert settings.run_as_user == 1000
     assert settings.termination_grace_seconds == 600
     assert args.log_format in ("plain", "full", "json")
+
+
+def test_every_operator_setting_is_set_by_the_chart() -> None:
+    read_by_settings = set(
+        re.findall(
+            r'get\("([A-Z_]+)"\)', (REPO / "operator" / "kubetune_operator" / "settings.py").read_text()
+        )
+    )
+    env = {e["name"] for e in operator_container(render("-f", str(CI_VALUES)))["env"]}
+    missing = {f"KUBETUNE_{name}" for name in read_by_settings} - env
+    assert not missing, f"operator settings the chart cannot set: {sorted(missing)}"
 
 
 def test_external_tracking_uri_wins_over_the_in_cluster_server() -> None:
