@@ -393,6 +393,7 @@ def run_a_job_through(
     assert "Forbidden" not in log and "403" not in log, log[-3000:]
 
 
+@pytest.mark.e2e
 def test_operator_completes_a_job_as_the_charts_service_account(
     cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
 ) -> None:
@@ -576,6 +577,7 @@ def test_uninstall_keeps_the_crd_the_jobs_and_kept_volumes_then_reinstall_adopts
     )
 
 
+@pytest.mark.e2e
 def test_ci_values_install_in_namespaced_mode(
     cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
 ) -> None:
