@@ -44,12 +44,12 @@ def _dataset(kind: str, root: Path) -> dict[str, Any]:
     if kind == "text-auto-jsonl":
         return {"path": str(_write_jsonl(root / "text.jsonl", _text_rows()))}
     if kind == "prompt-completion-parquet-folder-splits":
-        import pandas as pd
+        from datasets import Dataset
 
         rows = _prompt_completion_rows()
         (root / "pc").mkdir(parents=True)
-        pd.DataFrame(rows[:56]).to_parquet(root / "pc" / "train.parquet")
-        pd.DataFrame(rows[56:]).to_parquet(root / "pc" / "test.parquet")
+        Dataset.from_list(rows[:56]).to_parquet(str(root / "pc" / "train.parquet"))
+        Dataset.from_list(rows[56:]).to_parquet(str(root / "pc" / "test.parquet"))
         return {"path": str(root / "pc"), "format": "promptCompletion", "evalSplit": "test"}
     assert kind == "messages-assistant-only"
     return {"path": str(_write_jsonl(root / "chat.jsonl", _chat_rows())), "format": "messages"}
