@@ -181,6 +181,36 @@ def installed(cluster: Cluster) -> str:
     return result.stdout
 
 
+@pytest.fixture(scope="module")
+def kept_job(cluster: Cluster, installed: str, admin_kube: Any) -> str:
+    """A FineTuneJob with keepOnDelete storage and a status, and its checkpoint PVC as the operator
+    creates it for such a job (no owner reference): what upgrade and uninstall must leave alone."""
+    cluster.namespace(JOB_NAMESPACE)
+    name = "kept-job"
+    if admin_kube.get(API, "FineTuneJob", JOB_NAMESPACE, name) is None:
+        doc = load_example("qwen3-4b-full.yaml", JOB_NAMESPACE)
+        doc["metadata"]["name"] = name
+        doc["spec"]["storage"]["keepOnDelete"] = True
+        job = admin_kube.create(doc)
+        status = {"phase": "Training", "progress": {"step": 7, "totalSteps": 50}}
+        admin_kube.patch(API, "FineTuneJob", JOB_NAMESPACE, name, {"status": status}, subresource="status")
+        labels = {
+            "app.kubernetes.io/name": "kubetune",
+            "app.kubernetes.io/managed-by": "kubetune-operator",
+            "app.kubernetes.io/component": "checkpoints",
+            "kubetune.io/job": name,
+            "kubetune.io/job-uid": job["metadata"]["uid"],
+        }
+        pvc = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": f"{name}-ckpt", "namespace": JOB_NAMESPACE, "labels": labels},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "100Gi"}}},
+        }
+        admin_kube.create(pvc)
+    return name
+
+
 # --- every rendered object is accepted --------------------------------------------------------------------
 
 
@@ -483,7 +513,7 @@ def test_operator_service_account_cannot(
 
 
 def test_upgrade_updates_the_crd_and_the_operator_and_keeps_the_jobs(
-    cluster: Cluster, installed: str, admin_kube: Any, tmp_path: Path
+    cluster: Cluster, installed: str, kept_job: str, admin_kube: Any, tmp_path: Path
 ) -> None:
     jobs_before = admin_kube.request(
         "GET", f"/apis/kubetune.io/v1alpha1/namespaces/{JOB_NAMESPACE}/finetunejobs"
@@ -527,14 +557,14 @@ def test_upgrade_updates_the_crd_and_the_operator_and_keeps_the_jobs(
 
 
 def test_uninstall_keeps_the_crd_the_jobs_and_kept_volumes_then_reinstall_adopts_them(
-    cluster: Cluster, installed: str, admin_kube: Any
+    cluster: Cluster, installed: str, kept_job: str, admin_kube: Any
 ) -> None:
     cluster.helm(
         "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "mlflow.server.enabled=true"
     )
     assert cluster.get("pvc", "kubetune-mlflow", "-n", NAMESPACE) is not None
     jobs_before = admin_kube.request("GET", "/apis/kubetune.io/v1alpha1/finetunejobs")["items"]
-    assert jobs_before, "the end-to-end test left no FineTuneJob to keep"
+    assert kept_job in {j["metadata"]["name"] for j in jobs_before}
     pvcs_before = {
         p["metadata"]["name"]
         for p in admin_kube.request("GET", f"/api/v1/namespaces/{JOB_NAMESPACE}/persistentvolumeclaims")[
@@ -564,6 +594,7 @@ def test_uninstall_keeps_the_crd_the_jobs_and_kept_volumes_then_reinstall_adopts
         ]
     }
     assert pvcs_after == pvcs_before
+    assert f"{kept_job}-ckpt" in pvcs_after
     assert cluster.get("pvc", "kubetune-mlflow", "-n", NAMESPACE) is not None
 
     # Installing again adopts the kept CRD and MLflow volume.
