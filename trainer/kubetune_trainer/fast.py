@@ -1,0 +1,131 @@
+"""The fast path of the trainer on a GPU: Liger's fused kernels and a loss with no host syncs.
+
+TRL 1.16's ``use_liger_kernel`` applies Liger's layer kernels but computes the loss with TRL's own
+chunked LM head, and its ``compute_loss`` reads entropy, accuracy and token counts back to the
+host (``.item()``) on every micro-step, which stalls the GPU queue. kubetune instead:
+
+* applies Liger to the model instance itself: RMSNorm, RoPE, SwiGLU and the **fused linear
+  cross-entropy** (the logits are never materialized: for a 152k vocabulary that is the largest
+  activation of a small model);
+* computes the loss as the model's own (Liger) loss, normalised by the tokens of the whole
+  optimizer step (``num_items_in_batch``), and leaves every metric on the device until a logging
+  step reads it.
+
+The result is the same loss (checked by :func:`check_packing_exact` and the benchmark); only the
+per-micro-step entropy/accuracy logs of TRL are gone (the plan logs that).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("kubetune_trainer.fast")
+
+
+def apply_liger(model: Any) -> bool:
+    """Liger kernels (fused linear cross-entropy included) on this model instance; False if unsupported."""
+    from liger_kernel.transformers.monkey_patch import (
+        MODEL_TYPE_TO_APPLY_LIGER_FN,
+        _apply_liger_kernel_to_instance,
+    )
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    model_type = getattr(base.config, "model_type", None)
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        log.warning("Liger has no kernels for model type %s: training without them", model_type)
+        return False
+    _apply_liger_kernel_to_instance(
+        model=base,
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        fused_linear_cross_entropy=True,
+        cross_entropy=False,
+    )
+    return True
+
+
+def fast_trainer_class() -> type:
+    """SFTTrainer with the model's own fused loss and no per-micro-step host syncs."""
+    from trl import SFTTrainer
+
+    class FastSFTTrainer(SFTTrainer):  # type: ignore[misc]
+        def compute_loss(
+            self,
+            model: Any,
+            inputs: dict[str, Any],
+            return_outputs: bool = False,
+            num_items_in_batch: Any = None,
+        ) -> Any:
+            inputs = dict(inputs)
+            inputs["use_cache"] = False
+            if "labels" in inputs:
+                # Liger's fused linear cross-entropy: loss without logits, in training and evaluation alike
+                inputs["skip_logits"] = True
+            if num_items_in_batch is not None:
+                inputs["num_items_in_batch"] = num_items_in_batch
+            outputs = model(**inputs)
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs[0]
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None and model.training:
+                # num_items_in_batch counts every rank's tokens; DDP averages gradients across ranks
+                loss = loss * self.accelerator.num_processes
+            return (loss, outputs) if return_outputs else loss
+
+    return FastSFTTrainer
+
+
+def check_packing_exact(model: Any, sequences: list[list[int]], *, device: str = "cuda") -> dict[str, float]:
+    """Loss of the same sequences padded (SDPA, plain cross-entropy) and packed (kubetune's path).
+
+    The packed loss comes from the model as kubetune trains it (varlen attention, Liger fused
+    linear cross-entropy when applied); the padded one from the same weights with SDPA and a
+    padding mask. They must agree to within bf16 rounding.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    was_training = base.training
+    base.eval()
+    lengths = [len(s) for s in sequences]
+    longest = max(lengths)
+    with torch.no_grad():
+        # packed: one row, positions restart at each example, labels of the first token of each example ignored
+        ids = torch.tensor([t for s in sequences for t in s], device=device)[None]
+        pos = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
+        labels = ids.clone()
+        starts = torch.tensor([0, *list(torch.tensor(lengths).cumsum(0)[:-1].tolist())], device=device)
+        labels[0, starts] = -100
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        fused = "lce_forward" in getattr(base.forward, "__name__", "")
+        packed = base(
+            input_ids=ids,
+            position_ids=pos,
+            labels=labels,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=longest,
+            max_length_k=longest,
+            **({"skip_logits": True} if fused else {}),
+        ).loss
+        # padded, with SDPA and the plain loss: the reference
+        previous = base.config._attn_implementation
+        base.set_attn_implementation("sdpa")
+        try:
+            batch = torch.zeros(len(sequences), longest, dtype=torch.long, device=device)
+            mask = torch.zeros_like(batch)
+            for i, s in enumerate(sequences):
+                batch[i, : len(s)] = torch.tensor(s, device=device)
+                mask[i, : len(s)] = 1
+            hidden = base.model(input_ids=batch, attention_mask=mask).last_hidden_state
+            logits = base.lm_head(hidden).float()
+            target = batch.masked_fill(mask == 0, -100)
+            padded = F.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.size(-1)), target[:, 1:].reshape(-1), ignore_index=-100
+            )
+        finally:
+            base.set_attn_implementation(previous)
+    base.train(was_training)
+    p, q = float(packed), float(padded)
+    return {"packed_loss": p, "padded_loss": q, "relative_difference": abs(p - q) / max(abs(q), 1e-12)}
