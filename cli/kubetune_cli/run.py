@@ -203,10 +203,15 @@ def _run(args: argparse.Namespace) -> int:
     from kubetune_trainer import train
 
     print(f"kubetune: training {cfg.job.name} into {out}", file=sys.stderr)
-    outcome = train.run(cfg, progress_bar=args.progress_bar)
+    print("kubetune: Ctrl-C saves a checkpoint and stops (twice: stop now)", file=sys.stderr)
+    outcome = train.run(cfg, progress_bar=args.progress_bar, ctrl_c_saves=True)
     if outcome.exit_code != 0:
         if outcome.exit_code == EXIT_PREEMPTED:
-            print("kubetune: interrupted; run the same command again to resume", file=sys.stderr)
+            print(
+                f"kubetune: stopped at a checkpoint in {out / CHECKPOINTS_DIR}; "
+                "run the same command again to resume",
+                file=sys.stderr,
+            )
         return outcome.exit_code
 
     registered = False

@@ -102,6 +102,8 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_restart_continues_the_same
     assert code == 0, log.read_text()[-3000:]
     second = _result(out)
     assert second["resumed_from_step"] == step
+    # train-result.json tells the whole run's loss curve: the first attempt's steps, then the second's.
+    assert [s for s, _loss in second["losses"]] == list(range(1, 25))
     assert second["global_step"] == 24
     assert second["mlflow_run_id"] == run_id
     run = client.get_run(run_id)

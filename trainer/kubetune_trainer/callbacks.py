@@ -45,24 +45,30 @@ def barrier() -> None:
 class PreemptionGuard:
     """Remembers a SIGTERM; the training loop asks :meth:`agreed` at each step end."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ctrl_c: bool = False) -> None:
         self.requested = False
         self.received_at: float | None = None
-        self._previous: Any = None
+        # Locally (kubetune run --local) Ctrl-C does the same: save, stop; a second Ctrl-C aborts.
+        self.signals = [signal.SIGTERM, signal.SIGINT] if ctrl_c else [signal.SIGTERM]
+        self._previous: dict[int, Any] = {}
 
     def install(self) -> PreemptionGuard:
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
         if not self.requested:
             # Only a flag here: saving from a signal handler could interrupt a half-done step.
-            log.warning("SIGTERM: saving a checkpoint at the end of this step, then exiting")
+            log.warning("%s: saving a checkpoint at the end of this step, then exiting", name)
         self.requested = True
         self.received_at = self.received_at or time.monotonic()
 
@@ -93,6 +99,7 @@ class RunCallback(TrainerCallback):
         progress: ProgressReporter | None,
         is_rank0: bool,
         world_size: int,
+        earlier_losses: list[tuple[int, float]] | None = None,
     ) -> None:
         self.root = checkpoints_root
         self.keep = save_total_limit
@@ -101,7 +108,8 @@ class RunCallback(TrainerCallback):
         self.progress = progress
         self.is_rank0 = is_rank0
         self.world_size = world_size
-        self.losses: list[tuple[int, float]] = []
+        # The whole run's loss curve: what earlier attempts logged up to the resumed checkpoint, then ours.
+        self.losses: list[tuple[int, float]] = list(earlier_losses or [])
         self.eval_losses: list[tuple[int, float]] = []
         self.saved: list[int] = []
         self.preempted_at_step: int | None = None

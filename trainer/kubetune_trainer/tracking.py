@@ -98,8 +98,11 @@ class MlflowTracker:
         self._client: Any = None
         self._retry_at = 0.0
         self._pending_params: dict[str, str] = {}
-        for name, value in _FAST_FAIL_ENV.items():
-            os.environ.setdefault(name, value)
+        # Set only what the user did not, and put it back in finish(): in `kubetune run --local` the
+        # registration step runs in this process with its own retry policy.
+        self._env_set = [name for name in _FAST_FAIL_ENV if name not in os.environ]
+        for name in self._env_set:
+            os.environ[name] = _FAST_FAIL_ENV[name]
 
     # --- guarded calls ------------------------------------------------------------------------
 
@@ -271,12 +274,17 @@ class MlflowTracker:
 
     def finish(self, status: str) -> None:
         """End the run's current attempt: FINISHED, KILLED (preempted: the next attempt re-opens it) or FAILED."""
-        if self.run_id is None:
-            return
-        run_id = self.run_id
-        # One last try even inside the back-off window: this is the final word of this attempt.
-        self._retry_at = 0.0
-        self._call("end run", lambda: self._mlflow().set_terminated(run_id, status=status))
+        try:
+            if self.run_id is None:
+                return
+            run_id = self.run_id
+            # One last try even inside the back-off window: this is the final word of this attempt.
+            self._retry_at = 0.0
+            self._call("end run", lambda: self._mlflow().set_terminated(run_id, status=status))
+        finally:
+            for name in self._env_set:
+                os.environ.pop(name, None)
+            self._env_set = []
 
     def result(self) -> dict[str, Any]:
         return {

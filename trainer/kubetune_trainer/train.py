@@ -391,8 +391,11 @@ def _first_last(losses: list[tuple[int, float]]) -> tuple[float | None, float | 
     return (losses[0][1], losses[-1][1]) if losses else (None, None)
 
 
-def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
-    """Train as ``cfg`` says; the caller turns the outcome into the exit code."""
+def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: bool = False) -> Outcome:
+    """Train as ``cfg`` says; the caller turns the outcome into the exit code.
+
+    ``ctrl_c_saves``: treat Ctrl-C (SIGINT) like SIGTERM: checkpoint, stop (for local runs).
+    """
     from .callbacks import PreemptionGuard, RunCallback
     from .chat import ensure_chat_format
     from .plan import Hardware, make_plan
@@ -401,7 +404,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
 
     dist = Dist.from_env()
     setup_logging(dist)
-    guard = PreemptionGuard().install()
+    guard = PreemptionGuard(ctrl_c=ctrl_c_saves).install()
     started = time.monotonic()
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -418,6 +421,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
     if dist.is_rank0:
         checkpoints.remove_incomplete(root)
     resume = checkpoints.latest_complete(root)
+    earlier_losses = _losses_before(result_path, resume.step) if resume else []
 
     tracker = MlflowTracker(cfg, output_dir) if dist.is_rank0 else None
     if tracker is not None:
@@ -459,6 +463,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
                 log.warning("progress reporting off: %s", e)
         reporter = ProgressReporter(patcher, total_steps=0) if patcher is not None else None
         callback = RunCallback(
+            earlier_losses=earlier_losses,
             checkpoints_root=root,
             save_total_limit=cfg.spec.training.save_total_limit,
             guard=guard,
@@ -561,6 +566,17 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None) -> Outcome:
         guard.uninstall()
         if tracker is not None:
             tracker.finish(status)
+
+
+def _losses_before(result_path: Path, step: int) -> list[tuple[int, float]]:
+    """The losses an earlier attempt logged up to ``step`` (where this attempt resumes)."""
+    import json
+
+    try:
+        earlier = json.loads(result_path.read_text()).get("losses") or []
+    except (OSError, ValueError):
+        return []
+    return [(int(s), float(v)) for s, v in earlier if int(s) <= step]
 
 
 def _planned_steps(trainer: Any) -> int:
