@@ -52,8 +52,7 @@ def test_lora_trains_and_its_loss_falls(tmp_path: Path, tiny_model: Path, mlflow
 
     losses = [loss for _step, loss in result["losses"]]
     assert result["status"] == "succeeded" and result["global_step"] == 12
-    # A random base model learns slowly through a rank-16 adapter, but it learns.
-    assert _mean(losses[-3:]) < _mean(losses[:2]) - 0.2, losses
+    assert _mean(losses[-3:]) < _mean(losses[:2]) - 1.0, losses
     assert result["eval_losses"], "evalFraction must give evaluation"
     assert result["plan"]["precision"] in {"fp32", "bf16"} and result["plan"]["liger"] is False
 
