@@ -35,6 +35,14 @@ def test_fp16_needs_a_gpu() -> None:
     assert make_plan(TrainingSpec(max_steps=1, precision="fp16"), H100).precision == "fp16"
 
 
+def test_weights_load_in_a_dtype_the_optimizer_can_train() -> None:
+    bf16 = make_plan(TrainingSpec(max_steps=1), H100, lora=False)
+    assert bf16.dtype_name == "bfloat16"
+    # fp16 AMP cannot unscale fp16 gradients: full fine-tuning keeps fp32 weights.
+    assert make_plan(TrainingSpec(max_steps=1, precision="fp16"), H100, lora=False).dtype_name == "float32"
+    assert make_plan(TrainingSpec(max_steps=1, precision="fp16"), H100, lora=True).dtype_name == "float16"
+
+
 def test_liger_is_switched_off_on_cpu_with_a_reason() -> None:
     plan = make_plan(TrainingSpec(max_steps=1, liger=True), CPU)
     assert plan.liger is False and "CUDA" in plan.reasons["liger"]

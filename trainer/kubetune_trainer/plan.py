@@ -92,9 +92,19 @@ class Plan:
     world_size: int
     reasons: dict[str, str] = field(default_factory=dict)
 
+    lora: bool = True
+
     @property
     def dtype_name(self) -> str:
-        return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[self.precision]
+        """The dtype the weights are loaded in.
+
+        bf16 loads bf16 weights (as notebook B does). fp16 is mixed precision with a gradient
+        scaler, which refuses fp16 gradients: full fine-tuning keeps fp32 master weights, while a
+        LoRA base is frozen and may stay in fp16 (the adapter is fp32).
+        """
+        if self.precision == "fp16":
+            return "float16" if self.lora else "float32"
+        return {"bf16": "bfloat16", "fp32": "float32"}[self.precision]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,4 +221,5 @@ def make_plan(
         device="cuda" if hw.cuda else "cpu",
         world_size=hw.world_size,
         reasons=reasons,
+        lora=lora,
     )
