@@ -12,9 +12,10 @@ The status fields (camelCase, as in :class:`kubetune_api.spec.Progress`)::
     checkpoints: latest, latestStep, count
 
 >>> p = ProgressState(total_steps=100)
->>> p.update(step=25, epoch=0.5, now=10.0, start=0.0)
+>>> p.update(step=1, epoch=0.0, now=2.0, start=0.0)
+>>> p.update(step=25, epoch=0.5, now=50.0, start=0.0)  # 2 s per step, 75 to go
 >>> p.as_status()["progress"]["percent"], p.as_status()["progress"]["etaSeconds"]
-(25, 30)
+(25, 150)
 """
 
 from __future__ import annotations
