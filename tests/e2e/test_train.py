@@ -32,7 +32,19 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def test_lora_trains_and_its_loss_falls(tmp_path: Path, tiny_model: Path, mlflow_server: Any) -> None:
+SECRET = "hf_kubetune_test_secret_value"
+
+
+def test_lora_trains_and_its_loss_falls(
+    tmp_path: Path,
+    tiny_model: Path,
+    mlflow_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Credentials reach the trainer as environment variables; they must never come out anywhere.
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", SECRET)
     out = tmp_path / "lora"
     config = trainer_config(
         out,
@@ -75,6 +87,12 @@ def test_lora_trains_and_its_loss_falls(tmp_path: Path, tiny_model: Path, mlflow
     assert run.data.params["method"] == "lora" and run.data.params["lora.r"] == "16"
     assert "loss" in run.data.metrics and "eval_loss" in run.data.metrics
     assert [a.path for a in client.list_artifacts(run_id, "kubetune")] == ["kubetune/trainer-config.yaml"]
+
+    written = [p for p in out.rglob("*") if p.is_file() and p.suffix in {".json", ".yaml", ".md", ".txt", ""}]
+    assert all(SECRET not in p.read_text(errors="replace") for p in written)
+    assert SECRET not in json.dumps({**run.data.params, **run.data.tags})
+    captured = capfd.readouterr()
+    assert SECRET not in captured.out + captured.err
 
 
 def test_full_fine_tuning_trains_and_its_loss_falls(
