@@ -72,8 +72,9 @@ def test_tokens_per_step_sets_the_micro_batch() -> None:
         ("always", CPU, None, True, True),
         ("never", H100, QWEN3_4B, False, False),
         ("auto", CPU, QWEN3_4B, False, False),
-        # Notebook B: a full fine-tune of a 4B model with 8 x 1024 tokens does not fit 80 GB without it.
-        ("auto", H100, QWEN3_4B, False, True),
+        # A full fine-tune of a 4B model with 8 x 1024 tokens per micro-step does not fit 80 GB without
+        # recomputation, so the memory plan takes smaller packed micro-steps instead (see below).
+        ("auto", H100, QWEN3_4B, False, False),
         # Notebook A: LoRA on 0.5B fits easily, so no recomputation.
         ("auto", H100, QWEN2_05B, True, False),
         ("auto", Hardware(cuda=True, bf16=True), None, True, True),
@@ -85,6 +86,31 @@ def test_gradient_checkpointing_follows_the_toggle_and_the_memory_plan(
     training = TrainingSpec(max_steps=1, gradient_checkpointing=toggle, batch_size=8, max_length=1024)
     plan = make_plan(training, hw, shape=shape, lora=lora)
     assert plan.gradient_checkpointing is expected, plan.reasons["gradient_checkpointing"]
+
+
+def test_memory_plan_regroups_the_step_into_micro_steps_that_fit() -> None:
+    """Same sequences per optimizer step; as few micro-steps as fit without recomputation."""
+    h200 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=141 * 10**9, varlen=True)
+    h100 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=80 * 2**30, varlen=True)
+    notebook_b = TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8, max_length=1024)
+    big = make_plan(notebook_b, h200, shape=QWEN3_4B, lora=False)
+    small = make_plan(notebook_b, h100, shape=QWEN3_4B, lora=False)
+    assert (big.per_device_batch_size, big.gradient_accumulation_steps) == (8, 1)
+    assert small.per_device_batch_size * small.gradient_accumulation_steps == 8
+    assert small.per_device_batch_size < 8 and not small.gradient_checkpointing
+    assert big.attn_implementation == "kubetune_varlen"
+    # asked for: always recompute keeps the spec's own batch
+    always = make_plan(
+        notebook_b.model_copy(update={"gradient_checkpointing": "always"}), h100, shape=QWEN3_4B
+    )
+    assert (always.per_device_batch_size, always.gradient_accumulation_steps) == (1, 8)
+    # nothing fits without recomputation: the largest micro-step that fits with it
+    tiny_gpu = Hardware(cuda=True, bf16=True, gpu_memory_bytes=55 * 2**30, varlen=True)
+    squeezed = make_plan(notebook_b, tiny_gpu, shape=QWEN3_4B, lora=False)
+    assert (
+        squeezed.gradient_checkpointing
+        and squeezed.per_device_batch_size * squeezed.gradient_accumulation_steps == 8
+    )
 
 
 def test_memory_estimate_grows_with_full_fine_tuning_and_shrinks_with_checkpointing() -> None:

@@ -35,6 +35,8 @@ class Hardware:
     world_size: int = 1
     gpu_memory_bytes: int | None = None
     flash_attn: bool = False
+    # PyTorch's own variable-length FlashAttention (torch.nn.attention.varlen, torch >= 2.10)
+    varlen: bool = False
 
     @staticmethod
     def detect() -> Hardware:
@@ -42,13 +44,19 @@ class Hardware:
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if torch.cuda.is_available():
-            free_total = torch.cuda.get_device_properties(0).total_memory
+            total = torch.cuda.get_device_properties(0).total_memory
+            # A GPU shared or capped (e.g. torch.cuda.set_per_process_memory_fraction, or an 80 GiB
+            # plan rehearsed on a bigger card) plans with what it may use.
+            cap = os.environ.get("KUBETUNE_GPU_MEMORY_GIB")
+            if cap:
+                total = min(total, int(float(cap) * 2**30))
             return Hardware(
                 cuda=True,
                 bf16=torch.cuda.is_bf16_supported(),
                 world_size=world,
-                gpu_memory_bytes=int(free_total),
+                gpu_memory_bytes=int(total),
                 flash_attn=_has_module("flash_attn"),
+                varlen=_has_module("torch.nn.attention.varlen"),
             )
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
 
@@ -87,6 +95,7 @@ class Plan:
     padding_free: bool
     attn_implementation: str
     per_device_batch_size: int
+    gradient_accumulation_steps: int
     torch_compile: bool
     device: str
     world_size: int
@@ -158,7 +167,12 @@ def make_plan(
     # get a block-diagonal causal mask that transformers builds from the position_ids. Either way
     # no token attends across examples.
     packing = bool(training.packing)
-    if packing and hw.flash_attn:
+    if packing and hw.cuda and hw.varlen:
+        from . import varlen
+
+        attn = varlen.NAME
+        reasons["packing"] = "padding-free packing, PyTorch varlen FlashAttention (kubetune_varlen)"
+    elif packing and hw.flash_attn:
         attn = "flash_attention_2"
         reasons["packing"] = "padding-free packing, FlashAttention-2 varlen kernel"
     elif packing:
@@ -171,15 +185,44 @@ def make_plan(
         attn = "sdpa"
         reasons["packing"] = "off as asked: padded batches"
 
-    # Micro-batch: with packing, tokensPerStep sets the tokens per GPU per micro-step.
-    batch = training.batch_size
+    # Micro-batch and accumulation. An optimizer step keeps the sequences the spec asks for
+    # (batchSize x gradientAccumulationSteps per GPU, each up to maxLength tokens). With packing on
+    # a GPU the plan regroups them into as few micro-steps as memory allows without recomputation:
+    # big micro-steps keep the GPU busy, and the optimizer still sees the same tokens per step.
+    toggle = str(training.gradient_checkpointing)
+    rows_per_step = training.batch_size * training.gradient_accumulation_steps
+    batch, accumulation = training.batch_size, training.gradient_accumulation_steps
+    budget = int(hw.gpu_memory_bytes * MEMORY_HEADROOM) if hw.gpu_memory_bytes else None
+
+    def fits(rows: int, recompute: bool) -> bool:
+        assert shape is not None and budget is not None
+        need = estimate_training_bytes(
+            shape, lora=lora, tokens=rows * training.max_length, checkpointing=recompute
+        )
+        return need <= budget
+
     if packing and training.tokens_per_step:
         batch = max(1, training.tokens_per_step // training.max_length)
-        reasons["batch"] = f"tokensPerStep {training.tokens_per_step} / maxLength {training.max_length}"
+        accumulation = max(1, -(-rows_per_step // batch))
+        reasons["batch"] = (
+            f"tokensPerStep {training.tokens_per_step} / maxLength {training.max_length} = {batch} packed rows "
+            f"x {accumulation} micro-steps"
+        )
+    elif packing and hw.cuda and shape is not None and budget is not None and toggle != Toggle.ALWAYS:
+        divisors = [r for r in range(rows_per_step, 0, -1) if rows_per_step % r == 0]
+        chosen = next((r for r in divisors if fits(r, recompute=False)), None)
+        if chosen is None and toggle == Toggle.AUTO:
+            chosen = next((r for r in divisors if fits(r, recompute=True)), 1)
+        if chosen is not None:
+            batch, accumulation = chosen, rows_per_step // chosen
+            reasons["batch"] = (
+                f"memory plan: {batch} packed rows of {training.max_length} tokens x {accumulation} micro-steps "
+                f"(= batchSize {training.batch_size} x gradientAccumulationSteps "
+                f"{training.gradient_accumulation_steps} sequences per step) in a {budget / 2**30:.0f} GiB budget"
+            )
     tokens = batch * training.max_length
 
     # Gradient checkpointing: always/never as asked; auto only when the estimate does not fit.
-    toggle = str(training.gradient_checkpointing)
     if toggle == Toggle.ALWAYS:
         checkpointing = True
         reasons["gradient_checkpointing"] = "always, as asked"
@@ -189,12 +232,11 @@ def make_plan(
     elif not hw.cuda:
         checkpointing = False
         reasons["gradient_checkpointing"] = "auto on CPU: off (memory is not the limit, time is)"
-    elif shape is None or hw.gpu_memory_bytes is None:
+    elif shape is None or budget is None:
         checkpointing = True
         reasons["gradient_checkpointing"] = "auto without a memory estimate: on (safe)"
     else:
         need = estimate_training_bytes(shape, lora=lora, tokens=tokens, checkpointing=False)
-        budget = int(hw.gpu_memory_bytes * MEMORY_HEADROOM)
         checkpointing = need > budget
         reasons["gradient_checkpointing"] = (
             f"auto: ~{need / 2**30:.1f} GiB needed without it vs {budget / 2**30:.1f} GiB budget: "
@@ -217,6 +259,7 @@ def make_plan(
         padding_free=packing,
         attn_implementation=attn,
         per_device_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
         torch_compile=torch_compile,
         device="cuda" if hw.cuda else "cpu",
         world_size=hw.world_size,
