@@ -115,8 +115,12 @@ NOTEBOOK_B = {
     "gradient_checkpointing": True,
     "gradient_checkpointing_kwargs": {"use_reentrant": False},
 }
-LORA = {"r": 8, "alpha": 32, "dropout": 0.1,
-        "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+LORA: dict[str, Any] = {
+    "r": 8,
+    "alpha": 32,
+    "dropout": 0.1,
+    "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
 
 # (model, kind) -> what it is
 CASES = {
@@ -164,7 +168,9 @@ class CaseResult:
 # --- data ------------------------------------------------------------------------------------------
 
 
-def capybara_like_lengths(n: int, *, seed: int = 0, median: float = 850.0, cap: int = MAX_LENGTH) -> list[int]:
+def capybara_like_lengths(
+    n: int, *, seed: int = 0, median: float = 850.0, cap: int = MAX_LENGTH
+) -> list[int]:
     """Token lengths of chat examples: log-normal with median 850 and P(len >= 1024) ~ 0.39."""
     import random
 
@@ -247,7 +253,7 @@ class _Meter:
 def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
     from transformers import TrainerCallback
 
-    class Timing(TrainerCallback):  # type: ignore[misc]
+    class Timing(TrainerCallback):
         def __init__(self) -> None:
             self.start: float | None = None
             self.end: float | None = None
@@ -274,13 +280,13 @@ def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
 
 def _tokenizer(tmp: Path, vocab: int) -> Any:
     """A processing class for the trainers: the data is pre-tokenized, only pad/eos ids matter."""
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     vocab_map = {f"t{i}": i for i in range(vocab)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab_map, unk_token="t0"))
+    tok = Tokenizer(models.WordLevel(vocab=vocab_map, unk_token="t0"))  # noqa: S106 (token names)
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t1", eos_token="t2", unk_token="t0")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t1", eos_token="t2", unk_token="t0")  # noqa: S106
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     return fast
 
@@ -316,8 +322,15 @@ def _kubetune_config(kind: str, model_dir: str, data_dir: str, steps: int, out: 
     return resolve(job, output_dir=out)
 
 
-def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib: float | None,
-             peak_tflops: float | None) -> CaseResult:
+def run_case(
+    case: str,
+    *,
+    warmup: int,
+    steps: int,
+    n_rows: int,
+    memory_cap_gib: float | None,
+    peak_tflops: float | None,
+) -> CaseResult:
     import torch
     import transformers
     import trl
@@ -345,7 +358,7 @@ def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib:
             from peft import LoraConfig, TaskType
             from trl import SFTConfig, SFTTrainer
 
-            settings = dict(NOTEBOOK_A if kind == "notebook-a" else NOTEBOOK_B)
+            settings: dict[str, Any] = dict(NOTEBOOK_A if kind == "notebook-a" else NOTEBOOK_B)
             if not cuda:  # CPU smoke: same shape, no mixed precision or Triton kernels
                 settings.update(fp16=False, bf16=False, use_liger_kernel=False)
             # A loads in the default fp32; B asks for bf16 weights.
@@ -353,19 +366,39 @@ def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib:
             model = _build_model(model_name, dtype, "sdpa", device)
             peft = None
             if lora:
-                peft = LoraConfig(task_type=TaskType.CAUSAL_LM, r=LORA["r"], lora_alpha=LORA["alpha"],
-                                  lora_dropout=LORA["dropout"], target_modules=LORA["targets"], bias="none")
-            args = SFTConfig(output_dir=str(tmp / "out"), max_steps=total_steps, logging_steps=1,
-                             save_strategy="no", eval_strategy="no", report_to="none", max_length=MAX_LENGTH,
-                             use_cpu=not cuda, disable_tqdm=True, **settings)
-            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                                 peft_config=peft)
-            plan_info = {"precision": "fp16-amp/fp32-weights" if settings.get("fp16") else
-                         ("bf16" if settings.get("bf16") else "fp32"),
-                         "packing": False, "gradient_checkpointing": True,
-                         "liger": bool(settings.get("use_liger_kernel")),
-                         "per_device_batch_size": settings["per_device_train_batch_size"],
-                         "gradient_accumulation_steps": settings["gradient_accumulation_steps"]}
+                peft = LoraConfig(
+                    task_type=TaskType.CAUSAL_LM,
+                    r=LORA["r"],
+                    lora_alpha=LORA["alpha"],
+                    lora_dropout=LORA["dropout"],
+                    target_modules=LORA["targets"],
+                    bias="none",
+                )
+            args = SFTConfig(
+                output_dir=str(tmp / "out"),
+                max_steps=total_steps,
+                logging_steps=1,
+                save_strategy="no",
+                eval_strategy="no",
+                report_to="none",
+                max_length=MAX_LENGTH,
+                use_cpu=not cuda,
+                disable_tqdm=True,
+                **settings,
+            )
+            trainer = SFTTrainer(
+                model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft
+            )
+            plan_info = {
+                "precision": "fp16-amp/fp32-weights"
+                if settings.get("fp16")
+                else ("bf16" if settings.get("bf16") else "fp32"),
+                "packing": False,
+                "gradient_checkpointing": True,
+                "liger": bool(settings.get("use_liger_kernel")),
+                "per_device_batch_size": settings["per_device_train_batch_size"],
+                "gradient_accumulation_steps": settings["gradient_accumulation_steps"],
+            }
         else:
             from . import train as trainer_module
             from .plan import Hardware, make_plan
@@ -376,17 +409,30 @@ def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib:
             tcfg = _kubetune_config(kind, str(tmp / "model"), str(data_dir), total_steps, str(tmp / "out"))
             shape = trainer_module.shape_from_config(MODEL_CONFIGS[model_name])
             plan = make_plan(tcfg.spec.training, Hardware.detect(), shape=shape, lora=lora)
-            model = _build_model(model_name, getattr(torch, plan.dtype_name), plan.attn_implementation, device)
+            model = _build_model(
+                model_name, getattr(torch, plan.dtype_name), plan.attn_implementation, device
+            )
             args = trainer_module.build_sft_config(tcfg, plan, has_eval=False, progress_bar=False)
             args.logging_steps = 1
-            trainer = trainer_module.build_trainer(model, tokenizer, args, train=dataset, evaluation=None,
-                                                   peft=trainer_module.build_peft_config(tcfg), callbacks=[],
-                                                   plan=plan)
+            trainer = trainer_module.build_trainer(
+                model,
+                tokenizer,
+                args,
+                train=dataset,
+                evaluation=None,
+                peft=trainer_module.build_peft_config(tcfg),
+                callbacks=[],
+                plan=plan,
+            )
             plan_info = plan.as_dict()
-            packing_check = trainer_module.check_packing_exact(trainer, dataset, tokenizer) if cuda else None
+            if cuda:
+                from .fast import check_packing_exact
+
+                packing_check = check_packing_exact(trainer.model, dataset[:16]["input_ids"])
 
         meter = _Meter()
-        inner = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+        trained: Any = trainer.model
+        inner = trained.get_base_model() if hasattr(trained, "get_base_model") else trained
         inner.register_forward_pre_hook(meter.hook, with_kwargs=True)
         timing = _timing_callback(meter, warmup, sync)
         trainer.add_callback(timing)
@@ -395,7 +441,7 @@ def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib:
         trainer.train()
         sync()
         tokens = int(meter.tokens) if not isinstance(meter.tokens, int) else meter.tokens
-        context_sum = float(meter.context) if not isinstance(meter.context, int) else float(meter.context)
+        context_sum = float(meter.context)
         seconds = (timing.end or time.perf_counter()) - (timing.start or time.perf_counter())
         mean_context = context_sum / tokens if tokens else 0.0
         fpt = flops_per_token(cfg, lora=lora, mean_context=mean_context)
@@ -419,8 +465,12 @@ def run_case(case: str, *, warmup: int, steps: int, n_rows: int, memory_cap_gib:
             packing_check=packing_check,
             memory_cap_gib=memory_cap_gib,
             device=name,
-            versions={"torch": torch.__version__, "transformers": transformers.__version__,
-                      "trl": trl.__version__, **_liger_version()},
+            versions={
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "trl": trl.__version__,
+                **_liger_version(),
+            },
         )
 
 
@@ -453,8 +503,10 @@ def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| case | tokens/s | step s | peak GiB | MFU | speed-up vs notebook | memory vs notebook |\n"
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    head = (
+        "| case | tokens/s | step s | peak GiB | MFU | speed-up vs notebook | memory vs notebook |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )
     lines = [head]
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
@@ -462,8 +514,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         cap = f" (cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else ""
         lines.append(
             f"| {r['case']}{cap} | {r['tokens_per_second']:,.0f} | {r['step_seconds']:.3f} | {mem} | {mfu} | "
-            f"{str(r.get('speedup', '')) + '×' if r.get('speedup') else '—'} | "
-            f"{str(r.get('memory_ratio', '')) + '×' if r.get('memory_ratio') else '—'} |"
+            f"{str(r.get('speedup', '')) + 'x' if r.get('speedup') else '—'} | "
+            f"{str(r.get('memory_ratio', '')) + 'x' if r.get('memory_ratio') else '—'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -474,7 +526,9 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [r["case"] + (f"\n(cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else "") for r in rows]
+    labels = [
+        r["case"] + (f"\n(cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else "") for r in rows
+    ]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = ["#999999" if r["kind"].startswith("notebook") else "#2a7ab9" for r in rows]
     ax1.bar(range(len(rows)), [r["tokens_per_second"] for r in rows], color=colors)
@@ -482,7 +536,7 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax1.set_ylabel("training tokens / s (real tokens)")
     for i, r in enumerate(rows):
         if r.get("speedup"):
-            ax1.text(i, r["tokens_per_second"], f"{r['speedup']}×", ha="center", va="bottom", fontsize=9)
+            ax1.text(i, r["tokens_per_second"], f"{r['speedup']}x", ha="center", va="bottom", fontsize=9)
     ax2.bar(range(len(rows)), [r.get("peak_memory_gib") or 0 for r in rows], color=colors)
     ax2.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
     ax2.set_ylabel("peak GPU memory (GiB)")
@@ -492,20 +546,42 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def run_all(cases: list[str], out: Path, *, warmup: int, steps: int, rows: int, memory_cap_gib: float | None,
-            extra_capped: list[str], peak_tflops: float | None) -> list[dict[str, Any]]:
+def run_all(
+    cases: list[str],
+    out: Path,
+    *,
+    warmup: int,
+    steps: int,
+    rows: int,
+    memory_cap_gib: float | None,
+    extra_capped: list[str],
+    peak_tflops: float | None,
+) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(c, None) for c in cases] + [(c, memory_cap_gib) for c in extra_capped]
     results: list[dict[str, Any]] = []
     for case, cap in jobs:
         target = out / f"{case.replace(':', '_')}{'_cap' if cap else ''}.json"
-        cmd = [sys.executable, "-m", "kubetune_trainer.bench", "--one", case, "--json", str(target),
-               "--warmup", str(warmup), "--steps", str(steps), "--rows", str(rows)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kubetune_trainer.bench",
+            "--one",
+            case,
+            "--json",
+            str(target),
+            "--warmup",
+            str(warmup),
+            "--steps",
+            str(steps),
+            "--rows",
+            str(rows),
+        ]
         if cap:
             cmd += ["--memory-cap-gib", str(cap)]
         if peak_tflops:
             cmd += ["--peak-tflops", str(peak_tflops)]
-        print(f"[bench] {case}{' (cap %g GiB)' % cap if cap else ''}", flush=True)
+        print(f"[bench] {case}" + (f" (cap {cap:g} GiB)" if cap else ""), flush=True)
         started = time.monotonic()
         proc = subprocess.run(cmd, check=False)
         if proc.returncode != 0 or not target.exists():
@@ -514,13 +590,16 @@ def run_all(cases: list[str], out: Path, *, warmup: int, steps: int, rows: int, 
             continue
         result = json.loads(target.read_text())
         results.append(result)
-        print(f"[bench] {case}: {result['tokens_per_second']:,.0f} tokens/s, "
-              f"{result['peak_memory_gib']} GiB, MFU {result['mfu']} ({time.monotonic() - started:.0f} s)",
-              flush=True)
+        print(
+            f"[bench] {case}: {result['tokens_per_second']:,.0f} tokens/s, "
+            f"{result['peak_memory_gib']} GiB, MFU {result['mfu']} ({time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
     ok = [r for r in results if "error" not in r]
     rows_out = _ratio_rows(ok)
-    (out / "bench.json").write_text(json.dumps({"results": rows_out, "failed": [r for r in results if "error" in r]},
-                                               indent=2))
+    (out / "bench.json").write_text(
+        json.dumps({"results": rows_out, "failed": [r for r in results if "error" in r]}, indent=2)
+    )
     (out / "bench.md").write_text(markdown_table(rows_out))
     if rows_out:
         chart(rows_out, out / "bench.png")
@@ -541,8 +620,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="optimizer steps before measuring")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps measured")
     p.add_argument("--rows", type=int, default=None, help="synthetic conversations")
-    p.add_argument("--memory-cap-gib", type=float, default=None,
-                   help="also run the kubetune full case with the GPU capped at this many GiB")
+    p.add_argument(
+        "--memory-cap-gib",
+        type=float,
+        default=None,
+        help="also run the kubetune full case with the GPU capped at this many GiB",
+    )
     p.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s for MFU")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
@@ -555,8 +638,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_from_args(args: argparse.Namespace) -> int:
     if args.one:
-        result = run_case(args.one, warmup=args.warmup, steps=args.steps, n_rows=args.rows,
-                          memory_cap_gib=args.memory_cap_gib, peak_tflops=args.peak_tflops)
+        result = run_case(
+            args.one,
+            warmup=args.warmup,
+            steps=args.steps,
+            n_rows=args.rows,
+            memory_cap_gib=args.memory_cap_gib,
+            peak_tflops=args.peak_tflops,
+        )
         args.json.write_text(json.dumps(asdict(result), indent=2))
         return 0
     smoke = args.smoke
@@ -569,8 +658,16 @@ def run_from_args(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else (2 if smoke else 4)
     rows = args.rows if args.rows is not None else (300 if smoke else 1500)
     capped = [c for c in cases if CASES[c][1] == "kubetune-full"] if args.memory_cap_gib else []
-    results = run_all(cases, args.out, warmup=warmup, steps=steps, rows=rows, memory_cap_gib=args.memory_cap_gib,
-                      extra_capped=capped, peak_tflops=args.peak_tflops)
+    results = run_all(
+        cases,
+        args.out,
+        warmup=warmup,
+        steps=steps,
+        rows=rows,
+        memory_cap_gib=args.memory_cap_gib,
+        extra_capped=capped,
+        peak_tflops=args.peak_tflops,
+    )
     return 0 if len(results) == len(cases) + len(capped) else 1
 
 

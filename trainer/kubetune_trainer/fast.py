@@ -46,11 +46,14 @@ def apply_liger(model: Any) -> bool:
     return True
 
 
-def fast_trainer_class() -> type:
-    """SFTTrainer with the model's own fused loss and no per-micro-step host syncs."""
-    from trl import SFTTrainer
+def fast_trainer_class(base: Any = None) -> Any:
+    """``base`` (TRL's SFTTrainer by default) with the model's own fused loss and no per-micro-step host syncs."""
+    if base is None:
+        from trl import SFTTrainer
 
-    class FastSFTTrainer(SFTTrainer):  # type: ignore[misc]
+        base = SFTTrainer
+
+    class FastSFTTrainer(base):
         def compute_loss(
             self,
             model: Any,

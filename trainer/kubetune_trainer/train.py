@@ -104,8 +104,12 @@ def build_model(cfg: TrainerConfig, plan: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from . import varlen
+
     where, kwargs = model_source(cfg)
     dtype = getattr(torch, plan.dtype_name)
+    if plan.attn_implementation == varlen.NAME:
+        varlen.register()
     model = AutoModelForCausalLM.from_pretrained(
         where,
         dtype=dtype,
@@ -123,15 +127,20 @@ def model_shape(cfg: TrainerConfig) -> Any:
     """Parameter count and sizes from the model config alone (no weights loaded) for the plan."""
     from transformers import AutoConfig
 
-    from .plan import ModelShape
-
     where, kwargs = model_source(cfg)
     conf = AutoConfig.from_pretrained(where, trust_remote_code=cfg.spec.model.trust_remote_code, **kwargs)
     text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
-    hidden = int(getattr(text, "hidden_size", 0) or 0)
-    layers = int(getattr(text, "num_hidden_layers", 0) or 0)
-    vocab = int(getattr(text, "vocab_size", 0) or 0)
-    inter = int(getattr(text, "intermediate_size", 4 * hidden) or 4 * hidden)
+    return shape_from_config(text.to_dict())
+
+
+def shape_from_config(conf: dict[str, Any]) -> Any:
+    """The plan's model shape from a (text) model config as a dict."""
+    from .plan import ModelShape
+
+    hidden = int(conf.get("hidden_size") or 0)
+    layers = int(conf.get("num_hidden_layers") or 0)
+    vocab = int(conf.get("vocab_size") or 0)
+    inter = int(conf.get("intermediate_size") or 4 * hidden)
     # Attention (4 h^2) + gated MLP (3 h i) per layer, plus embeddings: close enough for a plan.
     params = layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
     return ModelShape(params=params, hidden_size=hidden, num_layers=layers, vocab_size=vocab)
@@ -272,14 +281,21 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
             "per_device_eval_batch_size": plan.per_device_batch_size,
         }
     kwargs: dict[str, Any] = {}
+    if t.lr_scheduler == "cosine_with_min_lr":
+        # transformers refuses this schedule without a floor; 10% of the peak is the usual one.
+        kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": 0.1}
     if plan.liger:
-        # Layer kernels (RMSNorm, RoPE, SwiGLU); TRL's own fused LM head computes the loss in chunks.
-        kwargs["use_liger_kernel"] = True
+        # The fast path (kubetune_trainer.fast): Liger is applied to the model by build_trainer,
+        # fused linear cross-entropy included, and the loss never syncs with the host per
+        # micro-step; so no TRL use_liger_kernel (it keeps TRL's chunked head) and no NaN filter
+        # (it reads every micro-step's loss back to the host).
+        kwargs["logging_nan_inf_filter"] = False
+        kwargs["prediction_loss_only"] = True
     return SFTConfig(
         output_dir=str(root),
         **steps_or_epochs,
         per_device_train_batch_size=plan.per_device_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        gradient_accumulation_steps=plan.gradient_accumulation_steps,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler,
         warmup_steps=warmup,
@@ -342,9 +358,23 @@ def trainer_class() -> Any:
 
 
 def build_trainer(
-    model: Any, tokenizer: Any, args: Any, *, train: Any, evaluation: Any, peft: Any, callbacks: list[Any]
+    model: Any,
+    tokenizer: Any,
+    args: Any,
+    *,
+    train: Any,
+    evaluation: Any,
+    peft: Any,
+    callbacks: list[Any],
+    plan: Any = None,
 ) -> Any:
-    return trainer_class()(
+    cls = trainer_class()
+    if plan is not None and plan.liger:
+        from . import fast
+
+        if fast.apply_liger(model):
+            cls = fast.fast_trainer_class(cls)
+    return cls(
         model=model,
         args=args,
         train_dataset=train,
@@ -480,6 +510,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
             evaluation=eval_ds,
             peft=build_peft_config(cfg),
             callbacks=[callback],
+            plan=plan,
         )
         if reporter is not None:
             reporter.state.total_steps = _planned_steps(trainer)

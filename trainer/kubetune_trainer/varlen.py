@@ -94,7 +94,7 @@ def varlen_attention_forward(
     if query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
-        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
+        out: Any = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
     else:
         out = _reference(q, k, v, cu, scaling, sliding_window)
     return out.reshape(batch, seq, q_heads, dim), None

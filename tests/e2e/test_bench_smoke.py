@@ -1,0 +1,51 @@
+"""`kubetune bench --smoke`: the benchmark's whole path on the CPU with the tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.training]
+
+
+def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubetune_cli.main",
+            "bench",
+            "--smoke",
+            "--out",
+            str(out),
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--rows",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "bench.json").read_text())
+    results = {r["case"]: r for r in data["results"]}
+    assert set(results) == {"tiny:notebook-a", "tiny:kubetune-lora", "tiny:notebook-b", "tiny:kubetune-full"}
+    for r in results.values():
+        assert r["tokens"] > 0 and r["tokens_per_second"] > 0 and r["step_seconds"] > 0
+        assert r["flops_per_token"] > 0
+    # each kubetune case is compared with its notebook on the same model and data
+    assert results["tiny:kubetune-lora"]["speedup"] > 0 and results["tiny:kubetune-full"]["speedup"] > 0
+    assert results["tiny:kubetune-full"]["plan"]["packing"] is True
+    assert results["tiny:notebook-b"]["plan"]["packing"] is False
+    table = (out / "bench.md").read_text()
+    assert table.count("\n| tiny:") == 4
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
