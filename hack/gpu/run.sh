@@ -13,7 +13,7 @@ for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_varlen.py tests/unit/test_fast.py 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
     smoke) python3 hack/gpu/smoke.py /tmp/smoke > "$OUT/smoke.log" 2>&1; tail -40 "$OUT/smoke.log" ;;
-    bench) python3 -m kubetune_trainer.bench --out "$OUT/bench" --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log" ;;
-    bench:*) python3 -m kubetune_trainer.bench --out "$OUT/bench" --cases "${step#bench:}" > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log" ;;
+    bench) python3 -m kubetune_trainer.bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
+    bench:*) python3 -m kubetune_trainer.bench --out /tmp/bench --cases "${step#bench:}" > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
   esac
 done
