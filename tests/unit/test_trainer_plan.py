@@ -210,3 +210,17 @@ def test_local_run_maps_the_tiny_assets_and_relative_paths(tmp_path: Path) -> No
         str(tmp_path / "data" / "x.jsonl"),
         False,
     )
+
+
+@pytest.mark.parametrize(
+    "scheduler", ["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"]
+)
+def test_every_scheduler_the_spec_allows_makes_a_valid_sft_config(tmp_path: Path, scheduler: str) -> None:
+    from kubetune_trainer.train import build_sft_config
+
+    cfg = _cfg(training={"maxSteps": 10, "lrScheduler": scheduler, "warmupRatio": 0.1})
+    cfg = cfg.model_copy(update={"output_dir": str(tmp_path)})
+    plan = make_plan(cfg.spec.training, CPU)
+    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+    assert args.lr_scheduler_type == scheduler and args.warmup_steps == 0.1
+    assert args.output_dir == str(tmp_path / "checkpoints") and args.save_total_limit is None
