@@ -295,6 +295,10 @@ def _build_model(model_name: str, dtype: Any, attn: str, device: str) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from . import varlen
+
+    if attn == varlen.NAME:
+        varlen.register()
     cfg = dict(MODEL_CONFIGS[model_name])
     config = AutoConfig.for_model(**cfg)
     torch.manual_seed(0)
