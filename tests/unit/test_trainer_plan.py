@@ -101,7 +101,7 @@ def test_memory_plan_regroups_the_step_into_micro_steps_that_fit() -> None:
     assert big.attn_implementation == "kubetune_varlen"
     # asked for: always recompute keeps the spec's own batch
     always = make_plan(
-        notebook_b.model_copy(update={"gradient_checkpointing": "always"}), h100, shape=QWEN3_4B
+        notebook_b.model_copy(update={"gradient_checkpointing": "always"}), gpu64, shape=QWEN3_4B
     )
     assert (always.per_device_batch_size, always.gradient_accumulation_steps) == (1, 8)
     # nothing fits without recomputation: the largest micro-step that fits with it
