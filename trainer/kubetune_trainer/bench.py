@@ -329,6 +329,7 @@ def _kubetune_config(kind: str, model_dir: str, data_dir: str, steps: int, out: 
 def run_case(
     case: str,
     *,
+    compile_model: bool = False,
     warmup: int,
     steps: int,
     n_rows: int,
@@ -338,6 +339,8 @@ def run_case(
     import torch
     import transformers
     import trl
+
+    from kubetune_api.spec import Toggle
 
     model_name, kind = CASES[case]
     cuda = torch.cuda.is_available()
@@ -411,6 +414,8 @@ def run_case(
             data_dir.mkdir()
             dataset.to_json(str(data_dir / "train.jsonl"))
             tcfg = _kubetune_config(kind, str(tmp / "model"), str(data_dir), total_steps, str(tmp / "out"))
+            if compile_model:
+                tcfg.spec.training.torch_compile = Toggle.ALWAYS
             shape = trainer_module.shape_from_config(MODEL_CONFIGS[model_name])
             plan = make_plan(tcfg.spec.training, Hardware.detect(), shape=shape, lora=lora)
             model = _build_model(
@@ -453,7 +458,7 @@ def run_case(
         peak = peak_flops(name, peak_tflops) if cuda else None
         tps = tokens / seconds if seconds > 0 else 0.0
         return CaseResult(
-            case=case,
+            case=case + ("+compile" if compile_model and kind.startswith("kubetune") else ""),
             model=model_name,
             kind=kind,
             steps_measured=steps,
@@ -559,6 +564,7 @@ def run_all(
     rows: int,
     memory_cap_gib: float | None,
     extra_capped: list[str],
+    compile_model: bool = False,
     peak_tflops: float | None,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
@@ -585,6 +591,8 @@ def run_all(
             cmd += ["--memory-cap-gib", str(cap)]
         if peak_tflops:
             cmd += ["--peak-tflops", str(peak_tflops)]
+        if compile_model:
+            cmd += ["--compile"]
         print(f"[bench] {case}" + (f" (cap {cap:g} GiB)" if cap else ""), flush=True)
         started = time.monotonic()
         proc = subprocess.run(cmd, check=False)
@@ -631,6 +639,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also run the kubetune full case with the GPU capped at this many GiB",
     )
     p.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s for MFU")
+    p.add_argument("--compile", action="store_true", help="kubetune cases with torch.compile (an experiment)")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 
@@ -644,6 +653,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.one:
         result = run_case(
             args.one,
+            compile_model=args.compile,
             warmup=args.warmup,
             steps=args.steps,
             n_rows=args.rows,
@@ -671,6 +681,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         memory_cap_gib=args.memory_cap_gib,
         extra_capped=capped,
         peak_tflops=args.peak_tflops,
+        compile_model=args.compile,
     )
     return 0 if len(results) == len(cases) + len(capped) else 1
 
