@@ -15,5 +15,6 @@ for step in "$@"; do
     smoke) python3 hack/gpu/smoke.py /tmp/smoke > "$OUT/smoke.log" 2>&1; tail -40 "$OUT/smoke.log" ;;
     bench) python3 -m kubetune_trainer.bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     bench:*) python3 -m kubetune_trainer.bench --out /tmp/bench --cases "${step#bench:}" > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
+    compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done
