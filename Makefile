@@ -3,5 +3,7 @@ run:  ## fine-tune the tiny model locally (the main job)
 	bash hack/local-run.sh
 test: ## set up, build the test control plane, lint, type-check, run all tests
 	bash hack/test.sh
-crd:  ## regenerate crds/ from the typed API models
+crd:  ## regenerate crds/, the chart's copy and docs/api.md from the typed API models
 	.venv/bin/python -m kubetune_api.crd --write crds/kubetune.io_finetunejobs.yaml
+	cp crds/kubetune.io_finetunejobs.yaml charts/kubetune/files/crds/kubetune.io_finetunejobs.yaml
+	.venv/bin/python -m kubetune_api.docs --write docs/api.md
