@@ -212,27 +212,28 @@ def render() -> str:
     return HEADER + yaml.safe_dump(build_crd(), sort_keys=False, width=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def generated_file_main(argv: list[str] | None, *, doc: str | None, module: str, render_text: str) -> int:
+    """The CLI shared by generated files: print, ``--write FILE``, or ``--check FILE`` (exit 1 if stale)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", type=Path, help="compare with this file; exit 1 when it differs")
-    parser.add_argument("--write", type=Path, help="write the CRD to this file")
+    parser.add_argument("--write", type=Path, help="write the generated text to this file")
     args = parser.parse_args(argv)
-    text = render()
     if args.check:
-        if args.check.read_text() != text:
+        if args.check.read_text() != render_text:
             print(
-                f"{args.check} is out of date: run python -m kubetune_api.crd --write {args.check}",
-                file=sys.stderr,
+                f"{args.check} is out of date: run python -m {module} --write {args.check}", file=sys.stderr
             )
             return 1
         return 0
     if args.write:
-        args.write.write_text(text)
+        args.write.write_text(render_text)
         return 0
-    sys.stdout.write(text)
+    sys.stdout.write(render_text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generated_file_main(argv, doc=__doc__, module="kubetune_api.crd", render_text=render())
 
 
 if __name__ == "__main__":

@@ -6,13 +6,11 @@ python -m kubetune_api.docs --check docs/api.md    # exit 1 when stale (a test r
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from .crd import openapi_schema
+from .crd import generated_file_main, openapi_schema
 
 
 def _type(node: dict[str, Any]) -> str:
@@ -87,26 +85,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--check", type=Path)
-    parser.add_argument("--write", type=Path)
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if args.check.read_text() != text:
-            print(
-                f"{args.check} is stale: run python -m kubetune_api.docs --write {args.check}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    if args.write:
-        args.write.write_text(text)
-        return 0
-    sys.stdout.write(text)
-    return 0
+    return generated_file_main(argv, doc=__doc__, module="kubetune_api.docs", render_text=render())
 
 
 if __name__ == "__main__":
