@@ -52,95 +52,22 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+def _issue(d: Path, name: str, subject: str, extensions: str) -> None:
+    """A key and a certificate for ``name``, signed by the test CA, with the given v3 extensions."""
+    (d / f"{name}.cnf").write_text(f"[ext]\n{extensions}\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", f"{name}.cnf", "-extensions", "ext", "-out", f"{name}.crt", cwd=d)  # fmt: skip
+
+
 def make_pki(d: Path) -> None:
     """CA, apiserver serving cert, admin client cert (system:masters), service-account key pair."""
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=kubetune-test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        cwd=d,
-    )
-    (d / "san.cnf").write_text(
-        "[ext]\nsubjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
-        "extendedKeyUsage=serverAuth\n"
-    )
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=kube-apiserver",
-        "-keyout",
-        "apiserver.key",
-        "-out",
-        "apiserver.csr",
-        cwd=d,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "apiserver.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.cnf",
-        "-extensions",
-        "ext",
-        "-out",
-        "apiserver.crt",
-        cwd=d,
-    )
-    (d / "client.cnf").write_text("[ext]\nextendedKeyUsage=clientAuth\n")
-    _openssl(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/O=system:masters/CN=kubetune-test-admin",
-        "-keyout",
-        "admin.key",
-        "-out",
-        "admin.csr",
-        cwd=d,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "admin.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "client.cnf",
-        "-extensions",
-        "ext",
-        "-out",
-        "admin.crt",
-        cwd=d,
-    )
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=kubetune-test-ca",
+             "-keyout", "ca.key", "-out", "ca.crt", cwd=d)  # fmt: skip
+    _issue(d, "apiserver", "/CN=kube-apiserver",
+           "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth")  # fmt: skip
+    _issue(d, "admin", "/O=system:masters/CN=kubetune-test-admin", "extendedKeyUsage=clientAuth")
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 

@@ -515,9 +515,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
         if reporter is not None:
             reporter.state.total_steps = _planned_steps(trainer)
 
-        if guard.agreed():
-            # SIGTERM while loading: nothing new to save, the next attempt starts where this one did.
-            status = "KILLED"
+        def preempted() -> Outcome:
             return _finish_preempted(
                 cfg,
                 dist=dist,
@@ -528,6 +526,11 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
                 started=started,
                 plan=plan,
             )
+
+        if guard.agreed():
+            # SIGTERM while loading: nothing new to save, the next attempt starts where this one did.
+            status = "KILLED"
+            return preempted()
 
         if resume is not None:
             log.info("resuming from %s (step %d)", resume.path, resume.step)
@@ -535,16 +538,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
 
         if callback.preempted_at_step is not None:
             status = "KILLED"
-            return _finish_preempted(
-                cfg,
-                dist=dist,
-                tracker=tracker,
-                callback=callback,
-                resume=resume,
-                result_path=result_path,
-                started=started,
-                plan=plan,
-            )
+            return preempted()
 
         write_final(
             trainer,
