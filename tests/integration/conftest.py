@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +33,16 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condi
             return last
         time.sleep(POLL)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+# A refused request as kopf and the kubernetes client log it: "Forbidden", or the status code 403 on
+# its own (not digits inside a timestamp's microseconds or an object's uid).
+_DENIED = re.compile(r"forbidden|(?<![\w.:-])403(?![\w.-])", re.IGNORECASE)
+
+
+def denials(log: str) -> list[str]:
+    """The lines of an operator log that report a request the API server refused."""
+    return [line for line in log.splitlines() if _DENIED.search(line)]
 
 
 def now() -> str:

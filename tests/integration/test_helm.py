@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.integration.conftest import (
+    denials,
     finish_registration_job,
     load_example,
     set_pytorchjob_condition,
@@ -423,7 +424,7 @@ def run_a_job_through(
         assert obj["status"]["progress"] == progress
         assert operator.healthy()
     log = operator.output()
-    assert "Forbidden" not in log and "403" not in log, log[-3000:]
+    assert not denials(log), "\n".join(denials(log))
 
 
 @pytest.mark.e2e
