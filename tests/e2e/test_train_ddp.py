@@ -1,4 +1,4 @@
-"""torchrun with two processes on the CPU (gloo): DDP training, preempted and resumed.
+"""torchrun with two processes on the CPU (gloo): DDP (LoRA) and FSDP2 (full) training, preempted and resumed.
 
 The trainer pod's command is ``python -m kubetune_trainer.launch <torchrun args>`` (torchrun in
 process, with a retryable exit code and a longer shutdown grace on SIGTERM). Here it runs
@@ -9,6 +9,7 @@ checkpoint, and the restart finishes: one checkpoint set, one MLflow run, both r
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -55,13 +56,14 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
             proc.wait()
 
 
-def test_torchrun_two_processes_ddp_preempted_and_resumed(
-    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+@pytest.mark.parametrize(("method", "sharding"), [("lora", "ddp"), ("full", "fsdp2")])
+def test_torchrun_two_processes_preempted_and_resumed(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any, method: str, sharding: str
 ) -> None:
     out = tmp_path / "run"
     log = tmp_path / "train.log"
     config = trainer_config(
-        out, tiny_model, method="lora", tracking_uri=mlflow_server.uri, maxSteps=12, saveSteps=6
+        out, tiny_model, method=method, tracking_uri=mlflow_server.uri, maxSteps=12, saveSteps=6
     )
     root = checkpoints.checkpoints_root(out)
 
@@ -84,6 +86,9 @@ def test_torchrun_two_processes_ddp_preempted_and_resumed(
     result = json.loads((out / TRAIN_RESULT_FILE).read_text())
     assert result["world_size"] == 2 and result["global_step"] == 12
     assert result["resumed_from_step"] == step and result["mlflow_run_id"] == run_id
+    assert result["plan"]["sharding"] == sharding, result["plan"]["reasons"]
+    # the resumed (sharded) state trains on: a finite loss below the first one
+    assert math.isfinite(result["final_loss"]) and result["final_loss"] < result["first_loss"], result["losses"]
 
     # One checkpoint set (not one per rank), each complete and holding both ranks' RNG state.
     listed = checkpoints.list_checkpoints(root)

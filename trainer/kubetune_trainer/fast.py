@@ -23,8 +23,13 @@ from typing import Any
 log = logging.getLogger("kubetune_trainer.fast")
 
 
-def apply_liger(model: Any) -> bool:
-    """Liger kernels (fused linear cross-entropy included) on this model instance; False if unsupported."""
+def apply_liger(model: Any, *, layer_kernels: bool = True) -> bool:
+    """Liger kernels (fused linear cross-entropy included) on this model instance; False if unsupported.
+
+    ``layer_kernels=False`` keeps only the fused linear cross-entropy: when the decoder layers are
+    compiled, inductor fuses RMSNorm, RoPE and SwiGLU itself (and cannot trace Liger's Triton
+    kernels), while the loss head stays Liger's, outside the compiled layers.
+    """
     from liger_kernel.transformers.monkey_patch import (
         MODEL_TYPE_TO_APPLY_LIGER_FN,
         _apply_liger_kernel_to_instance,
@@ -37,17 +42,43 @@ def apply_liger(model: Any) -> bool:
         return False
     _apply_liger_kernel_to_instance(
         model=base,
-        rope=True,
-        rms_norm=True,
-        swiglu=True,
+        rope=layer_kernels,
+        rms_norm=layer_kernels,
+        swiglu=layer_kernels,
         fused_linear_cross_entropy=True,
         cross_entropy=False,
     )
     return True
 
 
-def fast_trainer_class(base: Any = None) -> Any:
-    """``base`` (TRL's SFTTrainer by default) with the model's own fused loss and no per-micro-step host syncs."""
+def decoder_layers(model: Any) -> list[Any]:
+    """The repeated transformer blocks of a causal LM (PEFT-wrapped or not); [] if not found."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = getattr(base, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def compile_layers(model: Any, *, backend: str = "inductor") -> int:
+    """``torch.compile`` each decoder layer in place (regional compilation); the number compiled.
+
+    Every layer runs the same code, so dynamo traces one graph and reuses it for all of them (the
+    layers' weights are graph inputs); ``dynamic=True`` keeps one graph across the varying token
+    counts of packed micro-steps instead of recompiling per shape. The embedding, the final norm
+    and the fused loss head stay eager.
+    """
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True, backend=backend)
+    return len(layers)
+
+
+def fast_trainer_class(base: Any = None, *, max_length: int | None = None) -> Any:
+    """``base`` (TRL's SFTTrainer by default) with the model's own fused loss and no per-micro-step host syncs.
+
+    ``max_length``: the length cap handed to the varlen kernel instead of each micro-step's longest
+    example (for compiled layers).
+    """
     if base is None:
         from trl import SFTTrainer
 
@@ -63,6 +94,10 @@ def fast_trainer_class(base: Any = None) -> Any:
         ) -> Any:
             inputs = dict(inputs)
             inputs["use_cache"] = False
+            if max_length is not None and "max_length_q" in inputs:
+                # The longest example of a packed micro-step only sizes the varlen kernel's grid: the
+                # length cap is as correct, and a constant keeps the compiled layers from specializing.
+                inputs["max_length_q"] = inputs["max_length_k"] = max_length
             if "labels" in inputs:
                 # Liger's fused linear cross-entropy: loss without logits, in training and evaluation alike
                 inputs["skip_logits"] = True

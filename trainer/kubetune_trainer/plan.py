@@ -22,6 +22,8 @@ from typing import Any
 
 from kubetune_api.spec import Precision, Toggle, TrainingSpec
 
+from .varlen import NAME as VARLEN
+
 # Fraction of GPU memory the plan may fill before it turns gradient checkpointing on (auto).
 MEMORY_HEADROOM = 0.85
 
@@ -100,6 +102,9 @@ class Plan:
     device: str
     world_size: int
     reasons: dict[str, str] = field(default_factory=dict)
+    # none (one process) | ddp (a full replica per GPU) | fsdp2 (parameters, gradients and optimizer
+    # state sharded across the GPUs)
+    sharding: str = "none"
 
     lora: bool = True
 
@@ -120,19 +125,34 @@ class Plan:
 
 
 def estimate_training_bytes(
-    shape: ModelShape, *, lora: bool, tokens: int, checkpointing: bool, param_bytes: int = 2
+    shape: ModelShape,
+    *,
+    lora: bool,
+    tokens: int,
+    checkpointing: bool,
+    param_bytes: int = 2,
+    sharding: str = "none",
+    world_size: int = 1,
 ) -> int:
     """A rough upper bound of GPU memory for one micro-step, in bytes (AdamW, packed rows).
 
     Weights ``param_bytes`` per parameter (2 for bf16); full fine-tuning adds gradients and AdamW's
     two moments, which torch keeps in the parameters' dtype (4 x param_bytes in all). Activations
     per token per hidden unit per layer: ~36 bytes for full fine-tuning and ~70 for LoRA (dropout
-    keeps a copy of every adapted layer's input) without checkpointing, ~2 with it. Calibrated on
+    keeps a copy of every adapted layer's input) without checkpointing, ~2 with it. Multi-GPU full
+    fine-tuning adds DDP's gradient buckets, or divides the states by the GPUs under FSDP2. Calibrated on
     an H200: Qwen3-4B full with 8k-token micro-steps peaked at 56 GiB, Qwen2-0.5B LoRA r8 with
     32k-token micro-steps at 46 GiB (Liger, varlen attention, fused cross-entropy: no logits).
     """
     weights = param_bytes * shape.params
     optimizer = 0 if lora else 3 * param_bytes * shape.params
+    if not lora and sharding == "ddp":
+        optimizer += param_bytes * shape.params  # DDP's gradient buckets: one more copy of the gradients
+    elif not lora and sharding == "fsdp2":
+        # FSDP2 keeps fp32 master weights, gradients and moments (16 bytes a parameter), sharded;
+        # a layer's full bf16 weights exist only while it runs
+        weights = 16 * shape.params // max(1, world_size) + 2 * shape.params // max(1, shape.num_layers)
+        optimizer = 0
     per_layer = 2 if checkpointing else (70 if lora else 36)
     activations = tokens * shape.hidden_size * shape.num_layers * per_layer
     return weights + optimizer + activations
@@ -172,9 +192,7 @@ def make_plan(
     # no token attends across examples.
     packing = bool(training.packing)
     if packing and hw.cuda and hw.varlen:
-        from . import varlen
-
-        attn = varlen.NAME
+        attn = VARLEN
         reasons["packing"] = "padding-free packing, PyTorch varlen FlashAttention (kubetune_varlen)"
     elif packing and hw.flash_attn:
         attn = "flash_attention_2"
@@ -200,10 +218,17 @@ def make_plan(
     batch, accumulation = training.batch_size, training.gradient_accumulation_steps
     budget = int(hw.gpu_memory_bytes * MEMORY_HEADROOM) if hw.gpu_memory_bytes else None
 
+    sharding = _sharding(hw, shape, lora=lora, param_bytes=param_bytes, budget=budget, reasons=reasons)
+
     def fits(rows: int, recompute: bool) -> bool:
         assert shape is not None and budget is not None
         need = estimate_training_bytes(
-            shape, lora=lora, tokens=rows * training.max_length, checkpointing=recompute
+            shape,
+            lora=lora,
+            tokens=rows * training.max_length,
+            checkpointing=recompute,
+            sharding=sharding,
+            world_size=hw.world_size,
         )
         return need <= budget
 
@@ -243,7 +268,13 @@ def make_plan(
         reasons["gradient_checkpointing"] = "auto without a memory estimate: on (safe)"
     else:
         need = estimate_training_bytes(
-            shape, lora=lora, tokens=tokens, checkpointing=False, param_bytes=param_bytes
+            shape,
+            lora=lora,
+            tokens=tokens,
+            checkpointing=False,
+            param_bytes=param_bytes,
+            sharding=sharding,
+            world_size=hw.world_size,
         )
         checkpointing = need > budget
         reasons["gradient_checkpointing"] = (
@@ -251,13 +282,27 @@ def make_plan(
             + ("on" if checkpointing else "off")
         )
 
+    # torch.compile, per decoder layer (kubetune_trainer.fast.compile_layers): inductor fuses the
+    # norms, rotary embedding, SwiGLU, residual adds and LoRA adapters that otherwise run as many
+    # small kernels. Auto: on a GPU with the varlen kernel and no recomputation (the pair measured).
     compile_toggle = str(training.torch_compile)
-    torch_compile = compile_toggle == Toggle.ALWAYS
-    reasons["torch_compile"] = (
-        "always, as asked"
-        if torch_compile
-        else ("never, as asked" if compile_toggle == Toggle.NEVER else "auto: off (not yet planned)")
-    )
+    if compile_toggle == Toggle.ALWAYS:
+        torch_compile, reasons["torch_compile"] = True, "always, as asked: decoder layers compiled"
+    elif compile_toggle == Toggle.NEVER:
+        torch_compile, reasons["torch_compile"] = False, "never, as asked"
+    elif not hw.cuda:
+        torch_compile, reasons["torch_compile"] = (
+            False,
+            "auto on CPU: off (compilation would outlast the run)",
+        )
+    elif attn != VARLEN or checkpointing:
+        torch_compile = False
+        reasons["torch_compile"] = (
+            "auto: off (measured only with the varlen kernel and no gradient checkpointing)"
+        )
+    else:
+        torch_compile = True
+        reasons["torch_compile"] = "auto: decoder layers compiled (GPU, varlen attention, no checkpointing)"
 
     return Plan(
         precision=precision,
@@ -273,4 +318,55 @@ def make_plan(
         world_size=hw.world_size,
         reasons=reasons,
         lora=lora,
+        sharding=sharding,
     )
+
+
+SHARDING_ENV = "KUBETUNE_SHARDING"
+
+
+def _sharding(
+    hw: Hardware,
+    shape: ModelShape | None,
+    *,
+    lora: bool,
+    param_bytes: int,
+    budget: int | None,
+    reasons: dict[str, str],
+) -> str:
+    """How several processes share the work: DDP replicas, or FSDP2 shards for what does not fit.
+
+    LoRA: DDP (the trainable adapter is tiny; every GPU keeps the frozen base). Full fine-tuning:
+    DDP while a whole replica (weights, gradients, AdamW moments, DDP's buckets) and a one-sequence
+    micro-step fit the GPU: one gradient all-reduce per step, overlapped with the backward pass;
+    otherwise FSDP2, which shards the states across the GPUs at the cost of gathering each layer's
+    weights in the forward and backward passes. ``KUBETUNE_SHARDING=ddp|fsdp2`` overrides (benchmarks).
+    """
+    if hw.world_size <= 1:
+        reasons["sharding"] = "one process: none"
+        return "none"
+    forced = os.environ.get(SHARDING_ENV, "").strip().lower()
+    if forced in ("ddp", "fsdp2"):
+        reasons["sharding"] = f"{forced}, from {SHARDING_ENV}"
+        return forced
+    if lora:
+        reasons["sharding"] = f"LoRA on {hw.world_size} processes: DDP (the frozen base is replicated)"
+        return "ddp"
+    if shape is None or budget is None:
+        reasons["sharding"] = (
+            f"full fine-tuning on {hw.world_size} processes, no memory estimate: FSDP2 (safe)"
+        )
+        return "fsdp2"
+    replica = estimate_training_bytes(
+        shape, lora=False, tokens=1024, checkpointing=True, param_bytes=param_bytes, sharding="ddp"
+    )
+    if replica <= budget:
+        reasons["sharding"] = (
+            f"full fine-tuning: a replica needs ~{replica / 2**30:.0f} GiB of {budget / 2**30:.0f} GiB: DDP"
+        )
+        return "ddp"
+    reasons["sharding"] = (
+        f"full fine-tuning: a replica needs ~{replica / 2**30:.0f} GiB, more than {budget / 2**30:.0f} GiB: "
+        f"FSDP2 across {hw.world_size} processes"
+    )
+    return "fsdp2"

@@ -291,6 +291,17 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         # (it reads every micro-step's loss back to the host).
         kwargs["logging_nan_inf_filter"] = False
         kwargs["prediction_loss_only"] = True
+    if getattr(plan, "sharding", "none") == "fsdp2":
+        # FSDP2 through accelerate: every decoder layer (the model's _no_split_modules) sharded, the
+        # root too; full state dicts so checkpoints and final/ load like any other model.
+        kwargs["fsdp"] = True
+        kwargs["fsdp_config"] = {
+            "version": 2,
+            "reshard_after_forward": True,
+            "state_dict_type": "FULL_STATE_DICT",
+            "activation_checkpointing": plan.gradient_checkpointing,
+        }
+    fsdp = "fsdp" in kwargs
     return SFTConfig(
         output_dir=str(root),
         **steps_or_epochs,
@@ -306,9 +317,13 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         bf16=plan.precision == "bf16",
         fp16=plan.precision == "fp16",
         use_cpu=plan.device == "cpu",
-        gradient_checkpointing=plan.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if plan.gradient_checkpointing else None,
-        torch_compile=plan.torch_compile,
+        # under FSDP, recomputation is FSDP's activation_checkpointing (no redundant all-gather)
+        gradient_checkpointing=plan.gradient_checkpointing and not fsdp,
+        gradient_checkpointing_kwargs={"use_reentrant": False}
+        if plan.gradient_checkpointing and not fsdp
+        else None,
+        # kubetune compiles the decoder layers itself (fast.compile_layers), not the whole model
+        torch_compile=False,
         max_length=t.max_length,
         packing=plan.packing,
         packing_strategy="bfd",
@@ -368,13 +383,13 @@ def build_trainer(
     callbacks: list[Any],
     plan: Any = None,
 ) -> Any:
-    cls = trainer_class()
-    if plan is not None and plan.liger:
-        from . import fast
+    from . import fast
 
-        if fast.apply_liger(model):
-            cls = fast.fast_trainer_class(cls)
-    return cls(
+    cls = trainer_class()
+    compiled = plan is not None and plan.torch_compile
+    if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):
+        cls = fast.fast_trainer_class(cls, max_length=args.max_length if compiled else None)
+    trainer = cls(
         model=model,
         args=args,
         train_dataset=train,
@@ -383,6 +398,11 @@ def build_trainer(
         peft_config=peft,
         callbacks=callbacks,
     )
+    if compiled:
+        # after PEFT has put its adapters into the layers: they are compiled with them
+        count = fast.compile_layers(trainer.model)
+        log.info("torch.compile: %d decoder layers compiled", count)
+    return trainer
 
 
 # --- the run ---------------------------------------------------------------------------------------
