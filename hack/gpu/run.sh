@@ -16,6 +16,22 @@ for step in "$@"; do
     smoke2) python3 hack/gpu/smoke.py /tmp/smoke2 --nproc 2 --preempt > "$OUT/smoke2.log" 2>&1; grep -E "preempted|resum|exit|COMPLETE|rank" "$OUT/smoke2.log" | tail -20; tail -32 "$OUT/smoke2.log" ;;
     bench) python3 -m kubetune_trainer.bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     bench:*) python3 -m kubetune_trainer.bench --out /tmp/bench --cases "${step#bench:}" > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
+    perf)
+      # issue 6 in one call on two GPUs: (1) the single-GPU cases, split across the two GPUs and run
+      # side by side; (2) the kubetune cases on both GPUs through the PyTorchJob launcher; (3) one
+      # Capybara-sized epoch (12M tokens) of notebook A's job on one GPU. Each case writes its JSON
+      # as it ends and the folder is re-archived after each phase, so a cut-off call still returns
+      # what finished (the device tool returns few files: one archive).
+      B="python3 -m kubetune_trainer.bench --out /tmp/perf --warmup 2 --steps 3"
+      snap() { $B --report-only > /dev/null 2>&1; tar czf "$OUT/perf.tar.gz" -C /tmp perf; }
+      (CUDA_VISIBLE_DEVICES=0 timeout 200 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/gpu0.log 2>&1
+       CUDA_VISIBLE_DEVICES=0 timeout 150 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 >> /tmp/gpu0.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 330 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/gpu1.log 2>&1
+      wait; grep -h "^\[bench\]" /tmp/gpu0.log /tmp/gpu1.log; snap
+      timeout 240 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/x2.log 2>&1; grep "^\[bench\]" /tmp/x2.log; snap
+      CUDA_VISIBLE_DEVICES=0 timeout 300 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1; grep "^\[bench\]" /tmp/epoch.log
+      cp /tmp/gpu0.log /tmp/gpu1.log /tmp/x2.log /tmp/epoch.log /tmp/perf/; snap
+      grep -ihE "error|Traceback" /tmp/perf/*.log | sort | uniq -c | sort -rn | head -12; cat /tmp/perf/bench.md ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

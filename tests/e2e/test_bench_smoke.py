@@ -29,6 +29,10 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
             "1",
             "--rows",
             "120",
+            "--gpus",
+            "1,2",
+            "--epoch-tokens",
+            "20000",
         ],
         capture_output=True,
         text=True,
@@ -38,7 +42,17 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads((out / "bench.json").read_text())
     results = {r["case"]: r for r in data["results"]}
-    assert set(results) == {"tiny:notebook-a", "tiny:kubetune-lora", "tiny:notebook-b", "tiny:kubetune-full"}
+    assert set(results) == {
+        "tiny:notebook-a",
+        "tiny:kubetune-lora",
+        "tiny:notebook-b",
+        "tiny:kubetune-full",
+        # the kubetune cases again through the PyTorchJob's launcher with two processes (gloo here)
+        "tiny:kubetune-lora x2 GPUs",
+        "tiny:kubetune-full x2 GPUs",
+        # one whole epoch
+        "tiny:kubetune-lora epoch",
+    }
     for r in results.values():
         assert r["tokens"] > 0 and r["tokens_per_second"] > 0 and r["step_seconds"] > 0
         assert r["flops_per_token"] > 0
@@ -46,6 +60,12 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
     assert results["tiny:kubetune-lora"]["speedup"] > 0 and results["tiny:kubetune-full"]["speedup"] > 0
     assert results["tiny:kubetune-full"]["plan"]["packing"] is True
     assert results["tiny:notebook-b"]["plan"]["packing"] is False
+    two = results["tiny:kubetune-full x2 GPUs"]
+    assert two["gpus"] == 2 and two["sharding"] == "fsdp2" and two["scaling"] > 0
+    assert results["tiny:kubetune-lora x2 GPUs"]["sharding"] == "ddp"
+    epoch = results["tiny:kubetune-lora epoch"]
+    # every token of the epoch was trained (20k asked, in whole conversations of random length)
+    assert 16_000 <= epoch["tokens"] < 24_000 and epoch["epoch_training_seconds"] > 0
     table = (out / "bench.md").read_text()
-    assert table.count("\n| tiny:") == 4
+    assert table.count("\n| tiny:") == 7 and "One epoch of" in table
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -88,7 +88,9 @@ def test_torchrun_two_processes_preempted_and_resumed(
     assert result["resumed_from_step"] == step and result["mlflow_run_id"] == run_id
     assert result["plan"]["sharding"] == sharding, result["plan"]["reasons"]
     # the resumed (sharded) state trains on: a finite loss below the first one
-    assert math.isfinite(result["final_loss"]) and result["final_loss"] < result["first_loss"], result["losses"]
+    assert math.isfinite(result["final_loss"]) and result["final_loss"] < result["first_loss"], result[
+        "losses"
+    ]
 
     # One checkpoint set (not one per rank), each complete and holding both ranks' RNG state.
     listed = checkpoints.list_checkpoints(root)

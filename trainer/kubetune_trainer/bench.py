@@ -163,6 +163,11 @@ class CaseResult:
     memory_cap_gib: float | None = None
     device: str = ""
     versions: dict[str, str] = field(default_factory=dict)
+    gpus: int = 1
+    sharding: str = "none"
+    # set when the case trained one whole epoch instead of warm-up + measured steps
+    epoch_training_seconds: float | None = None
+    compile_error: str | None = None
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -330,6 +335,8 @@ def run_case(
     case: str,
     *,
     compile_model: bool = False,
+    no_compile: bool = False,
+    epoch_tokens: int | None = None,
     warmup: int,
     steps: int,
     n_rows: int,
@@ -345,6 +352,10 @@ def run_case(
     model_name, kind = CASES[case]
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cuda:
+        # under torchrun each process trains on its own GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if cuda and memory_cap_gib:
         total = torch.cuda.get_device_properties(0).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_gib * 2**30 / total))
@@ -357,6 +368,10 @@ def run_case(
     with tempfile.TemporaryDirectory(prefix="kubetune-bench-") as tmp_name:
         tmp = Path(tmp_name)
         tokenizer = _tokenizer(tmp, cfg["vocab_size"])
+        if epoch_tokens:
+            # a whole epoch of this many real tokens (Capybara: ~12M)
+            mean = sum(capybara_like_lengths(2000, seed=1)) / 2000
+            n_rows = math.ceil(epoch_tokens / mean)
         dataset = synthetic_dataset(n_rows, cfg["vocab_size"], seed=0)
         plan_info: dict[str, Any] = {}
         packing_check = None
@@ -414,8 +429,12 @@ def run_case(
             data_dir.mkdir()
             dataset.to_json(str(data_dir / "train.jsonl"))
             tcfg = _kubetune_config(kind, str(tmp / "model"), str(data_dir), total_steps, str(tmp / "out"))
+            if epoch_tokens:
+                tcfg.spec.training.max_steps, tcfg.spec.training.epochs = None, 1
             if compile_model:
                 tcfg.spec.training.torch_compile = Toggle.ALWAYS
+            if no_compile:
+                tcfg.spec.training.torch_compile = Toggle.NEVER
             shape = trainer_module.shape_from_config(MODEL_CONFIGS[model_name])
             plan = make_plan(tcfg.spec.training, Hardware.detect(), shape=shape, lora=lora)
             model = _build_model(
@@ -434,7 +453,7 @@ def run_case(
                 plan=plan,
             )
             plan_info = plan.as_dict()
-            if cuda:
+            if cuda and world == 1 and not epoch_tokens:
                 from .fast import check_packing_exact
 
                 packing_check = check_packing_exact(trainer.model, dataset[:16]["input_ids"])
@@ -447,18 +466,33 @@ def run_case(
         trainer.add_callback(timing)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
+        if epoch_tokens:
+            meter.active = True
+        train_started = time.perf_counter()
         trainer.train()
         sync()
-        tokens = int(meter.tokens) if not isinstance(meter.tokens, int) else meter.tokens
-        context_sum = float(meter.context)
-        seconds = (timing.end or time.perf_counter()) - (timing.start or time.perf_counter())
+        train_seconds = time.perf_counter() - train_started
+        counts = torch.tensor([float(meter.tokens), float(meter.context)], device=device)
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts)  # every GPU's tokens
+        tokens, context_sum = int(counts[0]), float(counts[1])
+        if epoch_tokens:
+            seconds = train_seconds
+        else:
+            seconds = (timing.end or time.perf_counter()) - (timing.start or time.perf_counter())
+        steps = trainer.state.global_step if epoch_tokens else steps
         mean_context = context_sum / tokens if tokens else 0.0
         fpt = flops_per_token(cfg, lora=lora, mean_context=mean_context)
         name = torch.cuda.get_device_name(0) if cuda else "cpu"
         peak = peak_flops(name, peak_tflops) if cuda else None
         tps = tokens / seconds if seconds > 0 else 0.0
+        label = case + (f" x{world} GPUs" if world > 1 else "") + (" epoch" if epoch_tokens else "")
+        if no_compile and kind.startswith("kubetune"):
+            label += " (no compile)"
         return CaseResult(
-            case=case + ("+compile" if compile_model and kind.startswith("kubetune") else ""),
+            case=label,
             model=model_name,
             kind=kind,
             steps_measured=steps,
@@ -474,6 +508,9 @@ def run_case(
             packing_check=packing_check,
             memory_cap_gib=memory_cap_gib,
             device=name,
+            gpus=world,
+            sharding=str(plan_info.get("sharding", "none")),
+            epoch_training_seconds=round(train_seconds, 1) if epoch_tokens else None,
             versions={
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
@@ -496,36 +533,70 @@ def _liger_version() -> dict[str, str]:
 
 
 def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_case = {r["case"]: r for r in results}
+    """Each kubetune row against its notebook (one GPU each) and each multi-GPU row against one GPU."""
+
+    def plain(r: dict[str, Any]) -> bool:
+        return r.get("gpus", 1) == 1 and not r.get("epoch_training_seconds") and not r.get("memory_cap_gib")
+
     rows = []
     for r in results:
-        base_kind = BASELINE.get(r["kind"])
-        base = next((b for b in results if b["model"] == r["model"] and b["kind"] == base_kind), None)
         row = dict(r)
-        if base and base["tokens_per_second"]:
-            row["speedup"] = round(r["tokens_per_second"] / base["tokens_per_second"], 2)
-            if base.get("peak_memory_gib") and r.get("peak_memory_gib"):
-                row["memory_ratio"] = round(r["peak_memory_gib"] / base["peak_memory_gib"], 2)
+        if r.get("gpus", 1) > 1:
+            single = next(
+                (
+                    b
+                    for b in results
+                    if plain(b)
+                    and b["model"] == r["model"]
+                    and b["kind"] == r["kind"]
+                    and b["tokens_per_second"]
+                ),
+                None,
+            )
+            if single:
+                row["scaling"] = round(r["tokens_per_second"] / single["tokens_per_second"], 2)
+        elif not r.get("epoch_training_seconds"):
+            base_kind = BASELINE.get(r["kind"])
+            base = next(
+                (b for b in results if plain(b) and b["model"] == r["model"] and b["kind"] == base_kind), None
+            )
+            if base and base["tokens_per_second"]:
+                row["speedup"] = round(r["tokens_per_second"] / base["tokens_per_second"], 2)
+                if base.get("peak_memory_gib") and r.get("peak_memory_gib"):
+                    row["memory_ratio"] = round(r["peak_memory_gib"] / base["peak_memory_gib"], 2)
         rows.append(row)
-    del by_case
     return rows
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| case | tokens/s | step s | peak GiB | MFU | speed-up vs notebook | memory vs notebook |\n"
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| case | GPUs | tokens/s | step s | peak GiB (per GPU) | MFU | vs notebook | memory vs notebook "
+        "| vs 1 GPU |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]
+
+    def ratio(value: Any) -> str:
+        return f"{value}x" if value else "—"
+
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
         mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") is not None else "n/a"
         cap = f" (cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else ""
         lines.append(
-            f"| {r['case']}{cap} | {r['tokens_per_second']:,.0f} | {r['step_seconds']:.3f} | {mem} | {mfu} | "
-            f"{str(r.get('speedup', '')) + 'x' if r.get('speedup') else '—'} | "
-            f"{str(r.get('memory_ratio', '')) + 'x' if r.get('memory_ratio') else '—'} |"
+            f"| {r['case']}{cap} | {r.get('gpus', 1)} | {r['tokens_per_second']:,.0f} | {r['step_seconds']:.3f} "
+            f"| {mem} | {mfu} | {ratio(r.get('speedup'))} | {ratio(r.get('memory_ratio'))} "
+            f"| {ratio(r.get('scaling'))} |"
         )
+    for r in rows:
+        if r.get("epoch_training_seconds"):
+            lines.append(
+                f"\nOne epoch of {r['tokens']:,} tokens ({r['case']}): {r['steps_measured']} optimizer steps "
+                f"in {r['epoch_training_seconds']:.1f} s of training (trainer.train(), compilation included)."
+            )
+        if r.get("compile_error"):
+            lines.append(
+                f"\n{r['case']}: the compiled run failed ({r['compile_error']}); measured uncompiled."
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -555,68 +626,114 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def run_all(
-    cases: list[str],
-    out: Path,
-    *,
-    warmup: int,
-    steps: int,
-    rows: int,
-    memory_cap_gib: float | None,
-    extra_capped: list[str],
-    compile_model: bool = False,
-    peak_tflops: float | None,
-) -> list[dict[str, Any]]:
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = [(c, None) for c in cases] + [(c, memory_cap_gib) for c in extra_capped]
-    results: list[dict[str, Any]] = []
-    for case, cap in jobs:
-        target = out / f"{case.replace(':', '_')}{'_cap' if cap else ''}.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "kubetune_trainer.bench",
-            "--one",
-            case,
-            "--json",
-            str(target),
-            "--warmup",
-            str(warmup),
-            "--steps",
-            str(steps),
-            "--rows",
-            str(rows),
-        ]
-        if cap:
-            cmd += ["--memory-cap-gib", str(cap)]
-        if peak_tflops:
-            cmd += ["--peak-tflops", str(peak_tflops)]
-        if compile_model:
-            cmd += ["--compile"]
-        print(f"[bench] {case}" + (f" (cap {cap:g} GiB)" if cap else ""), flush=True)
-        started = time.monotonic()
-        proc = subprocess.run(cmd, check=False)
-        if proc.returncode != 0 or not target.exists():
-            results.append({"case": case, "error": f"exit {proc.returncode}", "memory_cap_gib": cap})
-            print(f"[bench] {case} failed (exit {proc.returncode})", flush=True)
-            continue
-        result = json.loads(target.read_text())
-        results.append(result)
-        print(
-            f"[bench] {case}: {result['tokens_per_second']:,.0f} tokens/s, "
-            f"{result['peak_memory_gib']} GiB, MFU {result['mfu']} ({time.monotonic() - started:.0f} s)",
-            flush=True,
-        )
-    ok = [r for r in results if "error" not in r]
-    rows_out = _ratio_rows(ok)
-    (out / "bench.json").write_text(
-        json.dumps({"results": rows_out, "failed": [r for r in results if "error" in r]}, indent=2)
-    )
+@dataclass(frozen=True)
+class Job:
+    """One benchmark process: a case, optionally capped, on ``gpus`` GPUs, or one whole epoch."""
+
+    case: str
+    cap: float | None = None
+    gpus: int = 1
+    epoch_tokens: int | None = None
+
+    @property
+    def stem(self) -> str:
+        name = self.case.replace(":", "_")
+        name += "_cap" if self.cap else ""
+        name += f"_x{self.gpus}" if self.gpus > 1 else ""
+        return name + ("_epoch" if self.epoch_tokens else "")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _command(job: Job, target: Path, *, warmup: int, steps: int, rows: int, extra: list[str]) -> list[str]:
+    one = ["--one", job.case, "--json", str(target), "--warmup", str(warmup), "--steps", str(steps)]
+    one += ["--rows", str(rows), *extra]
+    if job.cap:
+        one += ["--memory-cap-gib", str(job.cap)]
+    if job.epoch_tokens:
+        one += ["--epoch-tokens", str(job.epoch_tokens)]
+    if job.gpus == 1:
+        return [sys.executable, "-m", "kubetune_trainer.bench", *one]
+    # exactly as a PyTorchJob pod starts the trainer: the launcher (torchrun in process)
+    launch = [sys.executable, "-m", "kubetune_trainer.launch", "--nproc_per_node", str(job.gpus)]
+    launch += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    return [*launch, "-m", "kubetune_trainer.bench", *one]
+
+
+def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: list[str]) -> dict[str, Any]:
+    """Run one job in its own process(es); a kubetune case whose compiled run fails is rerun uncompiled."""
+    target = out / f"{job.stem}.json"
+    log_path = out / f"{job.stem}.log"
+    print(f"[bench] {job.stem}", flush=True)
+    started = time.monotonic()
+    attempts = [extra]
+    if CASES[job.case][1].startswith("kubetune") and "--compile" not in extra:
+        attempts.append([*extra, "--no-compile"])
+    failure = ""
+    for attempt in attempts:
+        with log_path.open("a") as log:
+            cmd = _command(job, target, warmup=warmup, steps=steps, rows=rows, extra=attempt)
+            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT)
+        if proc.returncode == 0 and target.exists():
+            result: dict[str, Any] = json.loads(target.read_text())
+            if failure:
+                result["compile_error"] = failure
+                target.write_text(json.dumps(result, indent=2))
+            print(
+                f"[bench] {job.stem}: {result['tokens_per_second']:,.0f} tokens/s, "
+                f"{result['peak_memory_gib']} GiB, MFU {result['mfu']} ({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
+            return result
+        tail = log_path.read_text().strip().splitlines()[-3:]
+        failure = f"exit {proc.returncode}: " + " | ".join(tail)
+        print(f"[bench] {job.stem} failed ({failure})", flush=True)
+    return {"case": job.stem, "error": failure, "memory_cap_gib": job.cap}
+
+
+def report(out: Path, failed: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """bench.json, bench.md and bench.png from every case result in ``out`` (one run, possibly on several GPUs)."""
+    results = [
+        json.loads(p.read_text())
+        for p in sorted(out.glob("*.json"))
+        if p.name != "bench.json" and p.name.startswith(tuple(c.replace(":", "_") for c in CASES))
+    ]
+    order = {c: i for i, c in enumerate(CASES)}
+    results.sort(key=lambda r: (order.get(r["case"].split(" ")[0], 99), r.get("gpus", 1), r["case"]))
+    rows_out = _ratio_rows(results)
+    (out / "bench.json").write_text(json.dumps({"results": rows_out, "failed": failed or []}, indent=2))
     (out / "bench.md").write_text(markdown_table(rows_out))
     if rows_out:
         chart(rows_out, out / "bench.png")
     print(markdown_table(rows_out))
     return rows_out
+
+
+def run_all(
+    jobs: list[Job],
+    out: Path,
+    *,
+    warmup: int,
+    steps: int,
+    rows: int,
+    compile_model: bool = False,
+    peak_tflops: float | None,
+) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    extra = ["--compile"] if compile_model else []
+    if peak_tflops:
+        extra += ["--peak-tflops", str(peak_tflops)]
+    results = [run_job(job, out, warmup=warmup, steps=steps, rows=rows, extra=extra) for job in jobs]
+    failed = [r for r in results if "error" in r]
+    ok = report(out, failed)
+    return ok if not failed else []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -639,7 +756,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also run the kubetune full case with the GPU capped at this many GiB",
     )
     p.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s for MFU")
-    p.add_argument("--compile", action="store_true", help="kubetune cases with torch.compile (an experiment)")
+    p.add_argument("--compile", action="store_true", help="kubetune cases with torch.compile forced on")
+    p.add_argument("--no-compile", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--gpus",
+        default="1",
+        help="comma-separated GPU counts to run the cases on (kubetune cases on N > 1 GPUs go through the "
+        "PyTorchJob's torchrun launcher; notebook cases run on 1); 0: only the --memory-cap-gib and "
+        "--epoch-tokens runs",
+    )
+    p.add_argument(
+        "--epoch-tokens",
+        type=int,
+        default=None,
+        help="also train Qwen2-0.5B LoRA (kubetune) for one whole epoch of this many tokens (Capybara: 12000000)",
+    )
+    p.add_argument("--report-only", action="store_true", help="only rebuild bench.json/.md/.png from --out")
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 
@@ -654,14 +786,19 @@ def run_from_args(args: argparse.Namespace) -> int:
         result = run_case(
             args.one,
             compile_model=args.compile,
+            no_compile=args.no_compile,
+            epoch_tokens=args.epoch_tokens,
             warmup=args.warmup,
             steps=args.steps,
             n_rows=args.rows,
             memory_cap_gib=args.memory_cap_gib,
             peak_tflops=args.peak_tflops,
         )
-        args.json.write_text(json.dumps(asdict(result), indent=2))
+        if int(os.environ.get("RANK", "0")) == 0:
+            args.json.write_text(json.dumps(asdict(result), indent=2))
         return 0
+    if args.report_only:
+        return 0 if report(args.out) else 1
     smoke = args.smoke
     cases = args.cases.split(",") if args.cases else (SMOKE_CASES if smoke else GPU_CASES)
     unknown = [c for c in cases if c not in CASES]
@@ -671,19 +808,24 @@ def run_from_args(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if smoke else 2)
     steps = args.steps if args.steps is not None else (2 if smoke else 4)
     rows = args.rows if args.rows is not None else (300 if smoke else 1500)
-    capped = [c for c in cases if CASES[c][1] == "kubetune-full"] if args.memory_cap_gib else []
+    kubetune = [c for c in cases if CASES[c][1].startswith("kubetune")]
+    counts = sorted({int(n) for n in str(args.gpus).split(",") if n.strip()})
+    jobs = [Job(c) for c in cases] if 1 in counts else []
+    jobs += [Job(c, gpus=n) for n in counts if n > 1 for c in kubetune]
+    if args.memory_cap_gib:
+        jobs += [Job(c, cap=args.memory_cap_gib) for c in kubetune if CASES[c][1] == "kubetune-full"]
+    if args.epoch_tokens:
+        jobs += [Job(c, epoch_tokens=args.epoch_tokens) for c in kubetune if CASES[c][1] == "kubetune-lora"]
     results = run_all(
-        cases,
+        jobs,
         args.out,
         warmup=warmup,
         steps=steps,
         rows=rows,
-        memory_cap_gib=args.memory_cap_gib,
-        extra_capped=capped,
         peak_tflops=args.peak_tflops,
         compile_model=args.compile,
     )
-    return 0 if len(results) == len(cases) + len(capped) else 1
+    return 0 if len(results) == len(jobs) else 1
 
 
 if __name__ == "__main__":
