@@ -31,3 +31,59 @@ def test_packed_loss_equals_padded_loss() -> None:
     # a packed row without boundaries (one long example) gives a different loss: the check can fail
     merged = fast.check_packing_exact(model, [[t for s in seqs for t in s]], device="cpu")
     assert abs(merged["packed_loss"] - out["packed_loss"]) > 1e-4
+
+
+def test_compiled_layers_train_like_eager_ones_across_packed_shapes() -> None:
+    """fast.compile_layers on a PEFT model: same loss and adapter gradients as eager, for two packings.
+
+    The backend here is aot_eager (dynamo's graph capture and AOT autograd, as on a GPU, without
+    inductor's code generation, which takes minutes on this CPU); the GPU runs inductor.
+    """
+    import copy
+
+    peft = pytest.importorskip("peft")
+    varlen.register()
+    cfg = transformers.Qwen2Config(
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(
+        cfg, attn_implementation=varlen.NAME, dtype=torch.float32
+    )
+    eager = peft.get_peft_model(
+        base,
+        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]),
+    )
+    compiled = copy.deepcopy(eager)
+    assert fast.compile_layers(compiled, backend="aot_eager") == 2
+    assert all(layer._compiled_call_impl is not None for layer in fast.decoder_layers(compiled))
+
+    for lengths in ((5, 9, 3), (12, 2)):
+        ids = torch.randint(3, 101, (1, sum(lengths)))
+        pos = torch.cat([torch.arange(n) for n in lengths])[None]
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        batch = {
+            "input_ids": ids,
+            "position_ids": pos,
+            "labels": ids,
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": 256,  # the length cap, as the fast trainer hands it to compiled layers
+            "max_length_k": 256,
+        }
+        losses = []
+        grads = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            loss = model(**batch).loss
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+        assert abs(losses[0] - losses[1]) < 1e-5, losses
+        assert max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True)) < 1e-5

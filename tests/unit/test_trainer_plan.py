@@ -224,3 +224,52 @@ def test_every_scheduler_the_spec_allows_makes_a_valid_sft_config(tmp_path: Path
     args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
     assert args.lr_scheduler_type == scheduler and args.warmup_steps == 0.1
     assert args.output_dir == str(tmp_path / "checkpoints") and args.save_total_limit is None
+
+
+H200 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=141 * 2**30, varlen=True)
+
+
+def test_compile_is_planned_on_a_gpu_with_varlen_and_no_recomputation() -> None:
+    assert make_plan(TrainingSpec(max_steps=1), H200, shape=QWEN2_05B).torch_compile is True
+    # CPU: never by default (compilation would outlast a CPU run); asked for, it is honoured
+    cpu = make_plan(TrainingSpec(max_steps=1), CPU)
+    assert cpu.torch_compile is False and "CPU" in cpu.reasons["torch_compile"]
+    assert make_plan(TrainingSpec(max_steps=1, torch_compile="always"), CPU).torch_compile is True
+    assert make_plan(TrainingSpec(max_steps=1, torch_compile="never"), H200).torch_compile is False
+    # gradient checkpointing forced on: compile stays off unless asked (not the measured pair)
+    ckpt = make_plan(TrainingSpec(max_steps=1, gradient_checkpointing="always"), H200, shape=QWEN2_05B)
+    assert ckpt.torch_compile is False and "checkpointing" in ckpt.reasons["torch_compile"]
+    # no varlen kernel (padded batches): off
+    assert make_plan(TrainingSpec(max_steps=1, packing=False), H200, shape=QWEN2_05B).torch_compile is False
+
+
+def test_sharding_ddp_for_lora_and_for_a_replica_that_fits_fsdp2_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBETUNE_SHARDING", raising=False)
+    one = make_plan(TrainingSpec(max_steps=1), H200, shape=QWEN3_4B, lora=False)
+    assert one.sharding == "none"
+    h200x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=141 * 2**30, varlen=True)
+    h100x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=80 * 2**30, varlen=True)
+    assert make_plan(TrainingSpec(max_steps=1), h100x8, shape=QWEN3_4B, lora=True).sharding == "ddp"
+    # Qwen3-4B full: a bf16 replica (weights, gradients, moments, DDP buckets: ~40 GB) fits either card
+    assert make_plan(TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False).sharding == "ddp"
+    # an 8B model's replica (~80 GB) does not fit 80 GiB: FSDP2, and the reason says why
+    big = ModelShape(params=8_000_000_000, hidden_size=4096, num_layers=36, vocab_size=151_936)
+    plan = make_plan(TrainingSpec(max_steps=1), h100x8, shape=big, lora=False)
+    assert plan.sharding == "fsdp2" and "FSDP2" in plan.reasons["sharding"]
+    # sharded, the states no longer bound the micro-step: the memory plan fits more rows than a replica would
+    assert plan.gradient_checkpointing is False
+    monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp2")
+    forced = make_plan(TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False)
+    assert forced.sharding == "fsdp2" and "KUBETUNE_SHARDING" in forced.reasons["sharding"]
+
+
+def test_fsdp2_divides_the_training_states_by_the_gpus() -> None:
+    replica = estimate_training_bytes(QWEN3_4B, lora=False, tokens=8192, checkpointing=False, sharding="ddp")
+    single = estimate_training_bytes(QWEN3_4B, lora=False, tokens=8192, checkpointing=False)
+    sharded = estimate_training_bytes(
+        QWEN3_4B, lora=False, tokens=8192, checkpointing=False, sharding="fsdp2", world_size=8
+    )
+    assert replica - single == 2 * QWEN3_4B.params  # DDP's gradient buckets
+    assert sharded < single  # fp32 states over 8 GPUs weigh less than one bf16 replica

@@ -18,7 +18,7 @@ after the warm-up:
 
 Metrics per case: training tokens/s (real tokens only: no padding), optimizer-step time, peak GPU
 memory, and MFU = model FLOPs per second / peak dense bf16 FLOP/s of the GPU, where model FLOPs per
-token = m * 2 * N_matmul + a * 4 * L * H * d_head * c: N_matmul the parameters of every matrix
+token = m * 2 * N_matmul + a * 4 * L * H * d_head * c (on N GPUs: over N peaks): N_matmul the parameters of every matrix
 multiply (LM head included, embeddings excluded), c the mean attended context per token (causal:
 (n+1)/2 for an example of n tokens), m = 3 for full fine-tuning and 2 for LoRA (frozen weights get
 no weight gradients), a = 3. Recomputation from gradient checkpointing is not counted (model FLOPs,
@@ -501,7 +501,8 @@ def run_case(
             tokens_per_second=round(tps, 1),
             step_seconds=round(seconds / steps, 4),
             peak_memory_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-            mfu=round(tps * fpt / peak, 4) if peak else None,
+            # per GPU: the FLOP/s of all GPUs over all their peaks
+            mfu=round(tps * fpt / (peak * world), 4) if peak else None,
             flops_per_token=fpt,
             losses=timing.losses,
             plan=plan_info,
