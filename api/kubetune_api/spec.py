@@ -294,7 +294,11 @@ class TrainingSpec(_Model):
         default=True,
         description="Padding-free packing: no pad tokens, no attention across examples (varlen attention).",
     )
-    torch_compile: Toggle = Field(default=Toggle.AUTO, description="torch.compile: auto, always or never.")
+    torch_compile: Toggle = Field(
+        default=Toggle.AUTO,
+        description="torch.compile of the decoder layers: auto (on a GPU with packing and no gradient "
+        "checkpointing), always or never.",
+    )
     assistant_only_loss: bool = Field(default=False, description="Train only on assistant turns (chat data).")
     logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
         default=25, description="Log every N steps."
