@@ -797,6 +797,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         if int(os.environ.get("RANK", "0")) == 0:
             args.json.write_text(json.dumps(asdict(result), indent=2))
+        from .train import close_process_group
+
+        close_process_group()
         return 0
     if args.report_only:
         return 0 if report(args.out) else 1

@@ -692,8 +692,19 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainerConfig.load(args.config)
     outcome = run(cfg, progress_bar=args.progress_bar)
     if outcome.status == "preempted":
+        # no collective goodbye: another rank may already be gone
         sys.stderr.flush()
+    else:
+        close_process_group()
     return outcome.exit_code
+
+
+def close_process_group() -> None:
+    """Leave the process group (NCCL/gloo) cleanly when torchrun started one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
