@@ -10,7 +10,8 @@ transformers = pytest.importorskip("transformers")
 from kubetune_trainer import fast, varlen  # noqa: E402
 
 
-def test_packed_loss_equals_padded_loss() -> None:
+def _tiny_varlen_model() -> object:
+    """A two-layer Qwen2 with GQA on kubetune's varlen attention, fp32, fixed seed."""
     varlen.register()
     cfg = transformers.Qwen2Config(
         vocab_size=101,
@@ -22,9 +23,13 @@ def test_packed_loss_equals_padded_loss() -> None:
         max_position_embeddings=256,
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
+    return transformers.AutoModelForCausalLM.from_config(
         cfg, attn_implementation=varlen.NAME, dtype=torch.float32
     )
+
+
+def test_packed_loss_equals_padded_loss() -> None:
+    model = _tiny_varlen_model()
     seqs = [torch.randint(3, 101, (n,)).tolist() for n in (17, 40, 9, 33)]
     out = fast.check_packing_exact(model, seqs, device="cpu")
     assert out["relative_difference"] < 1e-5, out
@@ -42,20 +47,7 @@ def test_compiled_layers_train_like_eager_ones_across_packed_shapes() -> None:
     import copy
 
     peft = pytest.importorskip("peft")
-    varlen.register()
-    cfg = transformers.Qwen2Config(
-        vocab_size=101,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    base = transformers.AutoModelForCausalLM.from_config(
-        cfg, attn_implementation=varlen.NAME, dtype=torch.float32
-    )
+    base = _tiny_varlen_model()
     eager = peft.get_peft_model(
         base,
         peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]),
