@@ -273,3 +273,33 @@ def test_fsdp2_divides_the_training_states_by_the_gpus() -> None:
     )
     assert replica - single == 2 * QWEN3_4B.params  # DDP's gradient buckets
     assert sharded < single  # fp32 states over 8 GPUs weigh less than one bf16 replica
+
+
+def test_multi_process_cpu_full_fine_tuning_is_ddp_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp2")  # cannot be honoured without GPUs
+    plan = make_plan(TrainingSpec(max_steps=1), Hardware(cuda=False, bf16=False, world_size=8), lora=False)
+    assert plan.sharding == "ddp" and "FSDP needs GPUs" in plan.reasons["sharding"]
+
+
+def test_an_fsdp2_plan_makes_accelerate_shard_with_fsdp2(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from kubetune_trainer.train import build_sft_config
+
+    cfg = _cfg(training={"maxSteps": 10}).model_copy(update={"output_dir": str(tmp_path)})
+    h100x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=80 * 2**30, varlen=True)
+    big = ModelShape(params=8_000_000_000, hidden_size=4096, num_layers=36, vocab_size=151_936)
+    plan = make_plan(cfg.spec.training, h100x8, shape=big, lora=False)
+    assert plan.sharding == "fsdp2"
+    # built on this CPU: the same arguments with the device set aside
+    args = build_sft_config(
+        cfg, replace(plan, device="cpu", precision="fp32"), has_eval=False, progress_bar=False
+    )
+    assert args.fsdp_plugin_args["fsdp_version"] == 2
+    assert args.fsdp_plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert args.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"  # final/ loads like any model
+    # recomputation, when planned, is FSDP's own activation checkpointing
+    assert args.gradient_checkpointing is False
+    ckpt = replace(plan, device="cpu", precision="fp32", gradient_checkpointing=True)
+    args = build_sft_config(cfg, ckpt, has_eval=False, progress_bar=False)
+    assert args.fsdp_plugin_args["activation_checkpointing"] is True and args.gradient_checkpointing is False

@@ -168,6 +168,9 @@ class CaseResult:
     # set when the case trained one whole epoch instead of warm-up + measured steps
     epoch_training_seconds: float | None = None
     compile_error: str | None = None
+    step_times: list[float] = field(default_factory=list)
+    # graphs dynamo compiled in the process (compiled layers: 1 forward graph when nothing recompiles)
+    compiled_graphs: int | None = None
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -263,16 +266,22 @@ def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
             self.start: float | None = None
             self.end: float | None = None
             self.losses: list[float] = []
+            # every optimizer step's wall time, warm-up included (the first holds the compilation);
+            # the sync at each step end costs nothing here: logging every step reads the loss anyway
+            self.step_times: list[float] = []
+            self._began = 0.0
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step == warmup:
                 sync()
                 meter.active = True
                 self.start = time.perf_counter()
+            self._began = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            sync()
+            self.step_times.append(round(time.perf_counter() - self._began, 4))
             if state.global_step == state.max_steps and self.start is not None:
-                sync()
                 self.end = time.perf_counter()
                 meter.active = False
 
@@ -511,6 +520,8 @@ def run_case(
             device=name,
             gpus=world,
             sharding=str(plan_info.get("sharding", "none")),
+            step_times=timing.step_times if not epoch_tokens else timing.step_times[:8],
+            compiled_graphs=_compiled_graphs(),
             epoch_training_seconds=round(train_seconds, 1) if epoch_tokens else None,
             versions={
                 "torch": torch.__version__,
@@ -519,6 +530,15 @@ def run_case(
                 **_liger_version(),
             },
         )
+
+
+def _compiled_graphs() -> int | None:
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:  # a private counter: a diagnostic, never a failure
+        return None
 
 
 def _liger_version() -> dict[str, str]:
@@ -681,7 +701,9 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
     for attempt in attempts:
         with log_path.open("a") as log:
             cmd = _command(job, target, warmup=warmup, steps=steps, rows=rows, extra=attempt)
-            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT)
+            # dynamo says in the case's log why it recompiled, if it does
+            env = {**os.environ, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")}
+            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env)
         if proc.returncode == 0 and target.exists():
             result: dict[str, Any] = json.loads(target.read_text())
             if failure:

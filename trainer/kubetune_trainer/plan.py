@@ -346,11 +346,15 @@ def _sharding(
         reasons["sharding"] = "one process: none"
         return "none"
     forced = os.environ.get(SHARDING_ENV, "").strip().lower()
-    if forced in ("ddp", "fsdp2"):
+    if forced in ("ddp", "fsdp2") and (hw.cuda or forced == "ddp"):
         reasons["sharding"] = f"{forced}, from {SHARDING_ENV}"
         return forced
     if lora:
         reasons["sharding"] = f"LoRA on {hw.world_size} processes: DDP (the frozen base is replicated)"
+        return "ddp"
+    if not hw.cuda:
+        # accelerate shards with FSDP on GPUs only; on CPUs it runs DDP whatever it is asked
+        reasons["sharding"] = f"full fine-tuning on {hw.world_size} CPU processes: DDP (FSDP needs GPUs)"
         return "ddp"
     if shape is None or budget is None:
         reasons["sharding"] = (
