@@ -60,6 +60,7 @@ PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 
 # Where the writable scratch space goes: the root filesystem is read-only.
 CACHE_MOUNT = "/var/cache/kubetune"
+COMPILE_CACHE = f"{CHECKPOINT_MOUNT}/.cache"
 TMP_MOUNT = "/tmp"
 SHM_MOUNT = "/dev/shm"
 
@@ -269,8 +270,11 @@ def _env(job: api.FineTuneJob) -> list[dict[str, Any]]:
         {"name": "HOME", "value": CACHE_MOUNT},  # exists (the mount point); some tools write to ~
         {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
         {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
-        {"name": "TRITON_CACHE_DIR", "value": f"{CACHE_MOUNT}/triton"},
-        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_MOUNT}/torchinductor"},
+        # Compiled kernels live on the checkpoint volume: an attempt restarted after preemption
+        # finds the previous attempt's kernels instead of compiling again (keys include the torch
+        # version and the GPU, so a new image or another GPU simply compiles anew).
+        {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE}/triton"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{COMPILE_CACHE}/torchinductor"},
         {"name": "TMPDIR", "value": TMP_MOUNT},
         {"name": "KUBETUNE_CONFIG", "value": CONFIG_PATH},
     ]
