@@ -414,7 +414,10 @@ class RegistrationSpec(_Model):
         default=True, description="Merge the LoRA adapter into the base model before logging."
     )
     alias: Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] | None = Field(
-        default=None, description="Alias to point at the new version (e.g. champion). May be changed later."
+        default=None,
+        description="Alias to point at the new version (e.g. champion). May be changed later: once the "
+        "model is registered, the operator runs the registration again to move the alias (condition "
+        "AliasSynced).",
     )
 
 

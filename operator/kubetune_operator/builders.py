@@ -10,6 +10,8 @@ PersistentVolumeClaim  ``<job>-ckpt``                not when ``storage.existing
 ConfigMap              ``<job>-config``              key ``config.yaml``: the TrainerConfig
 PyTorchJob             ``<job>-train``               kubeflow.org/v1, Master + (nodes-1) Workers
 Job                    ``<job>-register``            batch/v1, created once training succeeded
+Job                    ``<job>-alias-<hash>``        batch/v1, when ``registration.alias`` changes
+                                                     after the model was registered (moves it)
 ServiceAccount, Role,  ``<job>-trainer``             the trainer's identity (see ``identity``);
 RoleBinding                                          not when the settings name a ServiceAccount
 =====================  ============================  ==========================================
@@ -29,6 +31,7 @@ Registration pods need no API access and mount no token.
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 from kubetune_api import spec as api
@@ -51,6 +54,8 @@ COMPONENT_CHECKPOINTS = "checkpoints"
 COMPONENT_CONFIG = "trainer-config"
 COMPONENT_TRAINING = "training"
 COMPONENT_REGISTRATION = "registration"
+COMPONENT_ALIAS = "alias"
+ANNOTATION_ALIAS = f"{api.GROUP}/alias"
 COMPONENT_IDENTITY = "trainer-identity"
 
 TRAIN_CONTAINER = "pytorch"  # the Training Operator finds its container by this name
@@ -475,6 +480,32 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
             },
         },
     }
+
+
+def alias_job_name(job: api.FineTuneJob) -> str:
+    """One Job per alias change (alias and spec generation): changing it back to an earlier alias
+    never mistakes that alias's old, finished Job for the move it asks for now."""
+    alias = job.spec.registration.alias or ""
+    key = f"{alias}\n{job.metadata.generation or 0}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return f"{job.metadata.name}-alias-{digest}"
+
+
+def build_alias_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    """The registration Job again, for a changed ``registration.alias`` after the model was registered.
+
+    Registration is idempotent: the run finds the version it registered and only moves the alias
+    (the trainer config it reads follows the spec's alias).
+    """
+    manifest = build_registration_job(job, settings)
+    name = alias_job_name(job)
+    manifest["metadata"] = _metadata(job, name, COMPONENT_ALIAS)
+    manifest["metadata"]["annotations"] = {ANNOTATION_ALIAS: job.spec.registration.alias or ""}
+    manifest["spec"]["template"]["metadata"]["labels"] = {
+        **labels(job, COMPONENT_ALIAS),
+        **selector_labels(job, COMPONENT_ALIAS),
+    }
+    return manifest
 
 
 def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 - FineTuneJob create / update (spec: suspend, registration.alias) / resume (operator start):
   reconcile; ``kopf.TemporaryError`` while a conflict or a pending result needs time,
   ``kopf.PermanentError`` for a spec the operator can never use.
-- PyTorchJob, registration Job and registration pod events (selected by the ``kubetune.io/job``
+- PyTorchJob, registration and alias Job and pod events (selected by the ``kubetune.io/job``
   label): reconcile the FineTuneJob named in the label.
 - A slow timer re-syncs every FineTuneJob: the safety net for missed events.
 
@@ -130,4 +130,14 @@ def registration_job_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION})
 def registration_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_ALIAS})
+def alias_job_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_ALIAS})
+def alias_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
     _child_event(body, memo, logger)

@@ -87,6 +87,8 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         previous = api.FineTuneJobStatus.model_validate(raw_status)
     except ValidationError:
         previous = api.FineTuneJobStatus(phase=raw_status.get("phase"))
+    if previous.phase == api.Phase.SUCCEEDED.value:
+        return _follow_alias(ctx, obj, previous, generation)
     if previous.phase in state.FINAL_PHASES:
         return Outcome(phase=str(previous.phase))
 
@@ -181,6 +183,43 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             ctx.emit(obj, event)
     ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
     return Outcome(phase=transition.phase, waiting=transition.waiting, message=conflict or "")
+
+
+def _follow_alias(
+    ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus, generation: int
+) -> Outcome:
+    """Succeeded, then ``registration.alias`` changed: run the (idempotent) registration again to move it."""
+    done = Outcome(phase=api.Phase.SUCCEEDED.value)
+    model = previous.registered_model
+    try:
+        job = api.parse_job(obj)
+    except ValidationError:
+        return done
+    wanted = job.spec.registration.alias or None
+    if model is None or not job.spec.registration.enabled or (model.alias or None) == wanted:
+        return done
+    ns = obj["metadata"]["namespace"]
+    # the Job reads the trainer config: it must carry the new alias first
+    config = builders.build_config_map(job, ctx.settings)
+    result = ensure(ctx.kube, config, job)
+    if result.conflict:
+        return Outcome(phase=done.phase, message=result.conflict)
+    if not result.created:
+        sync_config(ctx.kube, result.obj, config)
+    manifest = builders.build_alias_job(job, ctx.settings)
+    result = ensure(ctx.kube, manifest, job)
+    if result.conflict:
+        return Outcome(phase=done.phase, message=result.conflict)
+    if result.created:
+        ctx.emit(obj, state.Event("Normal", "Created", f"created Job {manifest['metadata']['name']}"))
+    selector = builders.selector_labels(job, builders.COMPONENT_ALIAS)
+    pods = ctx.kube.list("v1", "Pod", ns, ",".join(f"{k}={v}" for k, v in selector.items()))
+    observed = state.registration_observation(result.obj, pods, builders.REGISTER_CONTAINER)
+    transition = state.alias_transition(previous, wanted, observed, now=now(), generation=generation)
+    if _write_status(ctx, obj, transition):
+        for event in transition.events:
+            ctx.emit(obj, event)
+    return Outcome(phase=done.phase, waiting=transition.waiting)
 
 
 def _write_status(ctx: Context, obj: dict[str, Any], transition: state.Transition) -> bool:

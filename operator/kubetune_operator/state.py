@@ -41,6 +41,11 @@ CHILDREN_READY = "ChildrenReady"
 TRAINING = "Training"
 SUSPENDED = "Suspended"
 REGISTERED = "Registered"
+# after Succeeded: whether the registered version carries the spec's registration.alias
+ALIAS_SYNCED = "AliasSynced"
+MOVING_ALIAS = "MovingAlias"
+ALIAS_MOVED = "AliasMoved"
+ALIAS_FAILED = "AliasFailed"
 CONDITION_TYPES = (READY, CHILDREN_READY, TRAINING, SUSPENDED, REGISTERED)
 
 # --- reasons ----------------------------------------------------------------------------------------
@@ -482,3 +487,58 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     elif phase == Phase.FAILED.value:
         events.append(Event("Warning", ready[1] or FAILED, ready[2]))
     return events
+
+
+def alias_transition(
+    previous: FineTuneJobStatus,
+    wanted: str | None,
+    job: RegistrationObservation,
+    *,
+    now: str,
+    generation: int,
+) -> Transition:
+    """A Succeeded job whose ``registration.alias`` changed: the alias Job's progress into the status.
+
+    The phase stays Succeeded (the model is registered either way); the ``AliasSynced`` condition
+    says whether the version carries the alias the spec asks for, and ``registeredModel.alias``
+    follows once the alias Job reports it.
+    """
+    model = previous.registered_model
+    assert model is not None  # only called for a registered model
+    target = f"{model.name} version {model.version}"
+    status: dict[str, Any] = {"observedGeneration": generation}
+    decided: tuple[bool, str, str]
+    if job.state == "Complete" and job.result is not None:
+        moved = str(job.result["alias"]) if job.result.get("alias") else None
+        status["registeredModel"] = {**model.wire(), "alias": moved}
+        text = f"alias {moved!r} points at {target}" if moved else f"{target} has no kubetune alias now"
+        decided = (True, ALIAS_MOVED, text)
+        kind: Literal["Normal", "Warning"] = "Normal"
+    elif job.state == "Failed":
+        decided = (False, ALIAS_FAILED, f"moving the alias to {wanted!r} failed: {job.message}")
+        kind = "Warning"
+    else:
+        decided = (False, MOVING_ALIAS, f"pointing alias {wanted!r} at {target}")
+        kind = "Normal"
+    old = {c.type: c for c in previous.conditions or []}
+    value: Literal["True", "False"] = "True" if decided[0] else "False"
+    before = old.get(ALIAS_SYNCED)
+    condition = Condition(
+        type=ALIAS_SYNCED,
+        status=value,
+        reason=decided[1],
+        message=decided[2],
+        last_transition_time=before.last_transition_time
+        if before is not None and before.status == value
+        else now,
+        observed_generation=generation,
+    )
+    kept = [c for c in previous.conditions or [] if c.type != ALIAS_SYNCED]
+    status["conditions"] = [
+        c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in [*kept, condition]
+    ]
+    events = (
+        [] if before is not None and before.reason == decided[1] else [Event(kind, decided[1], decided[2])]
+    )
+    waiting = job.state not in ("Complete", "Failed")
+    return Transition(status=status, events=events, phase=str(previous.phase), waiting=waiting)

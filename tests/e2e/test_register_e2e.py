@@ -326,6 +326,25 @@ def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
     assert client(uri).get_model_version_by_alias(name, "staging").version == "1"
     assert len(client(uri).search_model_versions(f"name = '{name}'")) == 1
 
+    # Changed again: the alias moves; the one kubetune set before goes, one set by hand stays.
+    client(uri).set_registered_model_alias(name, "kept-by-hand", "1")
+    config = write_config(
+        tmp_path,
+        base=tiny_base,
+        method="lora",
+        tracking_uri=uri,
+        name="tiny-adapter",
+        uid="uid-adapter-1",
+        model_name=name,
+        merge_lora=False,
+        alias="production",
+    )
+    assert register.main(args) == 0
+    version = client(uri).get_model_version(name, "1")
+    assert sorted(version.aliases) == ["kept-by-hand", "production"]
+    assert version.tags["kubetune.alias"] == "production"
+    assert len(client(uri).search_model_versions(f"name = '{name}'")) == 1
+
 
 def test_full_model_waits_out_an_outage_then_registers(
     tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]

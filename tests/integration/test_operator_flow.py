@@ -99,6 +99,98 @@ def test_pending_training_registering_succeeded(kube: Any, namespace: str, opera
     assert {"Created", "TrainingStarted", "RegistrationStarted", "Succeeded"} <= reasons
 
 
+def _succeed(kube: Any, namespace: str, name: str) -> dict[str, Any]:
+    ptj = f"{name}-train"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, f"{name}-register"), what="the registration Job")
+    finish_registration_job(kube, namespace, f"{name}-register", message=json.dumps(RESULT))
+    return wait_phase(kube, namespace, name, "Succeeded")
+
+
+def _alias_jobs(kube: Any, namespace: str, name: str) -> list[dict[str, Any]]:
+    selector = f"kubetune.io/job={name},app.kubernetes.io/component=alias"
+    return list(kube.list("batch/v1", "Job", namespace, selector))
+
+
+def _alias_reason(kube: Any, namespace: str, name: str) -> str | None:
+    """The AliasSynced condition's reason, None while there is none."""
+    obj = get_job(kube, namespace, name)
+    found = [c for c in obj.get("status", {}).get("conditions") or [] if c["type"] == "AliasSynced"]
+    return found[0]["reason"] if found else None
+
+
+def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
+    kube: Any, namespace: str, operator: Any
+) -> None:
+    name = _start(kube, namespace)
+    obj = _succeed(kube, namespace, name)
+    assert obj["status"]["registeredModel"]["alias"] == "champion" and not _alias_jobs(kube, namespace, name)
+
+    kube.patch(
+        API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "production"}}}
+    )
+    jobs = wait_for(lambda: _alias_jobs(kube, namespace, name), what="the alias Job")
+    assert len(jobs) == 1
+    job = jobs[0]
+    # the registration command again (idempotent: it finds the version and moves the alias), no GPU
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:3] == ["python", "-m", "kubetune_trainer.register"]
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    assert job["metadata"]["annotations"]["kubetune.io/alias"] == "production"
+    # the trainer config it reads carries the new alias
+    wait_for(
+        lambda: (
+            "alias: production"
+            in kube.get("v1", "ConfigMap", namespace, f"{name}-config")["data"]["config.yaml"]
+        ),
+        what="the new alias in the trainer config",
+    )
+    wait_for(
+        lambda: _alias_reason(kube, namespace, name) == "MovingAlias", what="AliasSynced=False, MovingAlias"
+    )
+    obj = get_job(kube, namespace, name)
+    assert obj["status"]["phase"] == "Succeeded" and obj["status"]["registeredModel"]["alias"] == "champion"
+
+    finish_registration_job(
+        kube, namespace, job["metadata"]["name"], message=json.dumps({**RESULT, "alias": "production"})
+    )
+    obj = wait_for(
+        lambda: (
+            (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == "production" and o
+        ),
+        what="the moved alias in the status",
+    )
+    assert obj["status"]["phase"] == "Succeeded" and obj["status"]["registeredModel"]["version"] == "3"
+    assert condition(obj, "AliasSynced")["status"] == "True"
+    assert condition(obj, "Ready")["status"] == "True"
+    wait_for(
+        lambda: {"MovingAlias", "AliasMoved"} <= {e["reason"] for e in events_for(kube, namespace, name)},
+        what="MovingAlias and AliasMoved events",
+    )
+
+    # Back to the first alias: a new Job (a finished one of an earlier change is never taken for it).
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "champion"}}})
+    jobs = wait_for(
+        lambda: len(_alias_jobs(kube, namespace, name)) == 2 and _alias_jobs(kube, namespace, name)
+    )
+    newest = next(j for j in jobs if j["metadata"]["name"] != job["metadata"]["name"])
+    finish_registration_job(
+        kube,
+        namespace,
+        newest["metadata"]["name"],
+        exit_code=1,
+        message='{"error": "MLflow refused", "reason": "MlflowRefused"}',
+    )
+    wait_for(
+        lambda: _alias_reason(kube, namespace, name) == "AliasFailed", what="AliasSynced=False, AliasFailed"
+    )
+    obj = get_job(kube, namespace, name)
+    # the model stays registered and Succeeded; the failure is said, with what MLflow answered
+    assert obj["status"]["phase"] == "Succeeded" and obj["status"]["registeredModel"]["alias"] == "production"
+    assert "MLflow refused" in condition(obj, "AliasSynced")["message"]
+
+
 def test_failed_training(kube: Any, namespace: str, operator: Any) -> None:
     name = _start(kube, namespace)
     ptj = f"{name}-train"

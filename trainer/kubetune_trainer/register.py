@@ -112,6 +112,8 @@ TAG_DATASET_REVISION = "kubetune.dataset.revision"
 TAG_METHOD = "kubetune.method"
 TAG_LORA_MERGED = "kubetune.lora_merged"
 TAG_REGISTERED_MODEL = "kubetune.registered_model"
+# the alias kubetune last pointed at a version (so a changed registration.alias moves only its own)
+TAG_ALIAS = "kubetune.alias"
 IDENTITY_TAGS = (TAG_JOB_NAME, TAG_JOB_NAMESPACE, TAG_JOB_UID, TAG_CONFIG_HASH)
 
 
@@ -453,10 +455,7 @@ class Registration:
             log.info("registered %s version %s from %s", self.name, version.version, model_uri)
         version_id = str(version.version)
         alias = self.cfg.spec.registration.alias
-        if alias:
-            self.retry.call(
-                f"set alias {alias!r}", self.client.set_registered_model_alias, self.name, alias, version_id
-            )
+        self.retry.call("point the alias", self.point_alias, version_id, alias)
         self._tag_run(run_id, version_id)
         return {
             "name": self.name,
@@ -465,6 +464,31 @@ class Registration:
             "run_id": run_id,
             "alias": alias,
         }
+
+    def point_alias(self, version_id: str, alias: str | None) -> None:
+        """Point ``alias`` at this version; drop the alias kubetune set before, if it changed.
+
+        ``registration.alias`` may change after the model was registered: the registration runs
+        again and moves the alias. Only the alias kubetune itself set (recorded in a version tag)
+        is removed, and only while it still points at this version; aliases people set by hand,
+        or that moved on to another version since, are left alone.
+        """
+        current = self.client.get_model_version(self.name, version_id)
+        previous = (current.tags or {}).get(TAG_ALIAS)
+        if previous and previous != alias and previous in (current.aliases or []):
+            log.info(
+                "removing alias %r from %s version %s (registration.alias is now %r)",
+                previous,
+                self.name,
+                version_id,
+                alias,
+            )
+            self.client.delete_registered_model_alias(self.name, previous)
+        if alias:
+            self.client.set_registered_model_alias(self.name, alias, version_id)
+            self.client.set_model_version_tag(self.name, version_id, TAG_ALIAS, alias)
+        elif previous:
+            self.client.delete_model_version_tag(self.name, version_id, TAG_ALIAS)
 
     def _tag_run(self, run_id: str, version: str) -> None:
         from mlflow.entities import RunTag
