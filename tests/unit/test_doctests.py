@@ -1,0 +1,42 @@
+"""The examples in the packages' docstrings run and say what they show (CI runs them here)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = {
+    "api": "kubetune_api",
+    "operator": "kubetune_operator",
+    "trainer": "kubetune_trainer",
+    "cli": "kubetune_cli",
+}
+
+
+def _modules_with_examples() -> list[str]:
+    found = []
+    for folder, package in PACKAGES.items():
+        for path in sorted((REPO / folder / package).glob("*.py")):
+            if path.stem != "__main__" and ">>>" in path.read_text():
+                found.append(f"{package}.{path.stem}" if path.stem != "__init__" else package)
+    return found
+
+
+MODULES = _modules_with_examples()
+
+
+def test_examples_are_found() -> None:
+    assert "kubetune_trainer.plan" in MODULES and "kubetune_trainer.varlen" in MODULES
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name: str) -> None:
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0, (
+        f"{result.failed} of {result.attempted} failed in {name}"
+    )
