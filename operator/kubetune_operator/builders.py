@@ -23,7 +23,7 @@ copied ``app.kubernetes.io/instance`` would make Argo CD think it owns (and prun
 
 Trainer identity: the trainer reports progress by patching ``finetunejobs/status`` of its own
 FineTuneJob. Unless ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount, the
-operator creates per job a ServiceAccount, a Role that allows only ``get``/``patch`` on
+operator creates per job a ServiceAccount, a Role that allows only ``patch`` on
 ``finetunejobs/status`` with ``resourceNames: [<job>]``, and a RoleBinding, all owned by the job.
 Registration pods need no API access and mount no token.
 """
@@ -226,7 +226,7 @@ def build_trainer_identity(job: api.FineTuneJob, settings: Settings) -> list[dic
                     "apiGroups": [api.GROUP],
                     "resources": [f"{api.PLURAL}/status"],
                     "resourceNames": [job.metadata.name],
-                    "verbs": ["get", "patch"],
+                    "verbs": ["patch"],  # the trainer only ever patches its progress in
                 }
             ],
         },

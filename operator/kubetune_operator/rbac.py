@@ -9,7 +9,7 @@ Why each rule:
 - events (create): ``kubectl describe ftj`` shows what happened (kopf posts them, core v1).
 - finetunejobs (get/list/watch/patch): read and watch jobs; kopf patches its finalizer and its
   progress annotations. finetunejobs/status (get/patch): the operator's status writes. The per-job
-  trainer Role grants get/patch on the status too, and RBAC lets only a holder grant a permission.
+  trainer Role grants patch on the status too, and RBAC lets only a holder grant a permission.
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
 - jobs (get/list/watch/create): the registration Job. pods (list/watch): its termination message.
 - persistentvolumeclaims (get/create): the checkpoint volume. configmaps (get/create/patch): the

@@ -166,7 +166,7 @@ def test_trainer_identity_can_patch_only_its_own_status(
         return out.stdout.strip() == "yes"
 
     assert can("patch", f"finetunejobs.kubetune.io/{name}", "--subresource=status")
-    assert can("get", f"finetunejobs.kubetune.io/{name}", "--subresource=status")
+    assert not can("get", f"finetunejobs.kubetune.io/{name}", "--subresource=status")  # patches only
     assert not can("patch", "finetunejobs.kubetune.io/someone-else", "--subresource=status")
     assert not can("patch", f"finetunejobs.kubetune.io/{name}")  # the spec: no
     assert not can("get", "secrets")

@@ -287,7 +287,7 @@ def test_trainer_identity_is_narrow() -> None:
             "apiGroups": ["kubetune.io"],
             "resources": ["finetunejobs/status"],
             "resourceNames": ["qwen3-4b-assistant"],
-            "verbs": ["get", "patch"],
+            "verbs": ["patch"],
         }
     ]
     assert binding["subjects"] == [
