@@ -31,6 +31,9 @@ for step in "$@"; do
       timeout 240 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/x2.log 2>&1; grep "^\[bench\]" /tmp/x2.log; snap
       CUDA_VISIBLE_DEVICES=0 timeout 300 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1; grep "^\[bench\]" /tmp/epoch.log
       cp /tmp/gpu0.log /tmp/gpu1.log /tmp/x2.log /tmp/epoch.log /tmp/perf/; snap
+      # last, if time is left: Qwen3-4B full on two GPUs with FSDP2 forced (the plan picks DDP on H200s)
+      timeout 200 $B --cases qwen3-4b:kubetune --gpus 2 --sharding fsdp2 > /tmp/fsdp2.log 2>&1; grep "^\[bench\]" /tmp/fsdp2.log
+      cp /tmp/fsdp2.log /tmp/perf/; snap
       grep -ihE "error|Traceback" /tmp/perf/*.log | sort | uniq -c | sort -rn | head -12; cat /tmp/perf/bench.md ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac

@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .plan import SHARDING_ENV
+
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # Published architecture configs (facts: sizes of the public Qwen2-0.5B and Qwen3-4B checkpoints).
@@ -498,6 +500,8 @@ def run_case(
         peak = peak_flops(name, peak_tflops) if cuda else None
         tps = tokens / seconds if seconds > 0 else 0.0
         label = case + (f" x{world} GPUs" if world > 1 else "") + (" epoch" if epoch_tokens else "")
+        if os.environ.get(SHARDING_ENV) and world > 1:
+            label += f" ({plan_info.get('sharding')}, forced)"
         if no_compile and kind.startswith("kubetune"):
             label += " (no compile)"
         return CaseResult(
@@ -655,12 +659,14 @@ class Job:
     cap: float | None = None
     gpus: int = 1
     epoch_tokens: int | None = None
+    sharding: str | None = None  # forced (KUBETUNE_SHARDING) instead of the plan's choice
 
     @property
     def stem(self) -> str:
         name = self.case.replace(":", "_")
         name += "_cap" if self.cap else ""
         name += f"_x{self.gpus}" if self.gpus > 1 else ""
+        name += f"_{self.sharding}" if self.sharding else ""
         return name + ("_epoch" if self.epoch_tokens else "")
 
 
@@ -703,6 +709,8 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
             cmd = _command(job, target, warmup=warmup, steps=steps, rows=rows, extra=attempt)
             # dynamo says in the case's log why it recompiled, if it does
             env = {**os.environ, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")}
+            if job.sharding:
+                env[SHARDING_ENV] = job.sharding
             proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env)
         if proc.returncode == 0 and target.exists():
             result: dict[str, Any] = json.loads(target.read_text())
@@ -795,6 +803,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also train Qwen2-0.5B LoRA (kubetune) for one whole epoch of this many tokens (Capybara: 12000000)",
     )
     p.add_argument("--report-only", action="store_true", help="only rebuild bench.json/.md/.png from --out")
+    p.add_argument(
+        "--sharding",
+        choices=["ddp", "fsdp2"],
+        default=None,
+        help="force the multi-GPU strategy of the --gpus N > 1 runs (default: the plan's choice)",
+    )
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 
@@ -837,7 +851,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     kubetune = [c for c in cases if CASES[c][1].startswith("kubetune")]
     counts = sorted({int(n) for n in str(args.gpus).split(",") if n.strip()})
     jobs = [Job(c) for c in cases] if 1 in counts else []
-    jobs += [Job(c, gpus=n) for n in counts if n > 1 for c in kubetune]
+    jobs += [Job(c, gpus=n, sharding=args.sharding) for n in counts if n > 1 for c in kubetune]
     if args.memory_cap_gib:
         jobs += [Job(c, cap=args.memory_cap_gib) for c in kubetune if CASES[c][1] == "kubetune-full"]
     if args.epoch_tokens:
