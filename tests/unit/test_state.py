@@ -277,3 +277,43 @@ def test_registration_failure_json_becomes_the_message() -> None:
     message = json.dumps({"error": "MLflow refused: 403 PERMISSION_DENIED", "reason": "MlflowRefused"})
     o = state.registration_observation(_job("Failed"), [_pod("job-uid", 3, message)], "register")
     assert o.message.endswith("last output: MlflowRefused: MLflow refused: 403 PERMISSION_DENIED")
+
+
+def _succeeded(alias: str | None, conditions: list[dict[str, Any]] | None = None) -> FineTuneJobStatus:
+    return FineTuneJobStatus.model_validate(
+        {
+            "phase": "Succeeded",
+            "conditions": conditions or [],
+            "registeredModel": {"name": "m", "version": "3", "uri": "models:/m/3", "alias": alias},
+        }
+    )
+
+
+def test_an_alias_move_in_progress_keeps_the_job_succeeded_and_says_so_once() -> None:
+    running = RegistrationObservation(True, "Running")
+    t = state.alias_transition(_succeeded("champion"), "production", running, now="t1", generation=2)
+    assert t.phase == "Succeeded" and t.waiting and "registeredModel" not in t.status
+    (cond,) = [c for c in t.status["conditions"] if c["type"] == "AliasSynced"]
+    assert (cond["status"], cond["reason"], cond["observedGeneration"]) == ("False", "MovingAlias", 2)
+    assert [e.reason for e in t.events] == ["MovingAlias"]
+    # the next pass, same situation: no second event, the transition time stays
+    again = state.alias_transition(
+        _succeeded("champion", t.status["conditions"]), "production", running, now="t2", generation=2
+    )
+    assert again.events == [] and again.status["conditions"][-1]["lastTransitionTime"] == "t1"
+
+
+def test_a_finished_alias_move_updates_the_registered_model_and_a_failure_keeps_it() -> None:
+    done = RegistrationObservation(True, "Complete", "", {"name": "m", "version": "3", "alias": "production"})
+    t = state.alias_transition(_succeeded("champion"), "production", done, now="t", generation=2)
+    assert t.status["registeredModel"] == {
+        "name": "m",
+        "version": "3",
+        "uri": "models:/m/3",
+        "alias": "production",
+    }
+    assert t.status["conditions"][-1]["status"] == "True" and not t.waiting
+    failed = RegistrationObservation(True, "Failed", "BackoffLimitExceeded: MLflow refused")
+    f = state.alias_transition(_succeeded("champion"), "production", failed, now="t", generation=2)
+    assert "registeredModel" not in f.status and f.events[0].type == "Warning"
+    assert "MLflow refused" in f.status["conditions"][-1]["message"]
