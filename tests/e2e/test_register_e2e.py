@@ -311,35 +311,27 @@ def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
         assert torch.allclose(loaded["model"](tokens).logits, expected(tokens).logits, atol=1e-5)
 
     # registration.alias may change after the fact: a re-run points the new alias, same version.
-    config = write_config(
-        tmp_path,
-        base=tiny_base,
-        method="lora",
-        tracking_uri=uri,
-        name="tiny-adapter",
-        uid="uid-adapter-1",
-        model_name=name,
-        merge_lora=False,
-        alias="staging",
-    )
-    assert register.main(args) == 0
+    def rerun_with_alias(alias: str) -> None:
+        write_config(
+            tmp_path,
+            base=tiny_base,
+            method="lora",
+            tracking_uri=uri,
+            name="tiny-adapter",
+            uid="uid-adapter-1",
+            model_name=name,
+            merge_lora=False,
+            alias=alias,
+        )
+        assert register.main(args) == 0
+        assert len(client(uri).search_model_versions(f"name = '{name}'")) == 1
+
+    rerun_with_alias("staging")
     assert client(uri).get_model_version_by_alias(name, "staging").version == "1"
-    assert len(client(uri).search_model_versions(f"name = '{name}'")) == 1
 
     # Changed again: the alias moves; the one kubetune set before goes, one set by hand stays.
     client(uri).set_registered_model_alias(name, "kept-by-hand", "1")
-    config = write_config(
-        tmp_path,
-        base=tiny_base,
-        method="lora",
-        tracking_uri=uri,
-        name="tiny-adapter",
-        uid="uid-adapter-1",
-        model_name=name,
-        merge_lora=False,
-        alias="production",
-    )
-    assert register.main(args) == 0
+    rerun_with_alias("production")
     version = client(uri).get_model_version(name, "1")
     assert sorted(version.aliases) == ["kept-by-hand", "production"]
     assert version.tags["kubetune.alias"] == "production"
