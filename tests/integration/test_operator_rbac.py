@@ -85,6 +85,7 @@ def test_whole_flow_with_least_privilege(
                 "version": "7",
                 "uri": "models:/x/7",
                 "run_id": "r",
+                "alias": "champion",
             }
             finish_registration_job(kube, namespace, f"{name}-register", message=json.dumps(result))
             obj = wait_phase(kube, namespace, name, "Succeeded")

@@ -29,7 +29,14 @@ from kubetune_operator.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-RESULT = {"name": "qwen3_4b_assistant", "version": "1", "uri": "models:/qwen3_4b_assistant/1", "run_id": "r1"}
+# what the registration reports: the spec's alias (examples/qwen3-4b-full.yaml) is on the version
+RESULT = {
+    "name": "qwen3_4b_assistant",
+    "version": "1",
+    "uri": "models:/qwen3_4b_assistant/1",
+    "run_id": "r1",
+    "alias": "champion",
+}
 
 
 def _exactly_one_of_each(kube: Any, ns: str, name: str, *, registration: bool) -> None:
