@@ -145,16 +145,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             if result.created:
                 created.append(manifest)
             children["registrationJob"] = builders.registration_job_name(job)
-            pods = ctx.kube.list(
-                "v1",
-                "Pod",
-                ns,
-                ",".join(
-                    f"{k}={v}"
-                    for k, v in builders.selector_labels(job, builders.COMPONENT_REGISTRATION).items()
-                ),
-            )
-            registration = state.registration_observation(result.obj, pods, builders.REGISTER_CONTAINER)
+            registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
 
     obs = state.Observation(
         generation=generation,
@@ -198,7 +189,6 @@ def _follow_alias(
     wanted = job.spec.registration.alias or None
     if model is None or not job.spec.registration.enabled or (model.alias or None) == wanted:
         return done
-    ns = obj["metadata"]["namespace"]
     # the Job reads the trainer config: it must carry the new alias first
     config = builders.build_config_map(job, ctx.settings)
     result = ensure(ctx.kube, config, job)
@@ -212,14 +202,23 @@ def _follow_alias(
         return Outcome(phase=done.phase, message=result.conflict)
     if result.created:
         ctx.emit(obj, state.Event("Normal", "Created", f"created Job {manifest['metadata']['name']}"))
-    selector = builders.selector_labels(job, builders.COMPONENT_ALIAS)
-    pods = ctx.kube.list("v1", "Pod", ns, ",".join(f"{k}={v}" for k, v in selector.items()))
-    observed = state.registration_observation(result.obj, pods, builders.REGISTER_CONTAINER)
+    observed = _registration_observation(ctx, job, result.obj, builders.COMPONENT_ALIAS)
     transition = state.alias_transition(previous, wanted, observed, now=now(), generation=generation)
     if _write_status(ctx, obj, transition):
         for event in transition.events:
             ctx.emit(obj, event)
     return Outcome(phase=done.phase, waiting=transition.waiting)
+
+
+def _registration_observation(
+    ctx: Context, job: api.FineTuneJob, registration_job: dict[str, Any] | None, component: str
+) -> state.RegistrationObservation:
+    """A registration (or alias) Job and its pods, folded into one observation."""
+    selector = builders.selector_labels(job, component)
+    pods = ctx.kube.list(
+        "v1", "Pod", job.metadata.namespace, ",".join(f"{k}={v}" for k, v in selector.items())
+    )
+    return state.registration_observation(registration_job, pods, builders.REGISTER_CONTAINER)
 
 
 def _write_status(ctx: Context, obj: dict[str, Any], transition: state.Transition) -> bool:

@@ -242,20 +242,25 @@ def parse_registration_result(message: str) -> dict[str, Any] | None:
 
 
 def _condition(
-    previous: dict[str, Condition], type_: str, decided: tuple[bool, str, str], obs: Observation
+    previous: dict[str, Condition],
+    type_: str,
+    decided: tuple[bool, str, str],
+    *,
+    now: str,
+    generation: int,
 ) -> Condition:
     status, reason, message = decided
     value: Literal["True", "False"] = "True" if status else "False"
     old = previous.get(type_)
     # lastTransitionTime moves only when the status flips (Kubernetes convention).
-    when = old.last_transition_time if old is not None and old.status == value else obs.now
+    when = old.last_transition_time if old is not None and old.status == value else now
     return Condition(
         type=type_,
         status=value,
         reason=reason,
         message=message,
         last_transition_time=when,
-        observed_generation=obs.generation,
+        observed_generation=generation,
     )
 
 
@@ -452,7 +457,7 @@ def _conditions(
                 continue
         else:
             decided = defaults[key]
-        out.append(_condition(prev, type_, decided, obs))
+        out.append(_condition(prev, type_, decided, now=obs.now, generation=obs.generation))
     return out
 
 
@@ -520,23 +525,13 @@ def alias_transition(
     else:
         decided = (False, MOVING_ALIAS, f"pointing alias {wanted!r} at {target}")
         kind = "Normal"
-    old = {c.type: c for c in previous.conditions or []}
-    value: Literal["True", "False"] = "True" if decided[0] else "False"
-    before = old.get(ALIAS_SYNCED)
-    condition = Condition(
-        type=ALIAS_SYNCED,
-        status=value,
-        reason=decided[1],
-        message=decided[2],
-        last_transition_time=before.last_transition_time
-        if before is not None and before.status == value
-        else now,
-        observed_generation=generation,
-    )
+    previous_conditions = {c.type: c for c in previous.conditions or []}
+    condition = _condition(previous_conditions, ALIAS_SYNCED, decided, now=now, generation=generation)
     kept = [c for c in previous.conditions or [] if c.type != ALIAS_SYNCED]
     status["conditions"] = [
         c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in [*kept, condition]
     ]
+    before = previous_conditions.get(ALIAS_SYNCED)
     events = (
         [] if before is not None and before.reason == decided[1] else [Event(kind, decided[1], decided[2])]
     )

@@ -115,7 +115,11 @@ def start_trainer(
 def run_trainer(
     config: Path, log: Path, *, timeout: float = 300, extra_env: dict[str, str] | None = None
 ) -> int:
-    proc = start_trainer(config, log, extra_env=extra_env)
+    return wait_or_kill(start_trainer(config, log, extra_env=extra_env), timeout)
+
+
+def wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """The process's exit code; killed (and reaped) if it outlives ``timeout`` or the test fails."""
     try:
         return proc.wait(timeout=timeout)
     finally:

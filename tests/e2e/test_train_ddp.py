@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.e2e.conftest import REPO, trainer_config, trainer_env
+from tests.e2e.conftest import REPO, trainer_config, trainer_env, wait_or_kill
 from tests.support.mlflow_server import free_port
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, EXIT_PREEMPTED, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
@@ -47,15 +47,6 @@ def _launch(config: Path, log: Path, nproc: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=out, stderr=subprocess.STDOUT)
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
-    try:
-        return proc.wait(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.mark.parametrize(
     ("method", "sharding", "nproc"),
     [
@@ -80,7 +71,7 @@ def test_torchrun_preempted_and_resumed(
     while "'loss'" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)  # what the kubelet does to the pod's first process
-    code = _wait(proc, 600)
+    code = wait_or_kill(proc, 600)
     assert code == EXIT_PREEMPTED, log.read_text()[-4000:]
     first = json.loads((out / TRAIN_RESULT_FILE).read_text())
     assert first["status"] == "preempted" and first["world_size"] == nproc
@@ -89,7 +80,7 @@ def test_torchrun_preempted_and_resumed(
     assert saved is not None and saved.step == step
     run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
 
-    code = _wait(_launch(config, log, nproc), 600)
+    code = wait_or_kill(_launch(config, log, nproc), 600)
     assert code == 0, log.read_text()[-4000:]
     result = json.loads((out / TRAIN_RESULT_FILE).read_text())
     assert result["world_size"] == nproc and result["global_step"] == 12

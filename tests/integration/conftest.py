@@ -19,6 +19,14 @@ import yaml
 from tests.support.controlplane import REPO, ControlPlane, free_port
 
 API_VERSION = "kubetune.io/v1alpha1"
+# What the registration of examples/qwen3-4b-full.yaml reports: the spec's alias is on the version.
+QWEN3_REGISTRATION_RESULT = {
+    "name": "qwen3_4b_assistant",
+    "version": "1",
+    "uri": "models:/qwen3_4b_assistant/1",
+    "run_id": "r1",
+    "alias": "champion",
+}
 EXAMPLES = REPO / "examples"
 POLL = 0.1
 

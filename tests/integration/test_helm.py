@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.integration.conftest import (
+    QWEN3_REGISTRATION_RESULT,
     denials,
     finish_registration_job,
     load_example,
@@ -51,14 +52,7 @@ OPERATOR_SA = f"system:serviceaccount:{NAMESPACE}:kubetune"
 RESTRICTED = [f"pod-security.kubernetes.io/{mode}=restricted" for mode in ("enforce", "warn")]
 CI_NAMESPACES = ["kubetune-ci-a", "kubetune-ci-b"]
 JOB_NAMESPACE = "team-llm"
-# what the registration reports: the spec's alias (examples/qwen3-4b-full.yaml) is on the version
-RESULT = {
-    "name": "qwen3_4b_assistant",
-    "version": "1",
-    "uri": "models:/qwen3_4b_assistant/1",
-    "run_id": "r1",
-    "alias": "champion",
-}
+RESULT = QWEN3_REGISTRATION_RESULT
 
 
 class Cluster:

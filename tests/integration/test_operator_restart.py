@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from tests.integration.conftest import (
     API_VERSION,
+    QWEN3_REGISTRATION_RESULT,
     OperatorProcess,
     condition,
     events_for,
@@ -29,14 +30,7 @@ from kubetune_operator.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
-# what the registration reports: the spec's alias (examples/qwen3-4b-full.yaml) is on the version
-RESULT = {
-    "name": "qwen3_4b_assistant",
-    "version": "1",
-    "uri": "models:/qwen3_4b_assistant/1",
-    "run_id": "r1",
-    "alias": "champion",
-}
+RESULT = QWEN3_REGISTRATION_RESULT
 
 
 def _exactly_one_of_each(kube: Any, ns: str, name: str, *, registration: bool) -> None:

@@ -291,7 +291,8 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         # (it reads every micro-step's loss back to the host).
         kwargs["logging_nan_inf_filter"] = False
         kwargs["prediction_loss_only"] = True
-    if getattr(plan, "sharding", "none") == "fsdp2":
+    fsdp = plan.sharding == "fsdp2"
+    if fsdp:
         # FSDP2 through accelerate: every decoder layer (the model's _no_split_modules) sharded, the
         # root too; full state dicts so checkpoints and final/ load like any other model.
         kwargs["fsdp"] = True
@@ -301,7 +302,6 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
             "state_dict_type": "FULL_STATE_DICT",
             "activation_checkpointing": plan.gradient_checkpointing,
         }
-    fsdp = "fsdp" in kwargs
     return SFTConfig(
         output_dir=str(root),
         **steps_or_epochs,
