@@ -35,6 +35,19 @@ for step in "$@"; do
       timeout 200 $B --cases qwen3-4b:kubetune --gpus 2 --sharding fsdp2 > /tmp/fsdp2.log 2>&1; grep "^\[bench\]" /tmp/fsdp2.log
       cp /tmp/fsdp2.log /tmp/perf/; snap
       grep -ihE "error|Traceback" /tmp/perf/*.log | sort | uniq -c | sort -rn | head -12; cat /tmp/perf/bench.md ;;
+    profile)
+      # diagnosis in one call: torch.profiler over the measured steps of the single-GPU kubetune
+      # cases (GPU 1) while one epoch runs with every step timed (GPU 0); then LoRA on both GPUs,
+      # profiled per rank, with nvidia-smi sampling both GPUs
+      B="python3 -m kubetune_trainer.bench --out /tmp/prof --warmup 3 --steps 3"
+      snap() { tar czf "$OUT/prof.tar.gz" -C /tmp prof; }
+      (CUDA_VISIBLE_DEVICES=0 timeout 280 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 280 $B --profile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/one.log 2>&1
+      wait; grep -h "^\[bench\]" /tmp/epoch.log /tmp/one.log; cp /tmp/epoch.log /tmp/one.log /tmp/prof/; snap
+      nvidia-smi dmon -s um -d 1 > /tmp/prof/dmon_x2.txt 2>&1 & DMON=$!
+      timeout 200 $B --profile --cases qwen2-0.5b:kubetune --gpus 2 > /tmp/prof/x2.log 2>&1; grep "^\[bench\]" /tmp/prof/x2.log
+      kill $DMON; snap
+      for f in /tmp/prof/*.profile.txt; do echo "== $f"; head -32 "$f" | cut -c1-200; done ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

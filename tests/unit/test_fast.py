@@ -79,3 +79,32 @@ def test_compiled_layers_train_like_eager_ones_across_packed_shapes() -> None:
             grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
         assert abs(losses[0] - losses[1]) < 1e-5, losses
         assert max(float((a - b).abs().max()) for a, b in zip(*grads, strict=True)) < 1e-5
+
+
+def test_compiled_layers_all_see_inputs_that_need_a_gradient() -> None:
+    """With frozen embeddings (LoRA) the first layer is called like the others: one graph for all.
+
+    Without the embeddings hook, layer 0's input needs no gradient while the others' do, and dynamo
+    compiles a second graph (forward and backward) for that one layer.
+    """
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        _tiny_varlen_model(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    )
+    seen: list[bool] = []
+    for layer in fast.decoder_layers(model):
+        layer.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(args[0].requires_grad), with_kwargs=True)
+    ids = torch.randint(3, 101, (1, 12))
+    model.train()
+    model(input_ids=ids)
+    assert seen == [False, True], seen  # what the compiled layers would otherwise see
+    seen.clear()
+    fast.compile_layers(model, backend="eager")
+    model(input_ids=ids)
+    assert seen == [True, True], seen
+    # evaluation is untouched: no gradients wanted anywhere
+    seen.clear()
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert seen == [False, False], seen

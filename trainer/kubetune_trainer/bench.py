@@ -260,7 +260,8 @@ class _Meter:
             self.tokens = self.tokens + ids.numel()
 
 
-def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
+def _timing_callback(meter: _Meter, warmup: int, sync: Any, profiler: Any = None) -> Any:
+    """Times every optimizer step; ``profiler`` (a torch.profiler.profile) runs over the measured ones."""
     from transformers import TrainerCallback
 
     class Timing(TrainerCallback):
@@ -277,6 +278,8 @@ def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
             if state.global_step == warmup:
                 sync()
                 meter.active = True
+                if profiler is not None:
+                    profiler.start()
                 self.start = time.perf_counter()
             self._began = time.perf_counter()
 
@@ -286,6 +289,8 @@ def _timing_callback(meter: _Meter, warmup: int, sync: Any) -> Any:
             if state.global_step == state.max_steps and self.start is not None:
                 self.end = time.perf_counter()
                 meter.active = False
+                if profiler is not None:
+                    profiler.stop()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
@@ -353,6 +358,7 @@ def run_case(
     n_rows: int,
     memory_cap_gib: float | None,
     peak_tflops: float | None,
+    profile_path: Path | None = None,
 ) -> CaseResult:
     import torch
     import transformers
@@ -473,7 +479,13 @@ def run_case(
         trained: Any = trainer.model
         inner = trained.get_base_model() if hasattr(trained, "get_base_model") else trained
         inner.register_forward_pre_hook(meter.hook, with_kwargs=True)
-        timing = _timing_callback(meter, warmup, sync)
+        profiler = None
+        if profile_path is not None and not epoch_tokens:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+            profiler = profile(activities=activities)
+        timing = _timing_callback(meter, warmup, sync, profiler)
         trainer.add_callback(timing)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -489,6 +501,10 @@ def run_case(
 
             dist.all_reduce(counts)  # every GPU's tokens
         tokens, context_sum = int(counts[0]), float(counts[1])
+        if profiler is not None and profile_path is not None and timing.end is not None:
+            profile_path.write_text(
+                profile_summary(profiler, wall=timing.end - (timing.start or timing.end), steps=steps)
+            )
         if epoch_tokens:
             seconds = train_seconds
         else:
@@ -524,7 +540,7 @@ def run_case(
             device=name,
             gpus=world,
             sharding=str(plan_info.get("sharding", "none")),
-            step_times=timing.step_times if not epoch_tokens else timing.step_times[:8],
+            step_times=timing.step_times,
             compiled_graphs=_compiled_graphs(),
             epoch_training_seconds=round(train_seconds, 1) if epoch_tokens else None,
             versions={
@@ -534,6 +550,36 @@ def run_case(
                 **_liger_version(),
             },
         )
+
+
+def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
+    """What the GPU did during the measured steps: busy fraction, then the costliest kernels and ops.
+
+    Busy time is the union of the device kernels' intervals (overlapping streams count once), so
+    ``1 - busy / wall`` is the time the GPU waited for the host.
+    """
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in profiler.events()
+        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    busy, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    busy_s = busy / 1e6
+    head = (
+        f"measured steps: {steps}, wall {wall:.3f} s ({wall / max(steps, 1):.3f} s/step), "
+        f"GPU kernels {len(spans)} ({len(spans) / max(steps, 1):.0f}/step), "
+        f"busy {busy_s:.3f} s = {busy_s / wall:.1%} of wall\n\n" if wall > 0 else ""
+    )
+    averages = profiler.key_averages()
+    by_device = averages.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
+    by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90)
+    return head + "by device time\n" + by_device + "\n\nby host time\n" + by_cpu + "\n"
 
 
 def _compiled_graphs() -> int | None:
@@ -756,9 +802,11 @@ def run_all(
     rows: int,
     compile_model: bool = False,
     peak_tflops: float | None,
+    profile: bool = False,
 ) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
     extra = ["--compile"] if compile_model else []
+    extra += ["--profile"] if profile else []
     if peak_tflops:
         extra += ["--peak-tflops", str(peak_tflops)]
     results = [run_job(job, out, warmup=warmup, steps=steps, rows=rows, extra=extra) for job in jobs]
@@ -809,6 +857,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="force the multi-GPU strategy of the --gpus N > 1 runs (default: the plan's choice)",
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="write <case>.profile.txt per case (and rank): torch.profiler over the measured steps",
+    )
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 
@@ -830,6 +883,12 @@ def run_from_args(args: argparse.Namespace) -> int:
             n_rows=args.rows,
             memory_cap_gib=args.memory_cap_gib,
             peak_tflops=args.peak_tflops,
+            profile_path=args.json.with_name(
+                args.json.stem + (f".rank{os.environ.get('RANK', '0')}" if "RANK" in os.environ else "")
+                + ".profile.txt"
+            )
+            if args.profile
+            else None,
         )
         if int(os.environ.get("RANK", "0")) == 0:
             args.json.write_text(json.dumps(asdict(result), indent=2))
@@ -864,6 +923,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         rows=rows,
         peak_tflops=args.peak_tflops,
         compile_model=args.compile,
+        profile=args.profile,
     )
     return 0 if len(results) == len(jobs) else 1
 

@@ -66,11 +66,26 @@ def compile_layers(model: Any, *, backend: str = "inductor") -> int:
     layers' weights are graph inputs); ``dynamic=True`` keeps one graph across the varying token
     counts of packed micro-steps instead of recompiling per shape. The embedding, the final norm
     and the fused loss head stay eager.
+
+    With frozen embeddings (LoRA) the first layer's input would need no gradient while every
+    other layer's does: a second graph, compiled forward and backward, for one layer. The
+    embeddings' output is marked as needing a gradient instead (one extra input-gradient product in
+    the first layer's backward), so one graph serves all layers and the compilation is paid once.
     """
     layers = decoder_layers(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    embeddings = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
+    if layers and embeddings is not None and not any(p.requires_grad for p in embeddings.parameters()):
+        embeddings.register_forward_hook(_require_grad)
     for layer in layers:
         layer.compile(dynamic=True, backend=backend)
     return len(layers)
+
+
+def _require_grad(module: Any, args: Any, output: Any) -> Any:
+    if module.training and not output.requires_grad:
+        output.requires_grad_(True)
+    return output
 
 
 def fast_trainer_class(base: Any = None, *, max_length: int | None = None) -> Any:
