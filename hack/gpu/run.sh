@@ -48,6 +48,16 @@ for step in "$@"; do
       timeout 200 $B --profile --cases qwen2-0.5b:kubetune --gpus 2 > /tmp/prof/x2.log 2>&1; grep "^\[bench\]" /tmp/prof/x2.log
       kill $DMON; snap
       for f in /tmp/prof/*.profile.txt; do echo "== $f"; head -32 "$f" | cut -c1-200; done ;;
+    verify)
+      # the changes of a session checked before the full perf call: one epoch on GPU 0 while the
+      # single-GPU kubetune cases run on GPU 1, then LoRA on both GPUs
+      B="python3 -m kubetune_trainer.bench --out /tmp/verify --warmup 2 --steps 3"
+      snap() { tar czf "$OUT/verify.tar.gz" -C /tmp verify; }
+      (CUDA_VISIBLE_DEVICES=0 timeout 280 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 280 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/one.log 2>&1
+      wait; cp /tmp/epoch.log /tmp/one.log /tmp/verify/; grep -h "^\[bench\]" /tmp/verify/*.log; snap
+      timeout 150 $B --cases qwen2-0.5b:kubetune --gpus 2 > /tmp/verify/x2.log 2>&1; grep "^\[bench\]" /tmp/verify/x2.log; snap
+      grep -ihE "error|Traceback" /tmp/verify/*.log | sort | uniq -c | sort -rn | head -8 ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

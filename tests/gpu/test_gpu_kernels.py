@@ -51,3 +51,40 @@ def test_packed_fused_loss_matches_padded_loss_on_gpu() -> None:
     seqs = [torch.randint(10, 32000, (n,)).tolist() for n in (900, 33, 1024, 410)]
     out = fast.check_packing_exact(model, seqs, device="cuda")
     assert out["relative_difference"] < 5e-3, out
+
+
+def test_larger_loss_chunks_give_the_same_loss_and_gradients() -> None:
+    """The plan's loss_chunk_factor changes how Liger chunks the LM head, not what it computes."""
+    cfg = transformers.Qwen3Config(
+        vocab_size=151936,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    assert fast.apply_liger(model)
+    ids = torch.randint(10, 151936, (1, 4000), device="cuda")
+    results = []
+    for factor in (1, 64):
+        model.zero_grad()
+        extra = {"chunk_mem_const": factor} if factor > 1 else {}
+        loss = model(input_ids=ids, labels=ids, skip_logits=True, **extra).loss
+        loss.backward()
+        results.append(
+            (
+                float(loss),
+                model.lm_head.weight.grad.clone(),
+                model.model.layers[0].mlp.up_proj.weight.grad.clone(),
+            )
+        )
+    (l1, w1, u1), (l2, w2, u2) = results
+    assert abs(l1 - l2) < 1e-5 * abs(l1), (l1, l2)
+    torch.testing.assert_close(w2, w1, atol=1e-6, rtol=1e-4)
+    torch.testing.assert_close(u2, u1, atol=1e-6, rtol=1e-4)

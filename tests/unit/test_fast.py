@@ -93,7 +93,9 @@ def test_compiled_layers_all_see_inputs_that_need_a_gradient() -> None:
     )
     seen: list[bool] = []
     for layer in fast.decoder_layers(model):
-        layer.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(args[0].requires_grad), with_kwargs=True)
+        layer.register_forward_pre_hook(
+            lambda _m, args, kwargs: seen.append(args[0].requires_grad), with_kwargs=True
+        )
     ids = torch.randint(3, 101, (1, 12))
     model.train()
     model(input_ids=ids)

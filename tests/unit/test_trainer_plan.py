@@ -303,3 +303,37 @@ def test_an_fsdp2_plan_makes_accelerate_shard_with_fsdp2(tmp_path: Path) -> None
     ckpt = replace(plan, device="cpu", precision="fp32", gradient_checkpointing=True)
     args = build_sft_config(cfg, ckpt, has_eval=False, progress_bar=False)
     assert args.fsdp_plugin_args["activation_checkpointing"] is True and args.gradient_checkpointing is False
+
+
+def test_gpu_plans_load_data_in_workers_and_size_the_loss_chunks() -> None:
+    """On a GPU: data-loader workers overlap collation with training; the fused loss head gets ~1 GiB chunks."""
+    from kubetune_trainer.plan import LOSS_CHUNK_ELEMENTS
+
+    spec = TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8, max_length=1024)
+    plan = make_plan(spec, H200, shape=QWEN3_4B, lora=False)
+    assert plan.dataloader_workers == 2 and "worker" in plan.reasons["dataloader"]
+    tokens = plan.per_device_batch_size * 1024
+    assert plan.per_device_batch_size == 8  # the whole step in one micro-step on an H200
+    # Liger holds factor x tokens x hidden logits at once: about the budget, never over it
+    assert plan.loss_chunk_factor == LOSS_CHUNK_ELEMENTS // (tokens * 2560) > 1
+    assert plan.loss_chunk_factor * tokens * 2560 <= LOSS_CHUNK_ELEMENTS
+    assert "fused linear cross-entropy" in plan.reasons["loss_chunks"]
+    # CPU: no Liger, no workers (tests and local runs stay in one process)
+    cpu = make_plan(spec, CPU, shape=QWEN3_4B, lora=False)
+    assert (cpu.dataloader_workers, cpu.loss_chunk_factor) == (0, 1)
+
+
+def test_the_plan_reaches_the_trainer_arguments(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from kubetune_trainer.train import build_sft_config
+
+    cfg = _cfg(training={"maxSteps": 10}).model_copy(update={"output_dir": str(tmp_path)})
+    plan = make_plan(cfg.spec.training, H200, shape=QWEN2_05B)
+    # built on this CPU: the same arguments with the device set aside
+    args = build_sft_config(
+        cfg, replace(plan, device="cpu", precision="fp32"), has_eval=False, progress_bar=False
+    )
+    assert args.dataloader_num_workers == 2 and args.dataloader_persistent_workers
+    cpu = build_sft_config(cfg, make_plan(cfg.spec.training, CPU), has_eval=False, progress_bar=False)
+    assert cpu.dataloader_num_workers == 0 and not cpu.dataloader_persistent_workers

@@ -97,6 +97,7 @@ NOTEBOOK_A = {
     "gradient_accumulation_steps": 4,
     "learning_rate": 1e-3,  # 1e-4 x 10 "for LoRA"
     "warmup_steps": 50,
+    "logging_steps": 25,
     "weight_decay": 0.01,
     "dataloader_pin_memory": False,
     "remove_unused_columns": False,
@@ -110,6 +111,7 @@ NOTEBOOK_B = {
     "gradient_accumulation_steps": 8,
     "learning_rate": 2e-5,
     "warmup_steps": 10,
+    "logging_steps": 10,
     "weight_decay": 0.01,
     "dataloader_pin_memory": False,
     "remove_unused_columns": False,
@@ -173,6 +175,10 @@ class CaseResult:
     step_times: list[float] = field(default_factory=list)
     # graphs dynamo compiled in the process (compiled layers: 1 forward graph when nothing recompiles)
     compiled_graphs: int | None = None
+    # where compilation time went (seconds per dynamo/inductor phase, those over 0.5 s) and the
+    # compile caches' hits and misses (FX graph and AOT autograd caches)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+    compile_cache: dict[str, int] = field(default_factory=dict)
 
 
 # --- data ------------------------------------------------------------------------------------------
@@ -261,18 +267,31 @@ class _Meter:
 
 
 def _timing_callback(meter: _Meter, warmup: int, sync: Any, profiler: Any = None) -> Any:
-    """Times every optimizer step; ``profiler`` (a torch.profiler.profile) runs over the measured ones."""
+    """Times every optimizer step; ``profiler`` (a torch.profiler.profile) runs over the measured ones.
+
+    The host waits for the GPU only where the measured window begins and ends. Each step's own time
+    comes from CUDA events read after training (``step_times()``): a wait at every step would
+    drain the GPU's queue and add the data loading between steps to every step, which a training
+    job does not do.
+    """
+    import torch
     from transformers import TrainerCallback
+
+    cuda = torch.cuda.is_available()
 
     class Timing(TrainerCallback):
         def __init__(self) -> None:
             self.start: float | None = None
             self.end: float | None = None
             self.losses: list[float] = []
-            # every optimizer step's wall time, warm-up included (the first holds the compilation);
-            # the sync at each step end costs nothing here: logging every step reads the loss anyway
-            self.step_times: list[float] = []
-            self._began = 0.0
+            self._marks: list[tuple[Any, Any]] = []
+
+        def _now(self) -> Any:
+            if not cuda:
+                return time.perf_counter()
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step == warmup:
@@ -281,12 +300,13 @@ def _timing_callback(meter: _Meter, warmup: int, sync: Any, profiler: Any = None
                 if profiler is not None:
                     profiler.start()
                 self.start = time.perf_counter()
-            self._began = time.perf_counter()
+            self._marks.append((self._now(), None))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            sync()
-            self.step_times.append(round(time.perf_counter() - self._began, 4))
+            began, _ = self._marks[-1]
+            self._marks[-1] = (began, self._now())
             if state.global_step == state.max_steps and self.start is not None:
+                sync()
                 self.end = time.perf_counter()
                 meter.active = False
                 if profiler is not None:
@@ -295,6 +315,14 @@ def _timing_callback(meter: _Meter, warmup: int, sync: Any, profiler: Any = None
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
             if logs and "loss" in logs:
                 self.losses.append(float(logs["loss"]))
+
+        def step_times(self) -> list[float]:
+            """Every optimizer step's time in seconds, warm-up included (the first holds the compilation)."""
+            sync()
+            done = [(a, b) for a, b in self._marks if b is not None]
+            if cuda:
+                return [round(a.elapsed_time(b) / 1000, 4) for a, b in done]
+            return [round(b - a, 4) for a, b in done]
 
     return Timing()
 
@@ -341,7 +369,6 @@ def _kubetune_config(kind: str, model_dir: str, data_dir: str, steps: int, out: 
     spec.training.epochs, spec.training.max_steps = None, steps
     spec.training.eval_steps = None
     spec.training.save_steps = 10**6
-    spec.training.logging_steps = 1
     spec.resources.gpus_per_node = 1
     job.spec = spec
     return resolve(job, output_dir=out)
@@ -416,7 +443,6 @@ def run_case(
             args = SFTConfig(
                 output_dir=str(tmp / "out"),
                 max_steps=total_steps,
-                logging_steps=1,
                 save_strategy="no",
                 eval_strategy="no",
                 report_to="none",
@@ -458,7 +484,6 @@ def run_case(
                 model_name, getattr(torch, plan.dtype_name), plan.attn_implementation, device
             )
             args = trainer_module.build_sft_config(tcfg, plan, has_eval=False, progress_bar=False)
-            args.logging_steps = 1
             trainer = trainer_module.build_trainer(
                 model,
                 tokenizer,
@@ -540,8 +565,9 @@ def run_case(
             device=name,
             gpus=world,
             sharding=str(plan_info.get("sharding", "none")),
-            step_times=timing.step_times,
+            step_times=timing.step_times(),
             compiled_graphs=_compiled_graphs(),
+            **_compile_diagnostics(),
             epoch_training_seconds=round(train_seconds, 1) if epoch_tokens else None,
             versions={
                 "torch": torch.__version__,
@@ -574,12 +600,33 @@ def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
     head = (
         f"measured steps: {steps}, wall {wall:.3f} s ({wall / max(steps, 1):.3f} s/step), "
         f"GPU kernels {len(spans)} ({len(spans) / max(steps, 1):.0f}/step), "
-        f"busy {busy_s:.3f} s = {busy_s / wall:.1%} of wall\n\n" if wall > 0 else ""
+        f"busy {busy_s:.3f} s = {busy_s / wall:.1%} of wall\n\n"
+        if wall > 0
+        else ""
     )
     averages = profiler.key_averages()
     by_device = averages.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
     by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90)
     return head + "by device time\n" + by_device + "\n\nby host time\n" + by_cpu + "\n"
+
+
+def _compile_diagnostics() -> dict[str, Any]:
+    """Compilation time by phase and cache hits: private dynamo counters, a diagnostic, never a failure."""
+    try:
+        from torch._dynamo.utils import compile_times, counters
+
+        table: Any = compile_times(repr="csv", aggregate=True)
+        names, values = table
+        seconds = {n: round(float(v), 1) for n, v in zip(names, values, strict=False) if float(v) >= 0.5}
+        cache = {
+            k: int(v)
+            for group in ("inductor", "aot_autograd")
+            for k, v in counters[group].items()
+            if "cache" in k
+        }
+        return {"compile_seconds": seconds, "compile_cache": cache}
+    except Exception:
+        return {}
 
 
 def _compiled_graphs() -> int | None:
@@ -884,7 +931,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             memory_cap_gib=args.memory_cap_gib,
             peak_tflops=args.peak_tflops,
             profile_path=args.json.with_name(
-                args.json.stem + (f".rank{os.environ.get('RANK', '0')}" if "RANK" in os.environ else "")
+                args.json.stem
+                + (f".rank{os.environ.get('RANK', '0')}" if "RANK" in os.environ else "")
                 + ".profile.txt"
             )
             if args.profile

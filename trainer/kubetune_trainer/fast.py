@@ -88,11 +88,12 @@ def _require_grad(module: Any, args: Any, output: Any) -> Any:
     return output
 
 
-def fast_trainer_class(base: Any = None, *, max_length: int | None = None) -> Any:
+def fast_trainer_class(base: Any = None, *, max_length: int | None = None, loss_chunk_factor: int = 1) -> Any:
     """``base`` (TRL's SFTTrainer by default) with the model's own fused loss and no per-micro-step host syncs.
 
     ``max_length``: the length cap handed to the varlen kernel instead of each micro-step's longest
-    example (for compiled layers).
+    example (for compiled layers). ``loss_chunk_factor``: Liger's ``chunk_mem_const`` for the fused
+    linear cross-entropy (how many times tokens x hidden logits it may hold at once).
     """
     if base is None:
         from trl import SFTTrainer
@@ -116,6 +117,8 @@ def fast_trainer_class(base: Any = None, *, max_length: int | None = None) -> An
             if "labels" in inputs:
                 # Liger's fused linear cross-entropy: loss without logits, in training and evaluation alike
                 inputs["skip_logits"] = True
+                if loss_chunk_factor > 1:
+                    inputs["chunk_mem_const"] = loss_chunk_factor
             if num_items_in_batch is not None:
                 inputs["num_items_in_batch"] = num_items_in_batch
             outputs = model(**inputs)

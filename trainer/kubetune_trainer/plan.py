@@ -24,6 +24,14 @@ from kubetune_api.spec import Precision, Toggle, TrainingSpec
 
 from .varlen import NAME as VARLEN
 
+# Data-loader worker processes per GPU process (each keeps prefetch_factor=2 micro-steps ready).
+DATALOADER_WORKERS = 2
+
+# Logits the fused loss head may hold at once (elements; bf16: 1 GiB). Liger's default keeps them
+# to tokens x hidden, which cuts a 152k vocabulary into chunks of ~256 tokens: dozens of small
+# matrix products per micro-step (and a narrow one accumulating the LM head's gradient per chunk).
+LOSS_CHUNK_ELEMENTS = 2**29
+
 # Fraction of GPU memory the plan may fill before it turns gradient checkpointing on (auto).
 MEMORY_HEADROOM = 0.85
 
@@ -107,6 +115,11 @@ class Plan:
     sharding: str = "none"
 
     lora: bool = True
+    # processes that collate the next micro-steps while the GPU trains (0: the training process does)
+    dataloader_workers: int = 0
+    # Liger's fused linear cross-entropy computes the logits chunk by chunk, at most this many times
+    # (tokens x hidden) elements at once (its chunk_mem_const; 1 = Liger's default, the leanest)
+    loss_chunk_factor: int = 1
 
     @property
     def dtype_name(self) -> str:
@@ -304,6 +317,25 @@ def make_plan(
         torch_compile = True
         reasons["torch_compile"] = "auto: decoder layers compiled (GPU, varlen attention, no checkpointing)"
 
+    # The fused loss head's chunks: ~1 GiB of logits at a time instead of Liger's tokens x hidden.
+    loss_chunk_factor = 1
+    if liger and shape is not None and shape.hidden_size and budget is not None:
+        loss_chunk_factor = max(1, LOSS_CHUNK_ELEMENTS // (tokens * shape.hidden_size))
+        reasons["loss_chunks"] = (
+            f"fused linear cross-entropy holds up to {loss_chunk_factor} x tokens x hidden logits at once "
+            f"(~{min(loss_chunk_factor * tokens * shape.hidden_size, LOSS_CHUNK_ELEMENTS) * 2 / 2**30:.1f} GiB): "
+            "few large matrix products instead of dozens of small ones"
+        )
+
+    # Data loading: on a GPU the collation of the next micro-step (packing, position ids, pinning)
+    # runs in worker processes, so it overlaps training instead of leaving the GPU idle between steps.
+    workers = DATALOADER_WORKERS if hw.cuda else 0
+    reasons["dataloader"] = (
+        f"{workers} worker processes prepare the next micro-steps while the GPU trains"
+        if workers
+        else "CPU: batches collated in the training process"
+    )
+
     return Plan(
         precision=precision,
         liger=liger,
@@ -319,6 +351,8 @@ def make_plan(
         reasons=reasons,
         lora=lora,
         sharding=sharding,
+        dataloader_workers=workers,
+        loss_chunk_factor=loss_chunk_factor,
     )
 
 

@@ -339,6 +339,8 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         report_to="none",
         disable_tqdm=not progress_bar,
         dataloader_pin_memory=plan.device == "cuda",
+        dataloader_num_workers=plan.dataloader_workers,
+        dataloader_persistent_workers=plan.dataloader_workers > 0,
         # LoRA freezes most of the model; DDP must not wait for gradients that never come.
         ddp_find_unused_parameters=False,
         **evaluation,
@@ -388,7 +390,9 @@ def build_trainer(
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):
-        cls = fast.fast_trainer_class(cls, max_length=args.max_length if compiled else None)
+        cls = fast.fast_trainer_class(
+            cls, max_length=args.max_length if compiled else None, loss_chunk_factor=plan.loss_chunk_factor
+        )
     trainer = cls(
         model=model,
         args=args,
