@@ -65,10 +65,10 @@ for step in "$@"; do
       # with inductor's fallback random): the two lanes share the CPUs, 16 compile workers each
       mkdir -p /tmp/perf; export TORCHINDUCTOR_COMPILE_THREADS=16
       (CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/c0/inductor TRITON_CACHE_DIR=/tmp/c0/triton \
-        timeout 230 python3 -m kubetune_trainer.bench --out /tmp/perf --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/perf/epoch.log 2>&1) &
+        timeout 205 python3 -m kubetune_trainer.bench --out /tmp/perf --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/perf/epoch.log 2>&1) &
       (export CUDA_VISIBLE_DEVICES=1
-       TORCHINDUCTOR_CACHE_DIR=/tmp/c1/inductor TRITON_CACHE_DIR=/tmp/c1/triton timeout 110 python3 hack/gpu/compile_probe.py 0.0 > /tmp/perf/probe0.log 2>&1
-       TORCHINDUCTOR_CACHE_DIR=/tmp/c2/inductor TRITON_CACHE_DIR=/tmp/c2/triton timeout 110 python3 hack/gpu/compile_probe.py 0.1 fallback_random > /tmp/perf/probe1.log 2>&1)
+       TORCHINDUCTOR_CACHE_DIR=/tmp/c1/inductor TRITON_CACHE_DIR=/tmp/c1/triton timeout 100 python3 hack/gpu/compile_probe.py 0.0 > /tmp/perf/probe0.log 2>&1
+       TORCHINDUCTOR_CACHE_DIR=/tmp/c2/inductor TRITON_CACHE_DIR=/tmp/c2/triton timeout 100 python3 hack/gpu/compile_probe.py 0.1 fallback_random > /tmp/perf/probe1.log 2>&1)
       wait; grep -h "^\[bench\]" /tmp/perf/epoch.log; tail -1 /tmp/perf/probe0.log; tail -1 /tmp/perf/probe1.log
       tar czf "$OUT/epoch.tar.gz" -C /tmp perf ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
