@@ -18,8 +18,6 @@ per-micro-step entropy/accuracy logs of TRL are gone (the plan logs that).
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("kubetune_trainer.fast")
@@ -75,8 +73,6 @@ def compile_layers(model: Any, *, backend: str = "inductor") -> int:
     the first layer's backward), so one graph serves all layers and the compilation is paid once.
     """
     layers = decoder_layers(model)
-    if layers and backend == "inductor":
-        start_compile_workers()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     embeddings = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
     if layers and embeddings is not None and not any(p.requires_grad for p in embeddings.parameters()):
@@ -84,84 +80,6 @@ def compile_layers(model: Any, *, backend: str = "inductor") -> int:
     for layer in layers:
         layer.compile(dynamic=True, backend=backend)
     return len(layers)
-
-
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-
-
-def cgroup_cpus(path: Path = CGROUP_CPU_MAX) -> float | None:
-    """The container's CPU limit from cgroup v2 (``cpu.max``: "quota period" or "max period"); None if unlimited.
-
-    >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "cpu.max"
-    >>> _ = p.write_text("400000 100000\\n"); cgroup_cpus(p)
-    4.0
-    >>> _ = p.write_text("max 100000\\n"); cgroup_cpus(p) is None
-    True
-    """
-    try:
-        quota, period = path.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return int(quota) / int(period)
-
-
-def compile_workers(local_processes: int, *, cpus: int | None = None, limit: float | None = None) -> int:
-    """Inductor compile workers for one of ``local_processes`` trainer processes on this node.
-
-    Inductor's own default is min(32, the node's CPUs) per process, which ignores the container's CPU
-    limit and the other ranks on the node: eight ranks on a large node would start 256 workers of
-    several hundred MB each. kubetune shares the CPUs the container may use among its processes.
-
-    >>> compile_workers(1, cpus=16, limit=None), compile_workers(8, cpus=192, limit=32.0), compile_workers(8, cpus=4, limit=None)
-    (16, 4, 1)
-    """
-    available = cpus if cpus is not None else len(os.sched_getaffinity(0))
-    if limit is not None:
-        available = min(available, max(1, int(limit)))
-    return max(1, min(32, available // max(1, local_processes)))
-
-
-def start_compile_workers() -> int:
-    """Size inductor's compile-worker pool for this container and start it now; the worker count.
-
-    Inductor starts its pool only when the first compiled call reaches it, and compiles in the
-    training process, one kernel after another, until the pool is up. For compiled layers that
-    is the first training step: it measured ~45 s of serial Triton compilation for Qwen2-0.5B
-    LoRA. Started when the layers are wrapped, the pool comes up while the trainer gets ready,
-    and :class:`CompileWorkersReady` waits for it (seconds) before the first step.
-    ``TORCHINDUCTOR_COMPILE_THREADS`` still wins.
-    """
-    import torch._inductor.config as inductor_config
-
-    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        inductor_config.compile_threads = compile_workers(local, limit=cgroup_cpus())
-    workers = int(inductor_config.compile_threads or 1)
-    if workers > 1:
-        from torch._inductor.async_compile import maybe_warm_pool
-
-        maybe_warm_pool()
-    log.info("torch.compile: %d compile workers", workers)
-    return workers
-
-
-def compile_workers_ready_callback() -> Any:
-    """A trainer callback that waits, before the first step, for the compile workers started above."""
-    from transformers import TrainerCallback
-
-    class CompileWorkersReady(TrainerCallback):
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            try:
-                from torch._inductor.async_compile import AsyncCompile
-
-                AsyncCompile.wait_pool_ready(timeout=120)
-            except Exception as exc:  # compilation then runs in this process: slower, not wrong
-                log.warning("compile workers not ready (%s): compiling in the training process", exc)
-
-    return CompileWorkersReady()
 
 
 def _require_grad(module: Any, args: Any, output: Any) -> Any:

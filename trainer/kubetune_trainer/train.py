@@ -405,7 +405,6 @@ def build_trainer(
     if compiled:
         # after PEFT has put its adapters into the layers: they are compiled with them
         count = fast.compile_layers(trainer.model)
-        trainer.add_callback(fast.compile_workers_ready_callback())
         log.info("torch.compile: %d decoder layers compiled", count)
     return trainer
 
