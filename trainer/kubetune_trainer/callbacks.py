@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -40,6 +41,29 @@ def barrier() -> None:
     dist = _dist()
     if dist is not None:
         dist.barrier()
+
+
+def workers_ignore_sigterm(loader: Any) -> Any:
+    """Make ``loader``'s worker processes ignore SIGTERM; the loader, for chaining.
+
+    On preemption torchrun forwards SIGTERM to each trainer's whole process group, data-loader
+    workers included. A worker dies of it (PyTorch's worker handler re-raises the default), and
+    the trainer's SIGCHLD handler then raises "DataLoader worker ... killed" wherever the trainer
+    is, e.g. in the middle of the checkpoint that SIGTERM asked for. The trainer alone handles
+    SIGTERM (:class:`PreemptionGuard`); the workers end with it, or with the SIGKILL after the
+    grace period.
+    """
+    init = getattr(loader, "worker_init_fn", None)
+    already = isinstance(init, functools.partial) and init.func is _ignore_sigterm
+    if getattr(loader, "num_workers", 0) > 0 and not already:
+        loader.worker_init_fn = functools.partial(_ignore_sigterm, init)
+    return loader
+
+
+def _ignore_sigterm(then: Any, worker_id: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
 
 
 class PreemptionGuard:

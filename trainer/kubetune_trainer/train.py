@@ -352,7 +352,16 @@ def trainer_class() -> Any:
     """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
     from trl import SFTTrainer
 
+    from .callbacks import workers_ignore_sigterm
+
     class KubetuneSFTTrainer(SFTTrainer):
+        # data-loader workers leave SIGTERM to the trainer (it saves a checkpoint, then stops)
+        def get_train_dataloader(self) -> Any:
+            return workers_ignore_sigterm(super().get_train_dataloader())
+
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+            return workers_ignore_sigterm(super().get_eval_dataloader(eval_dataset))
+
         def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
             # transformers maps the optimizer state to args.device, which is "cpu:<n>" under
             # multi-process CPU training, and torch.load refuses that: resuming DDP on gloo fails.

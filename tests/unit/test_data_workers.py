@@ -1,0 +1,41 @@
+"""Data-loader workers survive the SIGTERM that torchrun forwards to a trainer's process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kubetune_trainer.callbacks import workers_ignore_sigterm  # noqa: E402
+
+
+def _loader() -> object:
+    data = list(range(64))
+    return torch.utils.data.DataLoader(data, batch_size=2, num_workers=1, persistent_workers=True)
+
+
+def _terminate_worker_then_read(loader: object) -> list[int]:
+    it = iter(loader)
+    first = next(it)
+    (worker,) = it._workers  # the one worker process
+    os.kill(worker.pid, signal.SIGTERM)  # as torchrun's killpg on preemption
+    time.sleep(1.5)
+    try:
+        return [*first.tolist(), *(int(x) for batch in it for x in batch)]
+    finally:
+        it._shutdown_workers()
+
+
+def test_workers_of_a_wrapped_loader_ignore_sigterm_and_the_epoch_completes() -> None:
+    loader = workers_ignore_sigterm(_loader())
+    assert workers_ignore_sigterm(loader).worker_init_fn is loader.worker_init_fn  # wrapping twice is a no-op
+    assert _terminate_worker_then_read(loader) == list(range(64))
+
+
+def test_without_it_a_terminated_worker_breaks_the_trainer() -> None:
+    with pytest.raises(RuntimeError, match="DataLoader worker"):
+        _terminate_worker_then_read(_loader())
