@@ -27,7 +27,9 @@ from kubetune_trainer import checkpoints
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
 
-def _launch(config: Path, log: Path, nproc: int) -> subprocess.Popen[bytes]:
+def _launch(
+    config: Path, log: Path, nproc: int, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     command = [
         sys.executable,
         "-m",
@@ -44,12 +46,15 @@ def _launch(config: Path, log: Path, nproc: int) -> subprocess.Popen[bytes]:
         str(config),
     ]
     with log.open("ab") as out:
-        return subprocess.Popen(command, cwd=REPO, env=trainer_env(), stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            command, cwd=REPO, env={**trainer_env(), **(env or {})}, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 @pytest.mark.parametrize(
     ("method", "sharding", "nproc"),
     [
+        # with data-loader workers, as on GPUs: torchrun's SIGTERM reaches them too (they ignore it)
         ("lora", "ddp", 2),
         # the process count of one 8-GPU node (notebook A's machine): every rank's state saved and resumed.
         # FSDP2 is GPU-only in accelerate, so full fine-tuning runs DDP here (the plan says so).
@@ -66,7 +71,9 @@ def test_torchrun_preempted_and_resumed(
     )
     root = checkpoints.checkpoints_root(out)
 
-    proc = _launch(config, log, nproc)
+    # the LoRA run loads its data in two worker processes per rank, as the GPU plan does
+    workers = {"KUBETUNE_DATALOADER_WORKERS": "2"} if method == "lora" else {}
+    proc = _launch(config, log, nproc, workers)
     deadline = time.monotonic() + 600
     while "'loss'" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -80,12 +87,13 @@ def test_torchrun_preempted_and_resumed(
     assert saved is not None and saved.step == step
     run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
 
-    code = wait_or_kill(_launch(config, log, nproc), 600)
+    code = wait_or_kill(_launch(config, log, nproc, workers), 600)
     assert code == 0, log.read_text()[-4000:]
     result = json.loads((out / TRAIN_RESULT_FILE).read_text())
     assert result["world_size"] == nproc and result["global_step"] == 12
     assert result["resumed_from_step"] == step and result["mlflow_run_id"] == run_id
     assert result["plan"]["sharding"] == sharding, result["plan"]["reasons"]
+    assert result["plan"]["dataloader_workers"] == (2 if workers else 0), result["plan"]["reasons"]
     # the resumed (sharded) state trains on: a finite loss below the first one
     assert math.isfinite(result["final_loss"]) and result["final_loss"] < result["first_loss"], result[
         "losses"

@@ -36,6 +36,14 @@ def test_workers_of_a_wrapped_loader_ignore_sigterm_and_the_epoch_completes() ->
     assert _terminate_worker_then_read(loader) == list(range(64))
 
 
+def test_a_loader_prepared_by_accelerate_is_wrapped_where_its_workers_start() -> None:
+    accelerate = pytest.importorskip("accelerate")
+    prepared = accelerate.Accelerator(cpu=True).prepare(_loader())
+    assert hasattr(prepared, "base_dataloader")  # what the trainer gets: a wrapper of the torch loader
+    workers_ignore_sigterm(prepared)
+    assert _terminate_worker_then_read(prepared.base_dataloader) == list(range(64))
+
+
 def test_without_it_a_terminated_worker_breaks_the_trainer() -> None:
     with pytest.raises(RuntimeError, match="DataLoader worker"):
         _terminate_worker_then_read(_loader())

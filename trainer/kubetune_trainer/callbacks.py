@@ -53,10 +53,12 @@ def workers_ignore_sigterm(loader: Any) -> Any:
     SIGTERM (:class:`PreemptionGuard`); the workers end with it, or with the SIGKILL after the
     grace period.
     """
-    init = getattr(loader, "worker_init_fn", None)
+    # accelerate's prepared loaders wrap the torch DataLoader that starts the workers
+    torch_loader = getattr(loader, "base_dataloader", loader)
+    init = getattr(torch_loader, "worker_init_fn", None)
     already = isinstance(init, functools.partial) and init.func is _ignore_sigterm
-    if getattr(loader, "num_workers", 0) > 0 and not already:
-        loader.worker_init_fn = functools.partial(_ignore_sigterm, init)
+    if getattr(torch_loader, "num_workers", 0) > 0 and not already:
+        torch_loader.worker_init_fn = functools.partial(_ignore_sigterm, init)
     return loader
 
 

@@ -26,6 +26,8 @@ from .varlen import NAME as VARLEN
 
 # Data-loader worker processes per GPU process (each keeps prefetch_factor=2 micro-steps ready).
 DATALOADER_WORKERS = 2
+# overrides it (0: collate in the training process, e.g. in a pod with few CPUs)
+DATALOADER_WORKERS_ENV = "KUBETUNE_DATALOADER_WORKERS"
 
 # Logits the fused loss head may hold at once (elements; bf16: 1 GiB). Liger's default keeps them
 # to tokens x hidden, which cuts a 152k vocabulary into chunks of ~256 tokens: dozens of small
@@ -335,6 +337,10 @@ def make_plan(
         if workers
         else "CPU: batches collated in the training process"
     )
+    forced_workers = os.environ.get(DATALOADER_WORKERS_ENV, "").strip()
+    if forced_workers.isdigit():
+        workers = int(forced_workers)
+        reasons["dataloader"] = f"{workers} worker processes, from {DATALOADER_WORKERS_ENV}"
 
     return Plan(
         precision=precision,
