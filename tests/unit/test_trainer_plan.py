@@ -337,3 +337,14 @@ def test_the_plan_reaches_the_trainer_arguments(tmp_path: Path) -> None:
     assert args.dataloader_num_workers == 2 and args.dataloader_persistent_workers
     cpu = build_sft_config(cfg, make_plan(cfg.spec.training, CPU), has_eval=False, progress_bar=False)
     assert cpu.dataloader_num_workers == 0 and not cpu.dataloader_persistent_workers
+
+
+def test_data_loader_workers_can_be_set_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = TrainingSpec(max_steps=1)
+    monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "0")
+    plan = make_plan(spec, H200, shape=QWEN2_05B)
+    assert plan.dataloader_workers == 0 and "KUBETUNE_DATALOADER_WORKERS" in plan.reasons["dataloader"]
+    monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "3")
+    assert make_plan(spec, CPU).dataloader_workers == 3
+    monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "many")  # not a count: the plan's own choice
+    assert make_plan(spec, H200, shape=QWEN2_05B).dataloader_workers == 2
