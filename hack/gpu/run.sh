@@ -17,26 +17,28 @@ for step in "$@"; do
     bench) python3 -m kubetune_trainer.bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     bench:*) python3 -m kubetune_trainer.bench --out /tmp/bench --cases "${step#bench:}" > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     perf)
-      # issue 6 in one call on two GPUs: (1) the single-GPU cases, split across the two GPUs and run
-      # side by side; (2) the kubetune cases on both GPUs through the PyTorchJob launcher; (3) one
-      # Capybara-sized epoch (12M tokens) of notebook A's job on one GPU. Each case writes its JSON
-      # as it ends and the folder is re-archived after each phase, so a cut-off call still returns
-      # what finished (the device tool returns few files: one archive).
+      # issue 6 in one call on two GPUs, in the order that fits 10 minutes (the last call ran out
+      # before its epoch): (1) one Capybara-sized epoch (12M tokens) of notebook A's job on GPU 0,
+      # with empty compile caches, beside the single-GPU kubetune cases on GPU 1; (2) the notebooks
+      # on GPU 0 beside the 80 GiB case on GPU 1; (3) the kubetune cases on both GPUs through the
+      # PyTorchJob launcher. Each case writes its JSON as it ends and the folder is re-archived after
+      # each phase, so a cut-off call still returns what finished (the device tool returns few files).
       B="python3 -m kubetune_trainer.bench --out /tmp/perf --warmup 2 --steps 5"
       snap() { $B --report-only > /dev/null 2>&1; tar czf "$OUT/perf.tar.gz" -C /tmp perf; }
-      (CUDA_VISIBLE_DEVICES=0 timeout 200 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/gpu0.log 2>&1
-       CUDA_VISIBLE_DEVICES=0 timeout 150 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 >> /tmp/gpu0.log 2>&1) &
-      CUDA_VISIBLE_DEVICES=1 timeout 330 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/gpu1.log 2>&1
-      wait; grep -h "^\[bench\]" /tmp/gpu0.log /tmp/gpu1.log; snap
-      timeout 240 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/x2.log 2>&1; grep "^\[bench\]" /tmp/x2.log; snap
-      # the epoch alone, with empty compile caches (phase 1 compiled the same layers: a first job does not have them)
-      CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/cold/inductor TRITON_CACHE_DIR=/tmp/cold/triton \
-        timeout 300 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1; grep "^\[bench\]" /tmp/epoch.log
-      cp /tmp/gpu0.log /tmp/gpu1.log /tmp/x2.log /tmp/epoch.log /tmp/perf/; snap
-      # last, if time is left: Qwen3-4B full on two GPUs with FSDP2 forced (the plan picks DDP on H200s)
-      timeout 200 $B --cases qwen3-4b:kubetune --gpus 2 --sharding fsdp2 > /tmp/fsdp2.log 2>&1; grep "^\[bench\]" /tmp/fsdp2.log
-      cp /tmp/fsdp2.log /tmp/perf/; snap
+      (CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/cold/inductor TRITON_CACHE_DIR=/tmp/cold/triton \
+        timeout 240 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 240 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/gpu1.log 2>&1
+      wait; grep -h "^\[bench\]" /tmp/epoch.log /tmp/gpu1.log; snap
+      (CUDA_VISIBLE_DEVICES=0 timeout 150 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/gpu0.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 150 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 > /tmp/cap.log 2>&1
+      wait; grep -h "^\[bench\]" /tmp/gpu0.log /tmp/cap.log; snap
+      timeout 200 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/x2.log 2>&1; grep "^\[bench\]" /tmp/x2.log
+      cp /tmp/epoch.log /tmp/gpu0.log /tmp/gpu1.log /tmp/cap.log /tmp/x2.log /tmp/perf/; snap
       grep -ihE "error|Traceback" /tmp/perf/*.log | sort | uniq -c | sort -rn | head -12; cat /tmp/perf/bench.md ;;
+    fsdp2)
+      # Qwen3-4B full on two GPUs with FSDP2 forced (the plan picks DDP on H200s): never run yet
+      timeout 300 python3 -m kubetune_trainer.bench --out /tmp/fsdp2 --warmup 2 --steps 5 --cases qwen3-4b:kubetune --gpus 2 --sharding fsdp2 > "$OUT/fsdp2.log" 2>&1
+      grep "^\[bench\]" "$OUT/fsdp2.log"; cp /tmp/fsdp2/*.json "$OUT/" 2>/dev/null ;;
     profile)
       # diagnosis in one call: torch.profiler over the measured steps of the single-GPU kubetune
       # cases (GPU 1) while one epoch runs with every step timed (GPU 0); then LoRA on both GPUs,
