@@ -403,6 +403,19 @@ def register_command() -> list[str]:
     return ["python", "-m", "kubetune_trainer.register", "--config", CONFIG_PATH]
 
 
+def _cpus_env(job: api.FineTuneJob) -> list[dict[str, Any]]:
+    """The container's CPU request, whole CPUs rounded up, as KUBETUNE_CPUS (Downward API).
+
+    The trainer shares it among its processes for torch.compile's worker pools: inductor would
+    otherwise start min(32, the node's CPUs) workers per process, ~0.4 GB each, whatever the
+    pod asked for.
+    """
+    if not job.spec.resources.cpu:
+        return []
+    field = {"containerName": TRAIN_CONTAINER, "resource": "requests.cpu", "divisor": "1"}
+    return [{"name": "KUBETUNE_CPUS", "valueFrom": {"resourceFieldRef": field}}]
+
+
 def _image(job: api.FineTuneJob, settings: Settings) -> str:
     return job.spec.image or settings.trainer_image
 
@@ -418,6 +431,7 @@ def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[s
         "env": [
             *_env(job),
             {"name": "KUBETUNE_SHUTDOWN_GRACE_S", "value": str(shutdown_grace_seconds(settings))},
+            *_cpus_env(job),
         ],
         "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "resources": _train_resources(job),

@@ -375,3 +375,18 @@ def test_render_cli(capsys: pytest.CaptureFixture[str]) -> None:
         "Job",
     ]
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
+
+
+def test_the_trainer_learns_its_cpu_request_for_sizing_compile_workers() -> None:
+    """KUBETUNE_CPUS comes from the Downward API, so it is the request the pod really got."""
+    with_cpu = _master(builders.build_pytorchjob(example("qwen2-0.5b-lora-8gpu.yaml"), SETTINGS))
+    env = {e["name"]: e for e in with_cpu["containers"][0]["env"]}
+    assert env["KUBETUNE_CPUS"]["valueFrom"]["resourceFieldRef"] == {
+        "containerName": with_cpu["containers"][0]["name"],
+        "resource": "requests.cpu",
+        "divisor": "1",
+    }
+    assert with_cpu["containers"][0]["resources"]["requests"]["cpu"] == "32"
+    # no request: nothing to pass (the trainer shares the node's CPUs among its ranks)
+    without = _master(builders.build_pytorchjob(example("qwen3-4b-full.yaml"), SETTINGS))
+    assert "KUBETUNE_CPUS" not in {e["name"] for e in without["containers"][0]["env"]}

@@ -110,3 +110,18 @@ def test_compiled_layers_all_see_inputs_that_need_a_gradient() -> None:
     with torch.no_grad():
         model(input_ids=ids)
     assert seen == [False, False], seen
+
+
+def test_compile_workers_share_the_pods_cpu_request_among_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)  # restored after
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.setenv("KUBETUNE_CPUS", "32")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert fast.size_compile_workers() == 4 and inductor_config.compile_threads == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert fast.size_compile_workers() == 32  # inductor's own ceiling
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # an explicit setting wins
+    inductor_config.compile_threads = 3
+    assert fast.size_compile_workers() == 3

@@ -18,6 +18,7 @@ per-micro-step entropy/accuracy logs of TRL are gone (the plan logs that).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 log = logging.getLogger("kubetune_trainer.fast")
@@ -73,6 +74,8 @@ def compile_layers(model: Any, *, backend: str = "inductor") -> int:
     the first layer's backward), so one graph serves all layers and the compilation is paid once.
     """
     layers = decoder_layers(model)
+    if layers and backend == "inductor":
+        size_compile_workers()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     embeddings = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
     if layers and embeddings is not None and not any(p.requires_grad for p in embeddings.parameters()):
@@ -80,6 +83,39 @@ def compile_layers(model: Any, *, backend: str = "inductor") -> int:
     for layer in layers:
         layer.compile(dynamic=True, backend=backend)
     return len(layers)
+
+
+CPUS_ENV = "KUBETUNE_CPUS"  # the pod's CPU request (the operator sets it from the Downward API)
+
+
+def compile_workers(local_processes: int, *, cpus: int) -> int:
+    """Inductor compile workers for each of ``local_processes`` trainer processes sharing ``cpus``.
+
+    >>> compile_workers(1, cpus=16), compile_workers(8, cpus=32), compile_workers(8, cpus=4), compile_workers(1, cpus=128)
+    (16, 4, 1, 32)
+    """
+    return max(1, min(32, cpus // max(1, local_processes)))
+
+
+def size_compile_workers() -> int:
+    """Set inductor's compile-worker count from the pod's CPU request; the count.
+
+    Inductor's default is min(32, the node's CPUs) for every process, each worker ~0.4 GB of host
+    memory (measured: 0.37 GB each plus a 0.6 GB sidecar per process): eight ranks on a large node
+    would start 256 workers, ~100 GB, whatever the pod asked for. kubetune shares the requested
+    CPUs among the ranks of the node. ``TORCHINDUCTOR_COMPILE_THREADS`` wins; without a request
+    (``KUBETUNE_CPUS`` unset) the node's CPUs are shared the same way.
+    """
+    import torch._inductor.config as inductor_config
+
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        requested = os.environ.get(CPUS_ENV, "").strip()
+        cpus = int(requested) if requested.isdigit() and int(requested) > 0 else len(os.sched_getaffinity(0))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        inductor_config.compile_threads = compile_workers(local, cpus=cpus)
+    workers = int(inductor_config.compile_threads or 1)
+    log.info("torch.compile: %d compile workers", workers)
+    return workers
 
 
 def _require_grad(module: Any, args: Any, output: Any) -> Any:
