@@ -260,17 +260,21 @@ def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
 
     uri = mlflow_server.uri
     name = f"{MODEL_NAME}-adapter"
-    config = write_config(
-        tmp_path,
-        base=tiny_base,
-        method="lora",
-        tracking_uri=uri,
-        name="tiny-adapter",
-        uid="uid-adapter-1",
-        model_name=name,
-        merge_lora=False,
-        alias=None,
-    )
+
+    def configure(alias: str | None) -> Path:
+        return write_config(
+            tmp_path,
+            base=tiny_base,
+            method="lora",
+            tracking_uri=uri,
+            name="tiny-adapter",
+            uid="uid-adapter-1",
+            model_name=name,
+            merge_lora=False,
+            alias=alias,
+        )
+
+    config = configure(None)
     final = make_final(tmp_path / "out", tiny_base, "lora")
     args = ["--config", str(config), "--termination-message-path", str(tmp_path / "t")]
 
@@ -312,17 +316,7 @@ def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
 
     # registration.alias may change after the fact: a re-run points the new alias, same version.
     def rerun_with_alias(alias: str) -> None:
-        write_config(
-            tmp_path,
-            base=tiny_base,
-            method="lora",
-            tracking_uri=uri,
-            name="tiny-adapter",
-            uid="uid-adapter-1",
-            model_name=name,
-            merge_lora=False,
-            alias=alias,
-        )
+        configure(alias)
         assert register.main(args) == 0
         assert len(client(uri).search_model_versions(f"name = '{name}'")) == 1
 

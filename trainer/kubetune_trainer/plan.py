@@ -331,16 +331,18 @@ def make_plan(
 
     # Data loading: on a GPU the collation of the next micro-step (packing, position ids, pinning)
     # runs in worker processes, so it overlaps training instead of leaving the GPU idle between steps.
-    workers = DATALOADER_WORKERS if hw.cuda else 0
-    reasons["dataloader"] = (
-        f"{workers} worker processes prepare the next micro-steps while the GPU trains"
-        if workers
-        else "CPU: batches collated in the training process"
-    )
     forced_workers = os.environ.get(DATALOADER_WORKERS_ENV, "").strip()
     if forced_workers.isdigit():
         workers = int(forced_workers)
         reasons["dataloader"] = f"{workers} worker processes, from {DATALOADER_WORKERS_ENV}"
+    elif hw.cuda:
+        workers = DATALOADER_WORKERS
+        reasons["dataloader"] = (
+            f"{workers} worker processes prepare the next micro-steps while the GPU trains"
+        )
+    else:
+        workers = 0
+        reasons["dataloader"] = "CPU: batches collated in the training process"
 
     return Plan(
         precision=precision,
