@@ -1,7 +1,11 @@
-"""Where Qwen2-0.5B LoRA's compilation goes: the kubetune case with the LoRA dropout (and inductor's
-random-number lowering) changed, compile phases and first-step time printed as JSON.
+"""Where Qwen2-0.5B LoRA's compilation goes: the kubetune case with one thing changed, its compile
+phases, first-step time and the files inductor generated, printed as JSON.
 
-    python hack/gpu/compile_probe.py DROPOUT [fallback_random]
+    python hack/gpu/compile_probe.py DROPOUT [fallback_random] [warm_pool]
+
+``fallback_random``: inductor draws dropout masks with ATen's kernels instead of its own Triton
+random lowering. ``warm_pool``: inductor's compile-worker pool is started and waited for before the
+first step (inductor otherwise compiles in the training process until its pool is up).
 
 A diagnostic for the device machine, not a benchmark: the default (dropout 0.1, notebook A's) is
 `kubetune bench --cases qwen2-0.5b:kubetune`.
@@ -10,18 +14,40 @@ A diagnostic for the device machine, not a benchmark: the default (dropout 0.1, 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from dataclasses import asdict
+from pathlib import Path
 
 from kubetune_trainer import bench
 
 
+def generated_files(root: Path) -> dict[str, object]:
+    """Counts of inductor's generated sources by kind, and the head of every C++ source."""
+    kinds: dict[str, int] = {}
+    cpp: dict[str, str] = {}
+    for f in root.rglob("*"):
+        if f.is_file():
+            kinds[f.suffix] = kinds.get(f.suffix, 0) + 1
+            if f.suffix in (".cpp", ".h") and len(cpp) < 6:
+                cpp[str(f.relative_to(root))] = f.read_text(errors="replace")[:1500]
+    return {"by_suffix": kinds, "cpp_heads": cpp}
+
+
 def main() -> None:
     dropout = float(sys.argv[1])
-    if "fallback_random" in sys.argv[2:]:
-        import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config
 
+    if "fallback_random" in sys.argv[2:]:
         inductor_config.fallback_random = True
+    started = time.perf_counter()
+    if "warm_pool" in sys.argv[2:]:
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()
+        AsyncCompile.wait_pool_ready(timeout=120)
+    pool_seconds = time.perf_counter() - started
     make = bench._kubetune_config
 
     def patched(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -32,11 +58,22 @@ def main() -> None:
     bench._kubetune_config = patched
     r = asdict(
         bench.run_case(
-            "qwen2-0.5b:kubetune", warmup=2, steps=3, n_rows=400, memory_cap_gib=None, peak_tflops=None
+            "qwen2-0.5b:kubetune", warmup=1, steps=2, n_rows=200, memory_cap_gib=None, peak_tflops=None
         )
     )
     keep = ("tokens_per_second", "step_times", "compile_seconds", "compile_cache", "compiled_graphs")
-    print(json.dumps({"dropout": dropout, "argv": sys.argv[2:], **{k: r[k] for k in keep}}))
+    cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_root"))
+    print(
+        json.dumps(
+            {
+                "dropout": dropout,
+                "argv": sys.argv[2:],
+                "pool_seconds": round(pool_seconds, 1),
+                **{k: r[k] for k in keep},
+                "generated": generated_files(cache),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

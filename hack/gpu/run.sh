@@ -73,6 +73,24 @@ for step in "$@"; do
        TORCHINDUCTOR_CACHE_DIR=/tmp/c2/inductor TRITON_CACHE_DIR=/tmp/c2/triton timeout 100 python3 hack/gpu/compile_probe.py 0.1 fallback_random > /tmp/perf/probe1.log 2>&1)
       wait; grep -h "^\[bench\]" /tmp/perf/epoch.log; tail -1 /tmp/perf/probe0.log; tail -1 /tmp/perf/probe1.log
       tar czf "$OUT/epoch.tar.gz" -C /tmp perf ;;
+    diag)
+      # (1) where LoRA's first-step compilation goes, two lanes of two cold-cache probes (16 compile
+      # workers each): GPU 0 notebook A's dropout 0.1, then dropout 0; GPU 1 the pool started and
+      # waited for first, then ATen's dropout masks; (2) Qwen3-4B full on both GPUs: DDP profiled per
+      # rank, then FSDP2 forced
+      mkdir -p /tmp/diag; export TORCHINDUCTOR_COMPILE_THREADS=16
+      probe() { TORCHINDUCTOR_CACHE_DIR=/tmp/c$1/inductor TRITON_CACHE_DIR=/tmp/c$1/triton timeout 150 python3 hack/gpu/compile_probe.py "${@:2}" > /tmp/diag/probe$1.log 2>&1; tail -1 /tmp/diag/probe$1.log | cut -c1-3000; }
+      (export CUDA_VISIBLE_DEVICES=0; probe 0 0.1; probe 1 0.0) > /tmp/diag/lane0.txt &
+      (export CUDA_VISIBLE_DEVICES=1; probe 2 0.1 warm_pool; probe 3 0.1 fallback_random) > /tmp/diag/lane1.txt
+      wait; cat /tmp/diag/lane0.txt /tmp/diag/lane1.txt; unset TORCHINDUCTOR_COMPILE_THREADS
+      tar czf "$OUT/diag.tar.gz" -C /tmp diag
+      B="python3 -m kubetune_trainer.bench --out /tmp/diag --warmup 2 --steps 3"
+      timeout 170 $B --profile --cases qwen3-4b:kubetune --gpus 2 > /tmp/diag/ddp.log 2>&1; grep "^\[bench\]" /tmp/diag/ddp.log
+      tar czf "$OUT/diag.tar.gz" -C /tmp diag
+      timeout 170 $B --cases qwen3-4b:kubetune --gpus 2 --sharding fsdp2 > /tmp/diag/fsdp2.log 2>&1; grep "^\[bench\]" /tmp/diag/fsdp2.log
+      grep -ihE "error|Traceback" /tmp/diag/*.log | sort | uniq -c | sort -rn | head -8
+      for f in /tmp/diag/*.profile.txt; do echo "== $f"; head -40 "$f" | cut -c1-180; done
+      tar czf "$OUT/diag.tar.gz" -C /tmp diag ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done
