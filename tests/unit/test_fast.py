@@ -125,3 +125,35 @@ def test_compile_workers_share_the_pods_cpu_request_among_the_ranks(monkeypatch:
     monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")  # an explicit setting wins
     inductor_config.compile_threads = 3
     assert fast.size_compile_workers() == 3
+
+
+def test_compiled_layers_take_floats_as_constants() -> None:
+    """No float attribute of a LoRA layer becomes a graph input (a float64 CPU tensor under dynamic shapes).
+
+    Dynamo would make each one (norm epsilon, attention scaling, dropout p, LoRA scaling) an input,
+    which inductor converts with a host C++ kernel; as constants they vanish from the graphs.
+    """
+    peft = pytest.importorskip("peft")
+    torch._dynamo.reset()
+    model = peft.get_peft_model(
+        _tiny_varlen_model(),
+        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"]),
+    )
+    graphs: list[list[object]] = []
+
+    def record(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        graphs.append(list(inputs))
+        return gm.forward
+
+    previous = torch._dynamo.config.specialize_float
+    torch._dynamo.config.specialize_float = False  # dynamo's default, which compile_layers changes
+    try:
+        fast.compile_layers(model, backend=record)
+        model.train()
+        model(input_ids=torch.randint(3, 101, (1, 12)))
+    finally:
+        torch._dynamo.config.specialize_float = previous
+        torch._dynamo.reset()
+    assert graphs
+    floats = [x for g in graphs for x in g if isinstance(x, torch.Tensor) and x.dtype == torch.float64]
+    assert floats == [], [tuple(x.shape) for x in floats]
