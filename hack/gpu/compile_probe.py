@@ -1,11 +1,12 @@
 """Where Qwen2-0.5B LoRA's compilation goes: the kubetune case with one thing changed, its compile
 phases, first-step time and the files inductor generated, printed as JSON.
 
-    python hack/gpu/compile_probe.py DROPOUT [fallback_random] [warm_pool]
+    python hack/gpu/compile_probe.py DROPOUT [fallback_random] [warm_pool] [cprofile]
 
 ``fallback_random``: inductor draws dropout masks with ATen's kernels instead of its own Triton
 random lowering. ``warm_pool``: inductor's compile-worker pool is started and waited for before the
 first step (inductor otherwise compiles in the training process until its pool is up).
+``cprofile``: the Python profile of the whole case, written to ``$PROBE_PROFILE``.
 
 A diagnostic for the device machine, not a benchmark: the default (dropout 0.1, notebook A's) is
 `kubetune bench --cases qwen2-0.5b:kubetune`.
@@ -56,11 +57,27 @@ def main() -> None:
         return cfg
 
     bench._kubetune_config = patched
+    profiler = None
+    if "cprofile" in sys.argv[2:]:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     r = asdict(
         bench.run_case(
             "qwen2-0.5b:kubetune", warmup=1, steps=2, n_rows=200, memory_cap_gib=None, peak_tflops=None
         )
     )
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(70)
+        stats.sort_stats("tottime").print_stats(40)
+        Path(os.environ.get("PROBE_PROFILE", "/tmp/probe.pstats.txt")).write_text(text.getvalue())
     keep = ("tokens_per_second", "step_times", "compile_seconds", "compile_cache", "compiled_graphs")
     cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_root"))
     print(

@@ -91,6 +91,19 @@ for step in "$@"; do
       grep -ihE "error|Traceback" /tmp/diag/*.log | sort | uniq -c | sort -rn | head -8
       for f in /tmp/diag/*.profile.txt; do echo "== $f"; head -40 "$f" | cut -c1-180; done
       tar czf "$OUT/diag.tar.gz" -C /tmp diag ;;
+    verify2)
+      # this session's changes: one cold-cache epoch on GPU 0 beside a Python profile of LoRA's
+      # first-step compilation on GPU 1, then both kubetune cases on both GPUs
+      mkdir -p /tmp/v2; B="python3 -m kubetune_trainer.bench --out /tmp/v2 --warmup 2 --steps 3"
+      (CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/cold/inductor TRITON_CACHE_DIR=/tmp/cold/triton \
+        timeout 250 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/v2/epoch.log 2>&1) &
+      (export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_CACHE_DIR=/tmp/c5/inductor TRITON_CACHE_DIR=/tmp/c5/triton PROBE_PROFILE=/tmp/v2/probe.pstats.txt
+       timeout 200 python3 hack/gpu/compile_probe.py 0.1 cprofile > /tmp/v2/probe.log 2>&1)
+      wait; grep -h "^\[bench\]" /tmp/v2/epoch.log; tail -1 /tmp/v2/probe.log | cut -c1-1500
+      tar czf "$OUT/v2.tar.gz" -C /tmp v2
+      timeout 230 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/v2/x2.log 2>&1; grep "^\[bench\]" /tmp/v2/x2.log
+      grep -ihE "error|Traceback" /tmp/v2/*.log | sort | uniq -c | sort -rn | head -8
+      tar czf "$OUT/v2.tar.gz" -C /tmp v2 ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

@@ -94,6 +94,8 @@ def test_torchrun_preempted_and_resumed(
     assert result["resumed_from_step"] == step and result["mlflow_run_id"] == run_id
     assert result["plan"]["sharding"] == sharding, result["plan"]["reasons"]
     assert result["plan"]["dataloader_workers"] == (2 if workers else 0), result["plan"]["reasons"]
+    # packed rows: each micro-step's rows dealt across the ranks by their work
+    assert f"packed rows dealt across {nproc} ranks" in log.read_text()
     # the resumed (sharded) state trains on: a finite loss below the first one
     assert math.isfinite(result["final_loss"]) and result["final_loss"] < result["first_loss"], result[
         "losses"

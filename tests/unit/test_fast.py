@@ -137,7 +137,9 @@ def test_compiled_layers_take_floats_as_constants() -> None:
     torch._dynamo.reset()
     model = peft.get_peft_model(
         _tiny_varlen_model(),
-        peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"]),
+        peft.LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj", "down_proj"]
+        ),
     )
     graphs: list[list[object]] = []
 

@@ -343,6 +343,8 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         dataloader_persistent_workers=plan.dataloader_workers > 0,
         # LoRA freezes most of the model; DDP must not wait for gradients that never come.
         ddp_find_unused_parameters=False,
+        # the only buffers (rotary frequencies) are computed alike on every rank: no broadcast per forward
+        ddp_broadcast_buffers=False,
         **evaluation,
         **kwargs,
     )
@@ -352,6 +354,7 @@ def trainer_class() -> Any:
     """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
     from trl import SFTTrainer
 
+    from .balance import balanced_sampler
     from .callbacks import workers_ignore_sigterm
 
     class KubetuneSFTTrainer(SFTTrainer):
@@ -361,6 +364,23 @@ def trainer_class() -> Any:
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             return workers_ignore_sigterm(super().get_eval_dataloader(eval_dataset))
+
+        def create_accelerator_and_postprocess(self) -> None:
+            super().create_accelerator_and_postprocess()
+            handler = getattr(self.accelerator, "ddp_handler", None)
+            if handler is not None:
+                # DDP's gradients live in its all-reduce buckets instead of being copied into them
+                # each step (Qwen3-4B: 8 GB less memory and a device copy of it per step)
+                handler.gradient_as_bucket_view = True
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+            # several ranks: each micro-step's packed rows dealt so that every rank has the same work
+            dataset = train_dataset if train_dataset is not None else self.train_dataset
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            sampler = balanced_sampler(
+                dataset, ranks=self.args.world_size, rows=self.args.per_device_train_batch_size, seed=seed
+            )
+            return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
         def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
             # transformers maps the optimizer state to args.device, which is "cpu:<n>" under
