@@ -17,22 +17,23 @@ for step in "$@"; do
     bench) python3 -m kubetune_trainer.bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     bench:*) python3 -m kubetune_trainer.bench --out /tmp/bench --cases "${step#bench:}" > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     perf)
-      # issue 6 in one call on two GPUs, in the order that fits 10 minutes (the last call ran out
-      # before its epoch): (1) one Capybara-sized epoch (12M tokens) of notebook A's job on GPU 0,
+      # issue 6 in one call on two GPUs, in the order that fits 10 minutes; six warm-up steps (the
+      # first steps after compilation still vary: 0.4-0.65 s against 0.24 s), then ten measured:
+      # (1) one Capybara-sized epoch (12M tokens) of notebook A's job on GPU 0,
       # with empty compile caches, beside the single-GPU kubetune cases on GPU 1; (2) the notebooks
       # on GPU 0 beside the 80 GiB case on GPU 1; (3) the kubetune cases on both GPUs through the
       # PyTorchJob launcher. Each case writes its JSON as it ends and the folder is re-archived after
       # each phase, so a cut-off call still returns what finished (the device tool returns few files).
-      B="python3 -m kubetune_trainer.bench --out /tmp/perf --warmup 2 --steps 5"
+      B="python3 -m kubetune_trainer.bench --out /tmp/perf --warmup 6 --steps 10"
       snap() { $B --report-only > /dev/null 2>&1; tar czf "$OUT/perf.tar.gz" -C /tmp perf; }
       (CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/cold/inductor TRITON_CACHE_DIR=/tmp/cold/triton \
-        timeout 240 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1) &
-      CUDA_VISIBLE_DEVICES=1 timeout 240 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/gpu1.log 2>&1
+        timeout 230 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 230 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/gpu1.log 2>&1
       wait; grep -h "^\[bench\]" /tmp/epoch.log /tmp/gpu1.log; snap
-      (CUDA_VISIBLE_DEVICES=0 timeout 150 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/gpu0.log 2>&1) &
-      CUDA_VISIBLE_DEVICES=1 timeout 150 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 > /tmp/cap.log 2>&1
+      (CUDA_VISIBLE_DEVICES=0 timeout 190 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/gpu0.log 2>&1) &
+      CUDA_VISIBLE_DEVICES=1 timeout 190 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 > /tmp/cap.log 2>&1
       wait; grep -h "^\[bench\]" /tmp/gpu0.log /tmp/cap.log; snap
-      timeout 200 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/x2.log 2>&1; grep "^\[bench\]" /tmp/x2.log
+      timeout 165 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/x2.log 2>&1; grep "^\[bench\]" /tmp/x2.log
       cp /tmp/epoch.log /tmp/gpu0.log /tmp/gpu1.log /tmp/cap.log /tmp/x2.log /tmp/perf/; snap
       grep -ihE "error|Traceback" /tmp/perf/*.log | sort | uniq -c | sort -rn | head -12; cat /tmp/perf/bench.md ;;
     fsdp2)
