@@ -65,7 +65,12 @@ def main() -> None:
         profiler.enable()
     r = asdict(
         bench.run_case(
-            "qwen2-0.5b:kubetune", warmup=1, steps=2, n_rows=200, memory_cap_gib=None, peak_tflops=None
+            "qwen2-0.5b:kubetune",
+            warmup=int(os.environ.get("PROBE_WARMUP", "1")),
+            steps=int(os.environ.get("PROBE_STEPS", "2")),
+            n_rows=400,
+            memory_cap_gib=None,
+            peak_tflops=None,
         )
     )
     if profiler is not None:

@@ -105,6 +105,15 @@ for step in "$@"; do
       timeout 230 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 2 > /tmp/v2/x2.log 2>&1; grep "^\[bench\]" /tmp/v2/x2.log
       grep -ihE "error|Traceback" /tmp/v2/*.log | sort | uniq -c | sort -rn | head -8
       tar czf "$OUT/v2.tar.gz" -C /tmp v2 ;;
+    profile2)
+      # where LoRA's steady step goes after this session's compile fix: torch.profiler over five
+      # steps after six warm-up steps on GPU 0; on GPU 1 the same case with LoRA dropout 0 and 0.1
+      # (what notebook A's seven dropout masks per layer cost), six warm-up and eight measured steps
+      mkdir -p /tmp/p2; export PROBE_WARMUP=6 PROBE_STEPS=8
+      (CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m kubetune_trainer.bench --out /tmp/p2 --warmup 6 --steps 5 --profile --cases qwen2-0.5b:kubetune > /tmp/p2/prof.log 2>&1) &
+      (export CUDA_VISIBLE_DEVICES=1; for p in 0.0 0.1; do timeout 75 python3 hack/gpu/compile_probe.py $p > /tmp/p2/probe$p.log 2>&1; tail -1 /tmp/p2/probe$p.log | cut -c1-400; done)
+      wait; grep -h "^\[bench\]" /tmp/p2/prof.log; head -45 /tmp/p2/*.profile.txt | cut -c1-160
+      tar czf "$OUT/p2.tar.gz" -C /tmp p2 ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done
