@@ -337,6 +337,10 @@ def test_the_plan_reaches_the_trainer_arguments(tmp_path: Path) -> None:
     assert args.dataloader_num_workers == 2 and args.dataloader_persistent_workers
     cpu = build_sft_config(cfg, make_plan(cfg.spec.training, CPU), has_eval=False, progress_bar=False)
     assert cpu.dataloader_num_workers == 0 and not cpu.dataloader_persistent_workers
+    # on a GPU, pinned batches are copied without a host wait; on the CPU there is nothing to copy
+    gpu = build_sft_config(cfg, replace(plan, precision="fp32"), has_eval=False, progress_bar=False)
+    assert gpu.dataloader_pin_memory and gpu.accelerator_config.non_blocking
+    assert not cpu.dataloader_pin_memory and not cpu.accelerator_config.non_blocking
 
 
 def test_data_loader_workers_can_be_set_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
