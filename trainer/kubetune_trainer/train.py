@@ -345,7 +345,7 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         dataloader_persistent_workers=plan.dataloader_workers > 0,
         # LoRA freezes most of the model; DDP must not wait for gradients that never come.
         ddp_find_unused_parameters=False,
-        # the only buffers (rotary frequencies) are computed alike on every rank: no broadcast per forward
+        # the models' buffers (rotary frequencies) are computed alike on every rank: no broadcast per forward
         ddp_broadcast_buffers=False,
         **evaluation,
         **kwargs,
@@ -382,7 +382,7 @@ def trainer_class() -> Any:
             handler = getattr(self.accelerator, "ddp_handler", None)
             if handler is not None:
                 # DDP's gradients live in its all-reduce buckets instead of being copied into them
-                # each step (Qwen3-4B: 8 GB less memory and a device copy of it per step)
+                # each step (Qwen3-4B: 8 GB of device-to-device copies a step, 5 ms on an H200)
                 handler.gradient_as_bucket_view = True
 
         def _get_train_sampler(self, train_dataset: Any = None) -> Any:
