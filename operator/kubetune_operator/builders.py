@@ -509,7 +509,8 @@ def build_alias_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
     """The registration Job again, for a changed ``registration.alias`` after the model was registered.
 
     Registration is idempotent: the run finds the version it registered and only moves the alias
-    (the trainer config it reads follows the spec's alias).
+    (the trainer config it reads follows the spec's alias). Kubernetes deletes the Job
+    ``alias_job_ttl_seconds`` after it finishes; by then its result is in the FineTuneJob's status.
     """
     manifest = build_registration_job(job, settings)
     name = alias_job_name(job)
@@ -519,6 +520,8 @@ def build_alias_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
         **labels(job, COMPONENT_ALIAS),
         **selector_labels(job, COMPONENT_ALIAS),
     }
+    # one Job per alias change: finished ones go after a while instead of piling up
+    manifest["spec"]["ttlSecondsAfterFinished"] = settings.alias_job_ttl_seconds
     return manifest
 
 

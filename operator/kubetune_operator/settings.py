@@ -22,6 +22,8 @@ Variable                               Meaning (default)
 ``KUBETUNE_REGISTER_DEADLINE_SECONDS`` registration Job deadline (``7200``)
 ``KUBETUNE_REGISTER_MEMORY``           memory of the registration pod, which loads the whole model
                                        on CPU to merge and log it (``64Gi``: up to ~14B in bf16)
+``KUBETUNE_ALIAS_JOB_TTL_SECONDS``     seconds a finished alias Job (and its pod) is kept before
+                                       Kubernetes deletes it (``86400``)
 ``KUBETUNE_CACHE_SIZE_LIMIT``          per-pod emptyDir for HF/Triton/inductor caches (``200Gi``)
 ``KUBETUNE_TMP_SIZE_LIMIT``            per-pod emptyDir for ``/tmp`` (``8Gi``)
 ``KUBETUNE_RESYNC_SECONDS``            slow safety-net re-sync of every FineTuneJob (``300``)
@@ -58,6 +60,10 @@ class Settings:
     register_backoff_limit: int = 2
     register_deadline_seconds: int = 7200
     register_memory: str = "64Gi"
+    # Each registration.alias change runs a Job; once finished, its result is in the status and the
+    # Job is only a log to read. Kubernetes' TTL controller deletes it after this long (a failed
+    # move whose Job is gone is tried again by a fresh Job).
+    alias_job_ttl_seconds: int = 86400
     cache_size_limit: str = "200Gi"
     tmp_size_limit: str = "8Gi"
     resync_seconds: float = 300.0
@@ -90,6 +96,7 @@ class Settings:
                 get("REGISTER_DEADLINE_SECONDS"), defaults.register_deadline_seconds
             ),
             register_memory=get("REGISTER_MEMORY") or defaults.register_memory,
+            alias_job_ttl_seconds=_int(get("ALIAS_JOB_TTL_SECONDS"), defaults.alias_job_ttl_seconds),
             cache_size_limit=get("CACHE_SIZE_LIMIT") or defaults.cache_size_limit,
             tmp_size_limit=get("TMP_SIZE_LIMIT") or defaults.tmp_size_limit,
             resync_seconds=float(get("RESYNC_SECONDS") or defaults.resync_seconds),

@@ -138,6 +138,8 @@ def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
     assert container["command"][:3] == ["python", "-m", "kubetune_trainer.register"]
     assert "nvidia.com/gpu" not in json.dumps(container["resources"])
     assert job["metadata"]["annotations"]["kubetune.io/alias"] == "production"
+    # the API server kept the TTL: Kubernetes deletes the finished Job after a day
+    assert job["spec"]["ttlSecondsAfterFinished"] == 86400
     # the trainer config it reads carries the new alias
     wait_for(
         lambda: (

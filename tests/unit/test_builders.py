@@ -125,6 +125,15 @@ def test_restart_policy_and_backoff_on_purpose() -> None:
     assert _master(ptj)["terminationGracePeriodSeconds"] == 600
 
 
+def test_finished_alias_jobs_are_left_to_kubernetes_to_delete() -> None:
+    """Each alias change runs a Job: finished ones go after the TTL; the registration Job stays."""
+    job = example("qwen2-0.5b-lora-8gpu.yaml")
+    settings = Settings.from_env({"KUBETUNE_ALIAS_JOB_TTL_SECONDS": "3600"})
+    assert builders.build_alias_job(job, settings)["spec"]["ttlSecondsAfterFinished"] == 3600
+    assert builders.build_alias_job(job, SETTINGS)["spec"]["ttlSecondsAfterFinished"] == 86400
+    assert "ttlSecondsAfterFinished" not in builders.build_registration_job(job, SETTINGS)["spec"]
+
+
 def test_mounts_and_writable_caches() -> None:
     ptj = builders.build_pytorchjob(example("qwen2-0.5b-lora-8gpu.yaml"), SETTINGS)
     spec = _master(ptj)
