@@ -53,27 +53,6 @@ for step in "$@"; do
       timeout 200 $B --profile --cases qwen2-0.5b:kubetune --gpus 2 > /tmp/prof/x2.log 2>&1; grep "^\[bench\]" /tmp/prof/x2.log
       kill $DMON; snap
       for f in /tmp/prof/*.profile.txt; do echo "== $f"; head -32 "$f" | cut -c1-200; done ;;
-    verify)
-      # the changes of a session checked before the full perf call: one epoch on GPU 0 while the
-      # single-GPU kubetune cases run on GPU 1, then LoRA on both GPUs
-      B="python3 -m kubetune_trainer.bench --out /tmp/verify --warmup 2 --steps 3"
-      snap() { tar czf "$OUT/verify.tar.gz" -C /tmp verify; }
-      (CUDA_VISIBLE_DEVICES=0 timeout 280 $B --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/epoch.log 2>&1) &
-      CUDA_VISIBLE_DEVICES=1 timeout 280 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/one.log 2>&1
-      wait; cp /tmp/epoch.log /tmp/one.log /tmp/verify/; grep -h "^\[bench\]" /tmp/verify/*.log; snap
-      timeout 150 $B --cases qwen2-0.5b:kubetune --gpus 2 > /tmp/verify/x2.log 2>&1; grep "^\[bench\]" /tmp/verify/x2.log; snap
-      grep -ihE "error|Traceback" /tmp/verify/*.log | sort | uniq -c | sort -rn | head -8 ;;
-    epoch-probe)
-      # one cold-cache epoch on GPU 0; on GPU 1, where LoRA's compilation goes (dropout 0, and 0.1
-      # with inductor's fallback random): the two lanes share the CPUs, 16 compile workers each
-      mkdir -p /tmp/perf; export TORCHINDUCTOR_COMPILE_THREADS=16
-      (CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/c0/inductor TRITON_CACHE_DIR=/tmp/c0/triton \
-        timeout 205 python3 -m kubetune_trainer.bench --out /tmp/perf --cases qwen2-0.5b:kubetune --gpus 0 --epoch-tokens 12000000 > /tmp/perf/epoch.log 2>&1) &
-      (export CUDA_VISIBLE_DEVICES=1
-       TORCHINDUCTOR_CACHE_DIR=/tmp/c1/inductor TRITON_CACHE_DIR=/tmp/c1/triton timeout 100 python3 hack/gpu/compile_probe.py 0.0 > /tmp/perf/probe0.log 2>&1
-       TORCHINDUCTOR_CACHE_DIR=/tmp/c2/inductor TRITON_CACHE_DIR=/tmp/c2/triton timeout 100 python3 hack/gpu/compile_probe.py 0.1 fallback_random > /tmp/perf/probe1.log 2>&1)
-      wait; grep -h "^\[bench\]" /tmp/perf/epoch.log; tail -1 /tmp/perf/probe0.log; tail -1 /tmp/perf/probe1.log
-      tar czf "$OUT/epoch.tar.gz" -C /tmp perf ;;
     diag)
       # (1) where LoRA's first-step compilation goes, two lanes of two cold-cache probes (16 compile
       # workers each): GPU 0 notebook A's dropout 0.1, then dropout 0; GPU 1 the pool started and

@@ -339,7 +339,8 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         report_to="none",
         disable_tqdm=not progress_bar,
         dataloader_pin_memory=plan.device == "cuda",
-        # pinned batches go to the GPU without the host waiting for the GPU to drain first
+        # accelerate's data loader copies each pinned batch to the GPU without the host waiting for
+        # the GPU to drain first (a blocking copy waits for all queued work: ~9 times a step)
         accelerator_config={"non_blocking": plan.device == "cuda"},
         dataloader_num_workers=plan.dataloader_workers,
         dataloader_persistent_workers=plan.dataloader_workers > 0,
@@ -366,16 +367,6 @@ def trainer_class() -> Any:
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
             return workers_ignore_sigterm(super().get_eval_dataloader(eval_dataset))
-
-        def _prepare_input(self, data: Any) -> Any:
-            # A blocking copy waits for the GPU to finish all queued work first (several times a
-            # step, one per batch tensor), so the GPU drains and idles while the host queues the next
-            # forward. Copies from pinned memory are stream-ordered: non-blocking is as correct.
-            import torch
-
-            if isinstance(data, torch.Tensor) and data.device.type == "cpu" and data.is_pinned():
-                return data.to(self.args.device, non_blocking=True)
-            return super()._prepare_input(data)
 
         def create_accelerator_and_postprocess(self) -> None:
             super().create_accelerator_and_postprocess()
