@@ -6,7 +6,9 @@ phases, first-step time and the files inductor generated, printed as JSON.
 ``fallback_random``: inductor draws dropout masks with ATen's kernels instead of its own Triton
 random lowering. ``warm_pool``: inductor's compile-worker pool is started and waited for before the
 first step (inductor otherwise compiles in the training process until its pool is up).
-``cprofile``: the Python profile of the whole case, written to ``$PROBE_PROFILE``.
+``cprofile``: the Python profile of the whole case, written to ``$PROBE_PROFILE``. ``syncs``: every
+host sync in the first two measured steps (``torch.cuda.set_sync_debug_mode``), counted by the
+Python call stack that made it.
 
 A diagnostic for the device machine, not a benchmark: the default (dropout 0.1, notebook A's) is
 `kubetune bench --cases qwen2-0.5b:kubetune`.
@@ -18,6 +20,9 @@ import json
 import os
 import sys
 import time
+import traceback
+import warnings
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,6 +39,43 @@ def generated_files(root: Path) -> dict[str, object]:
             if f.suffix in (".cpp", ".h") and len(cpp) < 6:
                 cpp[str(f.relative_to(root))] = f.read_text(errors="replace")[:1500]
     return {"by_suffix": kinds, "cpp_heads": cpp}
+
+
+def _count_syncs() -> Counter[str]:
+    """Count the host syncs of the first two measured steps by the stack that made them."""
+    import torch
+
+    stacks: Counter[str] = Counter()
+    original = bench._timing_callback
+
+    def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if "synchronizing" in str(message):
+            frames = [f for f in traceback.extract_stack()[:-1] if "/warnings.py" not in f.filename]
+            stacks[
+                " < ".join(f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in reversed(frames[-7:]))
+            ] += 1
+
+    def timing(meter, warmup, sync, profiler=None):  # type: ignore[no-untyped-def]
+        callback = original(meter, warmup, sync, profiler)
+        begin, end = callback.on_step_begin, callback.on_step_end
+
+        def on_step_begin(args, state, control, **kw):  # type: ignore[no-untyped-def]
+            begin(args, state, control, **kw)
+            if state.global_step == warmup:
+                warnings.simplefilter("always")
+                warnings.showwarning = record
+                torch.cuda.set_sync_debug_mode("warn")
+
+        def on_step_end(args, state, control, **kw):  # type: ignore[no-untyped-def]
+            if state.global_step == warmup + 2:
+                torch.cuda.set_sync_debug_mode("default")
+            end(args, state, control, **kw)
+
+        callback.on_step_begin, callback.on_step_end = on_step_begin, on_step_end
+        return callback
+
+    bench._timing_callback = timing
+    return stacks
 
 
 def main() -> None:
@@ -57,6 +99,7 @@ def main() -> None:
         return cfg
 
     bench._kubetune_config = patched
+    syncs = _count_syncs() if "syncs" in sys.argv[2:] else None
     profiler = None
     if "cprofile" in sys.argv[2:]:
         import cProfile
@@ -91,6 +134,7 @@ def main() -> None:
                 "dropout": dropout,
                 "argv": sys.argv[2:],
                 "pool_seconds": round(pool_seconds, 1),
+                "syncs": None if syncs is None else [[n, stack] for stack, n in syncs.most_common(12)],
                 **{k: r[k] for k in keep},
                 "generated": generated_files(cache),
             }

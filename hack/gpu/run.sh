@@ -93,6 +93,21 @@ for step in "$@"; do
       (export CUDA_VISIBLE_DEVICES=1; for p in 0.0 0.1; do timeout 75 python3 hack/gpu/compile_probe.py $p > /tmp/p2/probe$p.log 2>&1; tail -1 /tmp/p2/probe$p.log | cut -c1-400; done)
       wait; grep -h "^\[bench\]" /tmp/p2/prof.log; head -45 /tmp/p2/*.profile.txt | cut -c1-160
       tar czf "$OUT/p2.tar.gz" -C /tmp p2 ;;
+    profile3)
+      # LoRA's steady step with non-blocking batch copies: torch.profiler over five steps after six
+      # warm-up steps on GPU 0; on GPU 1 the same case with LoRA dropout 0 (eight measured steps)
+      mkdir -p /tmp/p3; export PROBE_WARMUP=6 PROBE_STEPS=8
+      (CUDA_VISIBLE_DEVICES=0 timeout 110 python3 -m kubetune_trainer.bench --out /tmp/p3 --warmup 6 --steps 5 --profile --cases qwen2-0.5b:kubetune > /tmp/p3/prof.log 2>&1) &
+      (CUDA_VISIBLE_DEVICES=1 timeout 100 python3 hack/gpu/compile_probe.py 0.0 > /tmp/p3/probe0.0.log 2>&1; tail -1 /tmp/p3/probe0.0.log | cut -c1-400)
+      wait; grep -h "^\[bench\]" /tmp/p3/prof.log; head -45 /tmp/p3/*.profile.txt | cut -c1-160
+      tar czf "$OUT/p3.tar.gz" -C /tmp p3 ;;
+    check)
+      # the GPU tests on GPU 0 beside, on GPU 1, every host sync of two measured LoRA steps by stack
+      mkdir -p /tmp/check; export PROBE_WARMUP=4 PROBE_STEPS=3
+      (CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu > /tmp/check/tests.log 2>&1) &
+      (CUDA_VISIBLE_DEVICES=1 timeout 150 python3 hack/gpu/compile_probe.py 0.1 syncs > /tmp/check/syncs.log 2>&1)
+      wait; tail -15 /tmp/check/tests.log; tail -1 /tmp/check/syncs.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(d['tokens_per_second'], d['step_times']); [print(n, s) for n, s in d['syncs']]" 2>&1 | cut -c1-700
+      tar czf "$OUT/check.tar.gz" -C /tmp check ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

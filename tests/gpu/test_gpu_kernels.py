@@ -88,3 +88,42 @@ def test_larger_loss_chunks_give_the_same_loss_and_gradients() -> None:
     assert abs(l1 - l2) < 1e-5 * abs(l1), (l1, l2)
     torch.testing.assert_close(w2, w1, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(u2, u1, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("frozen_head", [True, False])
+def test_sync_free_loss_head_matches_liger_and_never_waits_for_the_gpu(
+    reduction: str, frozen_head: bool
+) -> None:
+    from kubetune_trainer import flce
+
+    assert flce.install()
+    torch.manual_seed(0)
+    rows, hidden, vocab = 3000, 512, 151936
+    x0 = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
+    w0 = torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    target = torch.randint(0, vocab, (rows,), device="cuda")
+    target[::7] = -100
+    scale = torch.tensor(1 / 1234.0, device="cuda")
+
+    def run(fn, check_syncs: bool = False):  # type: ignore[no-untyped-def]
+        x = x0.clone().requires_grad_(True)
+        w = w0.clone().requires_grad_(not frozen_head)
+        if check_syncs:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = fn(x, w, target, reduction=reduction)
+            (loss * scale).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return loss.float(), x.grad.float(), None if frozen_head else w.grad.float()
+
+    run(flce.fused_linear_cross_entropy)  # compiles the kernel
+    ours = run(flce.fused_linear_cross_entropy, check_syncs=True)  # raises on any host sync
+    liger = run(flce._original)
+    torch.testing.assert_close(ours[0], liger[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours[1], liger[1], rtol=2e-2, atol=1e-6)
+    if not frozen_head:
+        torch.testing.assert_close(ours[2], liger[2], rtol=2e-2, atol=1e-6)
+    with pytest.raises(RuntimeError):  # the check can fail: Liger's own function waits for the GPU
+        run(flce._original, check_syncs=True)

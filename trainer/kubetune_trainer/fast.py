@@ -49,6 +49,10 @@ def apply_liger(model: Any, *, layer_kernels: bool = True) -> bool:
         fused_linear_cross_entropy=True,
         cross_entropy=False,
     )
+    # the loss head without Liger's two host syncs per micro-step (same kernel, same result)
+    from . import flce
+
+    flce.install()
     return True
 
 
