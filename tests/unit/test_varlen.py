@@ -59,3 +59,29 @@ def test_cu_seqlens_from_position_ids() -> None:
     cu, max_len = varlen.cu_seqlens_from_position_ids(pos)
     assert cu.tolist() == [0, 3, 5, 9, 11, 18]
     assert max_len == 7
+
+
+def test_forward_skips_transformers_mask_preparation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No packed-sequence scan of the position ids: on a GPU it reads back to the host every forward."""
+    from transformers import masking_utils
+
+    varlen.register()
+    model = _tiny(2, varlen.NAME)
+    scans: list[int] = []
+    original = masking_utils.find_packed_sequence_indices
+
+    def counting(position_ids):  # type: ignore[no-untyped-def]
+        scans.append(1)
+        return original(position_ids)
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", counting)
+    ids = torch.randint(0, 97, (1, 12))
+    pos = torch.cat([torch.arange(5), torch.arange(7)])[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    assert logits.shape == (1, 12, 97)
+    assert scans == []
+    # the check can fail: an attention that transformers builds masks for does scan them
+    with torch.no_grad():
+        _tiny(2, "sdpa")(input_ids=ids, position_ids=pos, use_cache=False)
+    assert scans == [1]
