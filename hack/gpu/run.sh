@@ -108,6 +108,11 @@ for step in "$@"; do
       (CUDA_VISIBLE_DEVICES=1 timeout 150 python3 hack/gpu/compile_probe.py 0.1 syncs > /tmp/check/syncs.log 2>&1)
       wait; tail -15 /tmp/check/tests.log; tail -1 /tmp/check/syncs.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(d['tokens_per_second'], d['step_times']); [print(n, s) for n, s in d['syncs']]" 2>&1 | cut -c1-700
       tar czf "$OUT/check.tar.gz" -C /tmp check ;;
+    syncs)
+      # every host sync of two measured LoRA steps, by stack (GPU 1)
+      mkdir -p /tmp/syncs; export PROBE_WARMUP=4 PROBE_STEPS=3
+      CUDA_VISIBLE_DEVICES=1 timeout 90 python3 hack/gpu/compile_probe.py 0.1 syncs > /tmp/syncs/syncs.log 2>&1
+      tail -1 /tmp/syncs/syncs.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(d['tokens_per_second'], d['step_times']); [print(n, s) for n, s in d['syncs']]" 2>&1 | cut -c1-700 ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

@@ -358,9 +358,18 @@ def trainer_class() -> Any:
     from trl import SFTTrainer
 
     from .balance import balanced_sampler
-    from .callbacks import workers_ignore_sigterm
+    from .callbacks import ScheduledCollection, paused_gc, workers_ignore_sigterm
 
     class KubetuneSFTTrainer(SFTTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Python's garbage collector at fixed steps on every rank, not at random (callbacks.paused_gc)
+            self.add_callback(ScheduledCollection())
+
+        def train(self, *args: Any, **kwargs: Any) -> Any:
+            with paused_gc():
+                return super().train(*args, **kwargs)
+
         # data-loader workers leave SIGTERM to the trainer (it saves a checkpoint, then stops)
         def get_train_dataloader(self) -> Any:
             return workers_ignore_sigterm(super().get_train_dataloader())
