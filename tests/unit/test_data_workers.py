@@ -47,3 +47,27 @@ def test_a_loader_prepared_by_accelerate_is_wrapped_where_its_workers_start() ->
 def test_without_it_a_terminated_worker_breaks_the_trainer() -> None:
     with pytest.raises(RuntimeError, match="DataLoader worker"):
         _terminate_worker_then_read(_loader())
+
+
+class _GcState(torch.utils.data.Dataset):  # type: ignore[misc]
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        import gc
+
+        return int(gc.isenabled())
+
+
+def test_workers_collect_garbage_while_the_trainer_has_collection_paused() -> None:
+    from kubetune_trainer.callbacks import paused_gc
+
+    def states(wrap: bool) -> list[int]:
+        loader = torch.utils.data.DataLoader(_GcState(), batch_size=2, num_workers=1)
+        if wrap:
+            workers_ignore_sigterm(loader)
+        with paused_gc():  # the workers start (fork) while the trainer's collection is paused
+            return [int(x) for batch in loader for x in batch]
+
+    assert states(wrap=True) == [1, 1, 1, 1]
+    assert states(wrap=False) == [0, 0, 0, 0]  # what a forked worker would inherit otherwise

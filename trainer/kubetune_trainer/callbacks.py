@@ -69,6 +69,8 @@ def workers_ignore_sigterm(loader: Any) -> Any:
 
 def _ignore_sigterm(then: Any, worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a forked worker inherits the trainer's paused collection (paused_gc); it collects as usual
+    gc.enable()
     if then is not None:
         then(worker_id)
 
