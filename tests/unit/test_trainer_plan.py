@@ -352,3 +352,29 @@ def test_data_loader_workers_can_be_set_from_the_environment(monkeypatch: pytest
     assert make_plan(spec, CPU).dataloader_workers == 3
     monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "many")  # not a count: the plan's own choice
     assert make_plan(spec, H200, shape=QWEN2_05B).dataloader_workers == 2
+
+
+def test_sharding_overrides_reach_the_trainer_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
+
+    from kubetune_trainer.train import build_sft_config
+
+    cfg = _cfg(training={"maxSteps": 10}).model_copy(update={"output_dir": str(tmp_path)})
+    h100x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=80 * 2**30, varlen=True)
+    big = ModelShape(params=8_000_000_000, hidden_size=4096, num_layers=36, vocab_size=151_936)
+    plan = replace(
+        make_plan(cfg.spec.training, h100x8, shape=big, lora=False), device="cpu", precision="fp32"
+    )
+    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+    assert args.ddp_bucket_cap_mb is None and args.fsdp_plugin_args["reshard_after_forward"] is True
+    monkeypatch.setenv("KUBETUNE_DDP_BUCKET_MB", "200")
+    monkeypatch.setenv("KUBETUNE_FSDP_RESHARD", "0")
+    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+    assert args.ddp_bucket_cap_mb == 200 and args.fsdp_plugin_args["reshard_after_forward"] is False
+    for name, bad in (("KUBETUNE_DDP_BUCKET_MB", "lots"), ("KUBETUNE_FSDP_RESHARD", "yes")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+        monkeypatch.setenv(name, "1")

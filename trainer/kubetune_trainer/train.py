@@ -264,8 +264,34 @@ def build_datasets(cfg: TrainerConfig) -> tuple[Any, Any, str]:
 # --- trainer ---------------------------------------------------------------------------------------
 
 
+DDP_BUCKET_ENV = "KUBETUNE_DDP_BUCKET_MB"
+FSDP_RESHARD_ENV = "KUBETUNE_FSDP_RESHARD"
+
+
+def sharding_overrides() -> tuple[int | None, bool]:
+    """Tuning overrides from the environment: DDP's all-reduce bucket size (MB; None: PyTorch's 25)
+    and whether FSDP2 frees the gathered weights after each layer's forward (``1``, the default:
+    least memory) or keeps them for the backward (``0``: one all-gather a step instead of two, the
+    memory of a replica's weights). For measuring on a given machine; the plan does not set them.
+    """
+    bucket: int | None = None
+    raw = os.environ.get(DDP_BUCKET_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{DDP_BUCKET_ENV} must be a whole number of megabytes >= 1, got {raw!r}")
+        bucket = int(raw)
+    reshard = os.environ.get(FSDP_RESHARD_ENV, "1").strip()
+    if reshard not in ("0", "1"):
+        raise ValueError(
+            f"{FSDP_RESHARD_ENV} must be 1 (free weights after forward) or 0 (keep), got {reshard!r}"
+        )
+    return bucket, reshard == "1"
+
+
 def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool) -> Any:
     from trl import SFTConfig
+
+    bucket_mb, reshard = sharding_overrides()
 
     t = cfg.spec.training
     root = checkpoints.checkpoints_root(cfg.output_dir)
@@ -298,7 +324,7 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         kwargs["fsdp"] = True
         kwargs["fsdp_config"] = {
             "version": 2,
-            "reshard_after_forward": True,
+            "reshard_after_forward": reshard,
             "state_dict_type": "FULL_STATE_DICT",
             "activation_checkpointing": plan.gradient_checkpointing,
         }
@@ -348,6 +374,7 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         ddp_find_unused_parameters=False,
         # the models' buffers (rotary frequencies) are computed alike on every rank: no broadcast per forward
         ddp_broadcast_buffers=False,
+        ddp_bucket_cap_mb=bucket_mb,
         **evaluation,
         **kwargs,
     )
