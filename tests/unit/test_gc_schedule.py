@@ -31,7 +31,7 @@ def test_scheduled_collections_at_fixed_steps_and_checkpoints() -> None:
         if phase == "start":
             started.append(info["generation"])
 
-    callback = ScheduledCollection(every=3)
+    callback = ScheduledCollection(every=3, full_every=7)
     gc.callbacks.append(count)
     try:
         with paused_gc():
@@ -43,8 +43,8 @@ def test_scheduled_collections_at_fixed_steps_and_checkpoints() -> None:
                     callback.on_save(None, state, None)
     finally:
         gc.callbacks.remove(count)
-    assert callback.collections == [(3, 1), (5, 2), (6, 1)]
-    assert started == [1, 2, 1]  # the collector really ran, and only then
+    assert callback.collections == [(3, 1), (5, 2), (6, 1), (7, 2)]
+    assert started == [1, 2, 1, 2]  # the collector really ran, and only then
     # with automatic collection on (outside training) the callback leaves it alone
     callback.collections.clear()
     callback.on_step_end(None, SimpleNamespace(global_step=3), None)

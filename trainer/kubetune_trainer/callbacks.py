@@ -122,6 +122,7 @@ class PreemptionGuard:
 
 
 GC_EVERY_STEPS = 50
+GC_FULL_EVERY_STEPS = 1000
 
 
 @contextlib.contextmanager
@@ -148,20 +149,29 @@ def paused_gc() -> Iterator[None]:
 
 
 class ScheduledCollection(TrainerCallback):
-    """Collect the young generations every ``every`` optimizer steps, everything at each checkpoint.
+    """Collect the young generations every ``every`` optimizer steps; everything every ``full_every``
+    steps and at each checkpoint (what survives the young collections would otherwise wait for a
+    checkpoint, however far apart those are).
 
     Every rank reaches the same step together, so the ranks collect at the same moment instead of
     one rank stalling the others at random.
     """
 
-    def __init__(self, every: int = GC_EVERY_STEPS) -> None:
+    def __init__(self, every: int = GC_EVERY_STEPS, full_every: int = GC_FULL_EVERY_STEPS) -> None:
         self.every = every
+        self.full_every = full_every
         self.collections: list[tuple[int, int]] = []  # (step, generation), for tests and logs
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not gc.isenabled() and self.every > 0 and state.global_step % self.every == 0:
+        if gc.isenabled():
+            return
+        step = state.global_step
+        if self.full_every > 0 and step % self.full_every == 0:
+            gc.collect()
+            self.collections.append((step, 2))
+        elif self.every > 0 and step % self.every == 0:
             gc.collect(1)
-            self.collections.append((state.global_step, 1))
+            self.collections.append((step, 1))
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not gc.isenabled():
