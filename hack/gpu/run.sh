@@ -114,12 +114,20 @@ for step in "$@"; do
       CUDA_VISIBLE_DEVICES=1 timeout 90 python3 hack/gpu/compile_probe.py 0.1 syncs > /tmp/syncs/syncs.log 2>&1
       tail -1 /tmp/syncs/syncs.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(d['tokens_per_second'], d['step_times']); [print(n, s) for n, s in d['syncs']]" 2>&1 | cut -c1-700 ;;
     x2tune)
-      # Qwen3-4B full on both GPUs: DDP with 100 and 200 MB all-reduce buckets (PyTorch's default
-      # is 25; perf measures that), then FSDP2 keeping the gathered weights for the backward
+      # Qwen3-4B full on both GPUs under tuning variants, each "name|environment|extra bench flags":
+      # NCCL limited to few SMs (CTAs) so the all-reduce beside the backward takes fewer SMs from its
+      # matrix products (8 GB a step needs ~20 GB/s, NVLink gives far more), bigger DDP buckets, and
+      # FSDP2 keeping the gathered weights for the backward. NCCL_DEBUG shows the channels it chose.
       B="python3 -m kubetune_trainer.bench --warmup 4 --steps 8 --cases qwen3-4b:kubetune --gpus 2"
-      for mb in 100 200; do KUBETUNE_DDP_BUCKET_MB=$mb timeout 120 $B --out /tmp/x2tune/ddp$mb > /tmp/ddp$mb.log 2>&1; echo "bucket $mb MB: $(grep '^\[bench\].*tokens/s' /tmp/ddp$mb.log)"; done
-      KUBETUNE_FSDP_RESHARD=0 timeout 150 $B --out /tmp/x2tune/fsdp2keep --sharding fsdp2 > /tmp/fsdp2keep.log 2>&1; echo "fsdp2 keep: $(grep '^\[bench\].*tokens/s' /tmp/fsdp2keep.log)"
-      cp /tmp/ddp*.log /tmp/fsdp2keep.log /tmp/x2tune/ 2>/dev/null; tar czf "$OUT/x2tune.tar.gz" -C /tmp x2tune ;;
+      V=("ctas4|NCCL_MAX_CTAS=4 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING|" "ctas8|NCCL_MAX_CTAS=8|"
+         "ctas4b200|NCCL_MAX_CTAS=4 KUBETUNE_DDP_BUCKET_MB=200|" "fsdp2keep8|NCCL_MAX_CTAS=8 KUBETUNE_FSDP_RESHARD=0|--sharding fsdp2")
+      for v in "${V[@]}"; do
+        IFS='|' read -r name envs flags <<< "$v"
+        env $envs timeout 120 $B --out /tmp/x2tune/$name $flags > /tmp/x2tune-$name.log 2>&1
+        echo "$name: $(grep '^\[bench\].*tokens/s' /tmp/x2tune-$name.log)"
+        grep -hoE "(nranks|Channel|channels|CTAs?)[^\n]{0,60}" /tmp/x2tune-$name.log | sort | uniq -c | sort -rn | head -4
+      done
+      mkdir -p /tmp/x2tune; cp /tmp/x2tune-*.log /tmp/x2tune/ 2>/dev/null; tar czf "$OUT/x2tune.tar.gz" -C /tmp x2tune ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done
