@@ -128,6 +128,16 @@ for step in "$@"; do
         grep -hoE "(nranks|Channel|channels|CTAs?)[^\n]{0,60}" /tmp/x2tune-$name.log | sort | uniq -c | sort -rn | head -4
       done
       mkdir -p /tmp/x2tune; cp /tmp/x2tune-*.log /tmp/x2tune/ 2>/dev/null; tar czf "$OUT/x2tune.tar.gz" -C /tmp x2tune ;;
+    x2prof)
+      # Qwen3-4B full: where the two-GPU step's extra time goes. Profiled on one GPU, then on both
+      # under DDP (the summary splits computation from communication); then FSDP2 keeping the
+      # gathered weights, unprofiled, with room for its slower start
+      B="python3 -m kubetune_trainer.bench --warmup 4 --cases qwen3-4b:kubetune"
+      CUDA_VISIBLE_DEVICES=0 timeout 110 $B --steps 4 --profile --out /tmp/x2prof/one > /tmp/x2prof-one.log 2>&1; grep "^\[bench\]" /tmp/x2prof-one.log
+      timeout 120 $B --steps 4 --profile --gpus 2 --out /tmp/x2prof/ddp > /tmp/x2prof-ddp.log 2>&1; grep "^\[bench\]" /tmp/x2prof-ddp.log
+      for f in /tmp/x2prof/*/*.profile.txt; do echo "== $f"; head -3 "$f"; done
+      KUBETUNE_FSDP_RESHARD=0 timeout 200 $B --steps 8 --gpus 2 --sharding fsdp2 --out /tmp/x2prof/fsdp2keep > /tmp/x2prof-fsdp2keep.log 2>&1; grep "^\[bench\]" /tmp/x2prof-fsdp2keep.log
+      mkdir -p /tmp/x2prof; cp /tmp/x2prof-*.log /tmp/x2prof/; tar czf "$OUT/x2prof.tar.gz" -C /tmp x2prof ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

@@ -578,29 +578,42 @@ def run_case(
         )
 
 
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """Total length of the union of [start, end) intervals (overlaps count once)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
     """What the GPU did during the measured steps: busy fraction, then the costliest kernels and ops.
 
     Busy time is the union of the device kernels' intervals (overlapping streams count once), so
-    ``1 - busy / wall`` is the time the GPU waited for the host.
+    ``1 - busy / wall`` is the time the GPU waited for the host. Under DDP/FSDP the computation's
+    own union (every kernel but NCCL's) is given too: busy minus it is communication nothing hid,
+    and the computation's summed time against one GPU's shows what sharing the SMs cost it.
     """
     from torch.autograd import DeviceType
 
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
+    kernels = [
+        (e.time_range.start, e.time_range.end, "nccl" in e.name.lower())
         for e in profiler.events()
         if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
-    )
-    busy, reach = 0.0, float("-inf")
-    for start, end in spans:
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
-    busy_s = busy / 1e6
+    ]
+    busy_s = _union_us([(a, b) for a, b, _ in kernels]) / 1e6
+    compute_s = _union_us([(a, b) for a, b, comm in kernels if not comm]) / 1e6
+    compute_sum_s = sum(b - a for a, b, comm in kernels if not comm) / 1e6
+    per = max(steps, 1)
     head = (
-        f"measured steps: {steps}, wall {wall:.3f} s ({wall / max(steps, 1):.3f} s/step), "
-        f"GPU kernels {len(spans)} ({len(spans) / max(steps, 1):.0f}/step), "
-        f"busy {busy_s:.3f} s = {busy_s / wall:.1%} of wall\n\n"
+        f"measured steps: {steps}, wall {wall:.3f} s ({wall / per:.3f} s/step), "
+        f"GPU kernels {len(kernels)} ({len(kernels) / per:.0f}/step), "
+        f"busy {busy_s:.3f} s = {busy_s / wall:.1%} of wall\n"
+        f"per step: computation (kernels other than NCCL's) busy {compute_s / per * 1e3:.1f} ms "
+        f"(their summed time {compute_sum_s / per * 1e3:.1f} ms), communication alone "
+        f"{(busy_s - compute_s) / per * 1e3:.1f} ms, GPU idle {(wall - busy_s) / per * 1e3:.1f} ms\n\n"
         if wall > 0
         else ""
     )
