@@ -138,6 +138,17 @@ for step in "$@"; do
       for f in /tmp/x2prof/*/*.profile.txt; do echo "== $f"; head -3 "$f"; done
       KUBETUNE_FSDP_RESHARD=0 timeout 200 $B --steps 8 --gpus 2 --sharding fsdp2 --out /tmp/x2prof/fsdp2keep > /tmp/x2prof-fsdp2keep.log 2>&1; grep "^\[bench\]" /tmp/x2prof-fsdp2keep.log
       mkdir -p /tmp/x2prof; cp /tmp/x2prof-*.log /tmp/x2prof/; tar czf "$OUT/x2prof.tar.gz" -C /tmp x2prof ;;
+    attn)
+      # the packed-attention kernels (KUBETUNE_VARLEN_KERNEL): alone at the models' shapes, then
+      # each in the full training step of both models, one GPU, in one call
+      mkdir -p /tmp/attn; timeout 120 python3 hack/gpu/attn_probe.py > /tmp/attn/probe.log 2>&1; cut -c1-2500 /tmp/attn/probe.log
+      tar czf "$OUT/attn.tar.gz" -C /tmp attn
+      for k in flash-repeat flash cudnn; do
+        KUBETUNE_VARLEN_KERNEL=$k timeout 150 python3 -m kubetune_trainer.bench --warmup 4 --steps 8 \
+          --cases qwen3-4b:kubetune,qwen2-0.5b:kubetune --out /tmp/attn/$k > /tmp/attn/$k.log 2>&1
+        echo "$k: $(grep -h '^\[bench\].*tokens/s' /tmp/attn/$k.log | tr '\n' ' ')"; tar czf "$OUT/attn.tar.gz" -C /tmp attn
+      done
+      grep -ihE "error|Traceback" /tmp/attn/*.log | sort | uniq -c | sort -rn | head -8 ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

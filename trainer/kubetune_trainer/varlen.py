@@ -10,8 +10,11 @@ attention registry:
   ``position_ids`` (a position of 0 starts an example);
 * elsewhere (CPU tests) it runs SDPA example by example: the same result, slowly.
 
-torch 2.11's varlen kernel has no grouped-query support, so key/value heads are repeated to the
-query head count (a no-op where the counts already match).
+Grouped-query attention: ``KUBETUNE_VARLEN_KERNEL`` picks how key/value heads meet query heads
+on CUDA: ``flash-repeat`` (the default) repeats them to the query head count before the kernel;
+``flash`` hands the kernel the key/value heads as they are (FlashAttention-2 maps each query head
+to its group itself); ``cudnn`` calls cuDNN's ragged fused attention instead, key/value heads as they
+are. Anything else is an error naming the variable.
 
     >>> from kubetune_trainer import varlen
     >>> varlen.register()
@@ -24,7 +27,23 @@ import itertools
 from typing import Any
 
 NAME = "kubetune_varlen"
+KERNEL_ENV = "KUBETUNE_VARLEN_KERNEL"
+KERNELS = ("flash-repeat", "flash", "cudnn")
 _registered = False
+
+
+def kernel() -> str:
+    """The CUDA kernel variant from ``KUBETUNE_VARLEN_KERNEL`` (default ``flash-repeat``).
+
+    >>> import os; os.environ.pop(KERNEL_ENV, None) and None; kernel()
+    'flash-repeat'
+    """
+    import os
+
+    raw = os.environ.get(KERNEL_ENV, "").strip() or KERNELS[0]
+    if raw not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(KERNELS)}, got {raw!r}")
+    return raw
 
 
 def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
@@ -47,6 +66,7 @@ def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
 
 
 _cache: dict[str, Any] = {"key": None, "value": None}
+_kernel = KERNELS[0]
 
 
 def _boundaries(kwargs: dict[str, Any], batch: int, seq: int, device: Any) -> tuple[Any, int]:
@@ -87,17 +107,121 @@ def varlen_attention_forward(
     q = query.transpose(1, 2).reshape(batch * seq, q_heads, dim)
     k = key.transpose(1, 2).reshape(batch * seq, kv_heads, dim)
     v = value.transpose(1, 2).reshape(batch * seq, kv_heads, dim)
-    if kv_heads != q_heads:
+    variant = _kernel if query.is_cuda else "flash-repeat"
+    if kv_heads != q_heads and variant == "flash-repeat":
         k = k.repeat_interleave(q_heads // kv_heads, dim=1)
         v = v.repeat_interleave(q_heads // kv_heads, dim=1)
     window = (-1, 0) if not sliding_window else (sliding_window - 1, 0)
-    if query.is_cuda:
+    if query.is_cuda and variant == "cudnn" and not sliding_window:
+        out: Any = cudnn_varlen(q, k, v, cu, max_len, scaling)
+    elif query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
-        out: Any = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
+        if kv_heads != q_heads and variant == "cudnn":  # sliding window: cuDNN has none
+            k = k.repeat_interleave(q_heads // kv_heads, dim=1)
+            v = v.repeat_interleave(q_heads // kv_heads, dim=1)
+        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
     else:
         out = _reference(q, k, v, cu, scaling, sliding_window)
     return out.reshape(batch, seq, q_heads, dim), None
+
+
+def cudnn_varlen(q: Any, k: Any, v: Any, cu: Any, max_len: int, scaling: float | None) -> Any:
+    """Causal attention over packed examples with cuDNN's ragged fused kernel: (tokens, heads, dim)
+    in, key/value heads as they are (grouped-query attention natively). An op of its own so that
+    the compiled layers see one opaque call with known output shapes."""
+    _define_cudnn_op()
+    import torch
+
+    out: Any = torch.ops.kubetune.cudnn_varlen(q, k, v, cu, max_len, scaling)[0]
+    return out
+
+
+_cudnn_op_defined = False
+
+
+def _define_cudnn_op() -> None:
+    global _cudnn_op_defined
+    if _cudnn_op_defined:
+        return
+    import torch
+
+    def _empty_long(device: Any) -> Any:
+        return torch.empty((), dtype=torch.int64, device=device)
+
+    # explicit schemas: this module's annotations are strings (postponed evaluation)
+    @torch.library.custom_op(
+        "kubetune::cudnn_varlen",
+        mutates_args=(),
+        schema="(Tensor q, Tensor k, Tensor v, Tensor cu, SymInt max_len, float? scale) -> (Tensor, Tensor)",
+    )
+    def op(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        res = torch.ops.aten._cudnn_attention_forward(
+            q, k, v, None, cu, cu, max_len, max_len, True, 0.0, True, False, scale=scale
+        )
+        return res[0], res[1]
+
+    @op.register_fake
+    def _(q, k, v, cu, max_len, scale):  # type: ignore[no-untyped-def]
+        # cuDNN's ragged path: output (tokens, query heads, dim), softmax stats (tokens, query heads, 1)
+        return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], 1), dtype=torch.float32)
+
+    @torch.library.custom_op(
+        "kubetune::cudnn_varlen_backward",
+        mutates_args=(),
+        schema="(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu, SymInt max_len, "
+        "float? scale) -> (Tensor, Tensor, Tensor)",
+    )
+    def op_bwd(
+        grad: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        cu: torch.Tensor,
+        max_len: int,
+        scale: float | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        empty = _empty_long(q.device)
+        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(
+            grad.contiguous(),
+            q,
+            k,
+            v,
+            out,
+            lse,
+            empty,
+            empty,
+            torch.empty(0, device=q.device),
+            cu,
+            cu,
+            max_len,
+            max_len,
+            0.0,
+            True,
+            scale=scale,
+        )
+        return dq, dk, dv
+
+    @op_bwd.register_fake
+    def _(grad, q, k, v, out, lse, cu, max_len, scale):  # type: ignore[no-untyped-def]
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        q, k, v, cu, max_len, scale = inputs
+        ctx.save_for_backward(q, k, v, cu, output[0], output[1])
+        ctx.max_len, ctx.scale = max_len, scale
+
+    def backward(ctx: Any, grad: Any, _grad_lse: Any) -> Any:
+        q, k, v, cu, out, lse = ctx.saved_tensors
+        dq, dk, dv = op_bwd(grad, q, k, v, out, lse, cu, ctx.max_len, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+    op.register_autograd(backward, setup_context=setup)
+    _cudnn_op_defined = True
 
 
 def _reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_window: int | None) -> Any:
@@ -131,7 +255,8 @@ def register() -> str:
     position ids for packed sequences and reads the result back to the host: a wait for the GPU at
     the start of every forward (found on the H200 with ``torch.cuda.set_sync_debug_mode``).
     """
-    global _registered
+    global _registered, _kernel
+    _kernel = kernel()
     if not _registered:
         from transformers import AttentionInterface
 
