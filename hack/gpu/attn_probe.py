@@ -94,6 +94,12 @@ def probe(name: str) -> dict[str, object]:
         varlen._kernel = kernel
         entry: dict[str, object] = {}
         try:
+
+            def fwd() -> None:
+                with torch.no_grad():
+                    call()
+
+            entry["forward_ms"] = round(timed(fwd), 3)
             for t in base:
                 t.grad = None
             out = call()
@@ -105,14 +111,9 @@ def probe(name: str) -> dict[str, object]:
                 errs["d" + label] = (t.grad.float().reshape(r.shape) - r).abs().max().item() / scale_r
             entry["errors"] = errs
 
-            def fwd() -> None:
-                with torch.no_grad():
-                    call()
-
             def fwd_bwd() -> None:
                 call().backward(grad)
 
-            entry["forward_ms"] = round(timed(fwd), 3)
             entry["forward_backward_ms"] = round(timed(fwd_bwd), 3)
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:600]
@@ -134,10 +135,58 @@ def opcheck() -> str:
         return f"{type(exc).__name__}: {exc}"[:800]
 
 
+def raw_backward() -> dict[str, str]:
+    """cuDNN's ragged backward called directly with the forward's own seeds, under bias variants."""
+    try:
+        return _raw_backward()
+    except Exception as exc:
+        return {"forward": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _raw_backward() -> dict[str, str]:
+    q = torch.randn(96, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(96, 2, 64, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 40, 96], dtype=torch.int32, device="cuda")
+    res = torch.ops.aten._cudnn_attention_forward(q, k, k, None, cu, cu, 56, 56, True, 0.0, True, False)
+    shapes = {
+        "out": str(tuple(res[0].shape)),
+        "lse": str(tuple(res[1].shape)),
+        "seed": str(tuple(res[6].shape)),
+    }
+    for name, bias in (("none", None), ("empty4d", torch.empty(0, 0, 0, 0, device="cuda"))):
+        try:
+            g = torch.ops.aten._cudnn_attention_backward(
+                torch.ones_like(res[0]),
+                q,
+                k,
+                k,
+                res[0],
+                res[1],
+                res[6],
+                res[7],
+                bias,
+                cu,
+                cu,
+                56,
+                56,
+                0.0,
+                True,
+            )
+            shapes[name] = "ok " + str([tuple(t.shape) for t in g])
+        except Exception as exc:
+            shapes[name] = f"{type(exc).__name__}: {exc}"[:300]
+    return shapes
+
+
 def main() -> int:
     print(
         json.dumps(
-            {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "opcheck": opcheck()}
+            {
+                "torch": torch.__version__,
+                "cudnn": torch.backends.cudnn.version(),
+                "opcheck": opcheck(),
+                "raw": raw_backward(),
+            }
         )
     )
     for name in SHAPES:

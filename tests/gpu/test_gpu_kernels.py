@@ -14,21 +14,32 @@ from kubetune_trainer import fast, varlen  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def test_varlen_kernel_matches_reference_with_gqa() -> None:
+@pytest.mark.parametrize("kernel", varlen.KERNELS)
+def test_varlen_kernel_matches_reference_with_gqa(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every KUBETUNE_VARLEN_KERNEL choice: output and gradients against fp32 SDPA per example."""
+    monkeypatch.setattr(varlen, "_kernel", kernel)
     torch.manual_seed(0)
     lengths = [300, 17, 1024, 5, 700]
     total = sum(lengths)
-    q = torch.randn(total, 16, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(total, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     query, key, value = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, heads, seq, dim)
     out, _ = varlen.varlen_attention_forward(
         None, query, key, value, None, scaling=128**-0.5, cu_seq_lens_q=cu, max_length_q=max(lengths)
     )
-    kk, vv = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)
-    ref = varlen._reference(q.float(), kk.float(), vv.float(), cu, 128**-0.5, None)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref_in = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    kk, vv = (t.repeat_interleave(4, dim=1) for t in ref_in[1:])
+    ref = varlen._reference(ref_in[0], kk, vv, cu, 128**-0.5, None)
+    ref.backward(grad[0].float())
     torch.testing.assert_close(out[0].float(), ref, atol=2e-2, rtol=2e-2)
+    for got, want in zip((q, k, v), ref_in, strict=True):
+        assert got.grad is not None and want.grad is not None
+        err = (got.grad.float() - want.grad).abs().max() / want.grad.abs().max()
+        assert err < 2e-2, (kernel, float(err))
 
 
 def test_packed_fused_loss_matches_padded_loss_on_gpu() -> None:

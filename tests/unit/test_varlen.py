@@ -85,3 +85,20 @@ def test_forward_skips_transformers_mask_preparation(monkeypatch: pytest.MonkeyP
     with torch.no_grad():
         _tiny(2, "sdpa")(input_ids=ids, position_ids=pos, use_cache=False)
     assert scans == [1]
+
+
+def test_kernel_choice_is_read_at_registration_and_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(varlen.KERNEL_ENV, raising=False)
+    varlen.register()
+    assert varlen._kernel == "flash"
+    monkeypatch.setenv(varlen.KERNEL_ENV, "cudnn")
+    varlen.register()
+    assert varlen._kernel == "cudnn"
+    monkeypatch.setenv(varlen.KERNEL_ENV, "xformers")
+    with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be one of flash, flash-repeat, cudnn"):
+        varlen.register()
+    monkeypatch.delenv(varlen.KERNEL_ENV)
+    varlen.register()
+    assert varlen._kernel == "flash"
