@@ -143,7 +143,7 @@ for step in "$@"; do
       # each in the full training step of both models, one GPU, in one call
       mkdir -p /tmp/attn; timeout 120 python3 hack/gpu/attn_probe.py > /tmp/attn/probe.log 2>&1; cut -c1-2500 /tmp/attn/probe.log
       tar czf "$OUT/attn.tar.gz" -C /tmp attn
-      for k in ${ATTN_KERNELS:-flash flash-repeat cudnn}; do
+      for k in ${ATTN_KERNELS:-flash flash-repeat}; do
         KUBETUNE_VARLEN_KERNEL=$k timeout 150 python3 -m kubetune_trainer.bench --warmup 4 --steps 8 \
           --cases qwen3-4b:kubetune,qwen2-0.5b:kubetune --out /tmp/attn/$k > /tmp/attn/$k.log 2>&1
         echo "$k: $(grep -h '^\[bench\].*tokens/s' /tmp/attn/$k.log | tr '\n' ' ')"; tar czf "$OUT/attn.tar.gz" -C /tmp attn

@@ -93,11 +93,11 @@ def test_kernel_choice_is_read_at_registration_and_bad_values_name_the_variable(
     monkeypatch.delenv(varlen.KERNEL_ENV, raising=False)
     varlen.register()
     assert varlen._kernel == "flash"
-    monkeypatch.setenv(varlen.KERNEL_ENV, "cudnn")
+    monkeypatch.setenv(varlen.KERNEL_ENV, "flash-repeat")
     varlen.register()
-    assert varlen._kernel == "cudnn"
+    assert varlen._kernel == "flash-repeat"
     monkeypatch.setenv(varlen.KERNEL_ENV, "xformers")
-    with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be one of flash, flash-repeat, cudnn"):
+    with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be one of flash, flash-repeat"):
         varlen.register()
     monkeypatch.delenv(varlen.KERNEL_ENV)
     varlen.register()

@@ -13,9 +13,11 @@ attention registry:
 Grouped-query attention: the kernel gets the key/value heads as they are (FlashAttention-2 maps
 each query head to its group itself; measured on an H200 with the same results, bit for bit, as
 repeating the heads first, the same step time and 2-3 GiB less memory). ``KUBETUNE_VARLEN_KERNEL``
-overrides this on CUDA: ``flash-repeat`` repeats the key/value heads to the query head count first;
-``cudnn`` calls cuDNN's ragged fused attention instead. Anything else is an error naming the
-variable.
+overrides this on CUDA: ``flash-repeat`` repeats the key/value heads to the query head count first
+(the earlier behaviour, kept as a fallback); anything else is an error naming the variable. cuDNN's
+ragged attention (``aten._cudnn_attention_forward`` with sequence offsets, torch 2.11, cuDNN 9.19)
+was measured as a third choice and left out: about 70 ms a layer's forward against FlashAttention's
+0.4 ms, and wrong gradients.
 
     >>> from kubetune_trainer import varlen
     >>> varlen.register()
@@ -29,7 +31,7 @@ from typing import Any
 
 NAME = "kubetune_varlen"
 KERNEL_ENV = "KUBETUNE_VARLEN_KERNEL"
-KERNELS = ("flash", "flash-repeat", "cudnn")
+KERNELS = ("flash", "flash-repeat")
 _registered = False
 
 
@@ -113,116 +115,13 @@ def varlen_attention_forward(
         k = k.repeat_interleave(q_heads // kv_heads, dim=1)
         v = v.repeat_interleave(q_heads // kv_heads, dim=1)
     window = (-1, 0) if not sliding_window else (sliding_window - 1, 0)
-    if query.is_cuda and variant == "cudnn" and not sliding_window:
-        out: Any = cudnn_varlen(q, k, v, cu, max_len, scaling)
-    elif query.is_cuda:
+    if query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
-        if kv_heads != q_heads and variant == "cudnn":  # sliding window: cuDNN has none
-            k = k.repeat_interleave(q_heads // kv_heads, dim=1)
-            v = v.repeat_interleave(q_heads // kv_heads, dim=1)
-        out = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
+        out: Any = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
     else:
         out = _reference(q, k, v, cu, scaling, sliding_window)
     return out.reshape(batch, seq, q_heads, dim), None
-
-
-def cudnn_varlen(q: Any, k: Any, v: Any, cu: Any, max_len: int, scaling: float | None) -> Any:
-    """Causal attention over packed examples with cuDNN's ragged fused kernel: (tokens, heads, dim)
-    in, key/value heads as they are (grouped-query attention natively). An op of its own so that
-    the compiled layers see one opaque call with known output shapes."""
-    _define_cudnn_op()
-    import torch
-
-    out: Any = torch.ops.kubetune.cudnn_varlen(q, k, v, cu, max_len, scaling)[0]
-    return out
-
-
-_cudnn_op_defined = False
-
-
-def _define_cudnn_op() -> None:
-    global _cudnn_op_defined
-    if _cudnn_op_defined:
-        return
-    import torch
-
-    def _empty_long(device: Any) -> Any:
-        return torch.empty((), dtype=torch.int64, device=device)
-
-    # explicit schemas: this module's annotations are strings (postponed evaluation)
-    @torch.library.custom_op(
-        "kubetune::cudnn_varlen",
-        mutates_args=(),
-        schema="(Tensor q, Tensor k, Tensor v, Tensor cu, SymInt max_len, float? scale) -> (Tensor, Tensor)",
-    )
-    def op(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int, scale: float | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        res = torch.ops.aten._cudnn_attention_forward(
-            q, k, v, None, cu, cu, max_len, max_len, True, 0.0, True, False, scale=scale
-        )
-        return res[0], res[1]
-
-    @op.register_fake
-    def _(q, k, v, cu, max_len, scale):  # type: ignore[no-untyped-def]
-        # cuDNN's ragged path: output (tokens, query heads, dim), softmax stats (tokens, query heads, 1)
-        return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[1], 1), dtype=torch.float32)
-
-    @torch.library.custom_op(
-        "kubetune::cudnn_varlen_backward",
-        mutates_args=(),
-        schema="(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu, SymInt max_len, "
-        "float? scale) -> (Tensor, Tensor, Tensor)",
-    )
-    def op_bwd(
-        grad: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        cu: torch.Tensor,
-        max_len: int,
-        scale: float | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        empty = _empty_long(q.device)
-        dq, dk, dv = torch.ops.aten._cudnn_attention_backward(
-            grad.contiguous(),
-            q,
-            k,
-            v,
-            out,
-            lse,
-            empty,
-            empty,
-            None,  # no bias
-            cu,
-            cu,
-            max_len,
-            max_len,
-            0.0,
-            True,
-            scale=scale,
-        )
-        return dq, dk, dv
-
-    @op_bwd.register_fake
-    def _(grad, q, k, v, out, lse, cu, max_len, scale):  # type: ignore[no-untyped-def]
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-    def setup(ctx: Any, inputs: Any, output: Any) -> None:
-        q, k, v, cu, max_len, scale = inputs
-        ctx.save_for_backward(q, k, v, cu, output[0], output[1])
-        ctx.max_len, ctx.scale = max_len, scale
-
-    def backward(ctx: Any, grad: Any, _grad_lse: Any) -> Any:
-        q, k, v, cu, out, lse = ctx.saved_tensors
-        dq, dk, dv = op_bwd(grad, q, k, v, out, lse, cu, ctx.max_len, ctx.scale)
-        return dq, dk, dv, None, None, None
-
-    op.register_autograd(backward, setup_context=setup)
-    _cudnn_op_defined = True
 
 
 def _reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_window: int | None) -> Any:
