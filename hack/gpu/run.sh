@@ -138,6 +138,17 @@ for step in "$@"; do
       for f in /tmp/x2prof/*/*.profile.txt; do echo "== $f"; head -3 "$f"; done
       KUBETUNE_FSDP_RESHARD=0 timeout 200 $B --steps 8 --gpus 2 --sharding fsdp2 --out /tmp/x2prof/fsdp2keep > /tmp/x2prof-fsdp2keep.log 2>&1; grep "^\[bench\]" /tmp/x2prof-fsdp2keep.log
       mkdir -p /tmp/x2prof; cp /tmp/x2prof-*.log /tmp/x2prof/; tar czf "$OUT/x2prof.tar.gz" -C /tmp x2prof ;;
+    one)
+      # issue 6's one-GPU goals in one call on one H200 (the kind lent when two GPUs are not): kubetune's
+      # defaults for both models, the notebooks' configurations, Qwen3-4B capped at 80 GiB; six
+      # warm-up steps then ten measured, as in perf; the folder is re-archived after each phase
+      B="python3 -m kubetune_trainer.bench --out /tmp/one --warmup 6 --steps 10"
+      snap() { $B --report-only > /dev/null 2>&1; tar czf "$OUT/one.tar.gz" -C /tmp one; }
+      timeout 170 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/one-kubetune.log 2>&1; snap
+      timeout 200 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/one-notebooks.log 2>&1; snap
+      timeout 110 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 > /tmp/one-cap.log 2>&1
+      grep -h "^\[bench\]" /tmp/one-*.log; cp /tmp/one-*.log /tmp/one/; snap
+      grep -ihE "error|Traceback" /tmp/one/*.log | sort | uniq -c | sort -rn | head -8; cat /tmp/one/bench.md ;;
     attn)
       # the packed-attention kernels (KUBETUNE_VARLEN_KERNEL): alone at the models' shapes, then
       # each in the full training step of both models, one GPU, in one call
