@@ -149,6 +149,13 @@ for step in "$@"; do
       timeout 110 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 > /tmp/one-cap.log 2>&1
       grep -h "^\[bench\]" /tmp/one-*.log; cp /tmp/one-*.log /tmp/one/; snap
       grep -ihE "error|Traceback" /tmp/one/*.log | sort | uniq -c | sort -rn | head -8; cat /tmp/one/bench.md ;;
+    idle)
+      # where the GPU waits for the host: torch.profiler over four measured steps after six warm-up
+      # steps, both models on one GPU; the summary gives each idle gap to the host events in flight
+      B="python3 -m kubetune_trainer.bench --warmup 6 --steps 4 --profile --out /tmp/idle"
+      timeout 220 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/idle.log 2>&1; grep "^\[bench\]" /tmp/idle.log
+      for f in /tmp/idle/*.profile.txt; do echo "== $f"; head -34 "$f" | cut -c1-160; done
+      cp /tmp/idle.log /tmp/idle/; tar czf "$OUT/idle.tar.gz" -C /tmp idle ;;
     attn)
       # the packed-attention kernels (KUBETUNE_VARLEN_KERNEL): alone at the models' shapes, then
       # each in the full training step of both models, one GPU, in one call

@@ -34,6 +34,8 @@ written as JSON, a markdown table and a PNG chart.
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import json
 import math
 import os
@@ -41,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -588,6 +591,42 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def idle_gaps(
+    kernels: list[tuple[float, float]], host: list[tuple[float, float, str]], *, min_gap_us: float = 20.0
+) -> tuple[list[tuple[float, float]], dict[str, dict[str, float]]]:
+    """The GPU's idle gaps (between the union of its kernels' intervals, at least ``min_gap_us``) and,
+    for each, the host events in flight at its middle: the time of the gaps by the outermost (longest)
+    and by the innermost (shortest) of them, i.e. what the host was doing while the GPU waited."""
+    merged: list[list[float]] = []
+    for start, end in sorted(kernels):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(merged) if b[0] - a[1] >= min_gap_us]
+    by: dict[str, dict[str, float]] = {"outermost": defaultdict(float), "innermost": defaultdict(float)}
+    events = sorted(host)
+    active: list[tuple[float, float, float, str]] = []  # (end, -length, start, name): a heap by end
+    i = 0
+    for g0, g1 in gaps:  # gaps come in time order
+        mid = (g0 + g1) / 2
+        while i < len(events) and events[i][0] <= mid:
+            start, end, name = events[i]
+            heapq.heappush(active, (end, start - end, start, name))
+            i += 1
+        while active and active[0][0] <= mid:
+            heapq.heappop(active)
+        if not active:
+            by["outermost"]["(nothing recorded)"] += g1 - g0
+            by["innermost"]["(nothing recorded)"] += g1 - g0
+            continue
+        outer = min(active, key=lambda e: e[1])  # longest
+        inner = max(active, key=lambda e: e[1])  # shortest
+        by["outermost"][outer[3]] += g1 - g0
+        by["innermost"][inner[3]] += g1 - g0
+    return gaps, by
+
+
 def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
     """What the GPU did during the measured steps: busy fraction, then the costliest kernels and ops.
 
@@ -617,10 +656,24 @@ def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
         if wall > 0
         else ""
     )
+    host = [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in profiler.events()
+        if e.device_type == DeviceType.CPU and e.time_range.end > e.time_range.start
+    ]
+    gaps, by = idle_gaps([(a, b) for a, b, _ in kernels], host)
+    idle = f"GPU idle gaps of 20 us or more: {len(gaps) / per:.0f}/step, " + (
+        f"{sum(b - a for a, b in gaps) / per / 1e3:.1f} ms/step; the host meanwhile (ms/step):\n"
+    )
+    for kind, spent in by.items():
+        top = sorted(spent.items(), key=lambda kv: -kv[1])[:12]
+        idle += f"  by the {kind} host event in flight:\n" + "".join(
+            f"    {us / per / 1e3:8.2f}  {name[:110]}\n" for name, us in top
+        )
     averages = profiler.key_averages()
     by_device = averages.table(sort_by="self_device_time_total", row_limit=40, max_name_column_width=90)
     by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90)
-    return head + "by device time\n" + by_device + "\n\nby host time\n" + by_cpu + "\n"
+    return head + idle + "\nby device time\n" + by_device + "\n\nby host time\n" + by_cpu + "\n"
 
 
 def _compile_diagnostics() -> dict[str, Any]:
