@@ -156,6 +156,17 @@ for step in "$@"; do
       timeout 220 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/idle.log 2>&1; grep "^\[bench\]" /tmp/idle.log
       for f in /tmp/idle/*.profile.txt; do echo "== $f"; head -34 "$f" | cut -c1-160; done
       cp /tmp/idle.log /tmp/idle/; tar czf "$OUT/idle.tar.gz" -C /tmp idle ;;
+    cppwrap)
+      # LoRA's idle GPU time is the host inside ~1,350 small matrix products a step (run.sh idle):
+      # the same case with inductor's C++ wrapper (no Python between the compiled layers' kernels)
+      for v in "python|" "cpp|TORCHINDUCTOR_CPP_WRAPPER=1"; do
+        IFS='|' read -r name envs <<< "$v"
+        env $envs timeout 130 python3 -m kubetune_trainer.bench --warmup 6 --steps 10 --cases qwen2-0.5b:kubetune \
+          --out /tmp/cppwrap/$name > /tmp/cppwrap-$name.log 2>&1
+        echo "$name: $(grep -h '^\[bench\].*tokens/s' /tmp/cppwrap-$name.log)"
+        python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['step_times'], d.get('compile_seconds'))" /tmp/cppwrap/$name/qwen2-0.5b_kubetune.json 2>&1 | cut -c1-400
+      done
+      mkdir -p /tmp/cppwrap; cp /tmp/cppwrap-*.log /tmp/cppwrap/; tar czf "$OUT/cppwrap.tar.gz" -C /tmp cppwrap ;;
     attn)
       # the packed-attention kernels (KUBETUNE_VARLEN_KERNEL): alone at the models' shapes, then
       # each in the full training step of both models, one GPU, in one call
