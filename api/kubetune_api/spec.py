@@ -13,7 +13,9 @@ Validation that the API server enforces is declared here as ``cel(...)`` rules (
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -37,6 +39,45 @@ QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Environment variable names that look like they carry a secret must come from a Secret.
 SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"  # noqa: S105 (a pattern, not a secret)
+
+# kubetune's own tuning variables, read by the trainer: name -> (the values it takes, as a regular
+# expression; what they are, for the error). Checked where a FineTuneJob is admitted (CEL), by the
+# operator and by the trainer, so a typo stops the job before anything is created instead of being
+# ignored, or failing in the pod. An empty value means unset.
+TUNING_ENV: dict[str, tuple[str, str]] = {
+    "KUBETUNE_SHARDING": ("^(ddp|fsdp2)$", "ddp or fsdp2"),
+    "KUBETUNE_DATALOADER_WORKERS": ("^[0-9]{1,3}$", "a whole number of data-loader workers, 0 to 999"),
+    "KUBETUNE_DDP_BUCKET_MB": ("^[1-9][0-9]{0,4}$", "a whole number of megabytes, 1 to 99999"),
+    "KUBETUNE_FSDP_RESHARD": (
+        "^[01]$",
+        "1 (free each layer's gathered weights after its forward) or 0 (keep them)",
+    ),
+    "KUBETUNE_VARLEN_KERNEL": ("^(flash|flash-repeat)$", "flash or flash-repeat"),
+}
+
+
+def tuning_env_error(name: str, value: str) -> str | None:
+    """Why ``value`` is not one a kubetune tuning variable takes (None: fine, or not one of them).
+
+    >>> tuning_env_error("KUBETUNE_SHARDING", "fsdp")
+    "KUBETUNE_SHARDING must be ddp or fsdp2, got 'fsdp'"
+    >>> tuning_env_error("KUBETUNE_SHARDING", "fsdp2") is None and tuning_env_error("NCCL_DEBUG", "x") is None
+    True
+    """
+    known = TUNING_ENV.get(name)
+    if known is None or value == "" or re.fullmatch(known[0], value):
+        return None
+    return f"{name} must be {known[1]}, got {value!r}"
+
+
+def tuning_env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A tuning variable's value from the environment: None when unset or empty, ValueError (naming the
+    variable) when it is not one the variable takes."""
+    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    error = tuning_env_error(name, raw)
+    if error:
+        raise ValueError(error)
+    return raw or None
 
 
 def cel(
@@ -454,6 +495,15 @@ class EnvVar(_Model):
                 "looks like a credential",
                 field_path=".value",
             ),
+            *(
+                cel(
+                    f"self.name != '{name}' || !has(self.value) || self.value == '' || "
+                    f"self.value.matches('{pattern}')",
+                    f"{name} must be {what}",
+                    field_path=".value",
+                )
+                for name, (pattern, what) in TUNING_ENV.items()
+            ),
         )
     )
 
@@ -462,6 +512,13 @@ class EnvVar(_Model):
     )
     value: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="Plain value.")
     value_from: EnvFromSecret | None = Field(default=None, description="Value from a Secret.")
+
+    @model_validator(mode="after")
+    def _tuning_values(self) -> EnvVar:
+        error = tuning_env_error(self.name, self.value) if self.value is not None else None
+        if error:
+            raise ValueError(error)
+        return self
 
 
 # Fields of the spec that may change after creation; everything else shapes the training.

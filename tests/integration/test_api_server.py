@@ -162,6 +162,19 @@ INVALID: list[tuple[str, Mutation, str]] = [
     ),
     ("inline-secret-env", _set("spec.env", [{"name": "WANDB_API_KEY", "value": "abc"}]), "spec.env[0].value"),
     (
+        "env-tuning-typo",
+        _set(
+            "spec.env",
+            [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "KUBETUNE_SHARDING", "value": "fsdp"}],
+        ),
+        "spec.env[1].value: Invalid value: KUBETUNE_SHARDING must be ddp or fsdp2",
+    ),
+    (
+        "env-tuning-not-a-number",
+        _set("spec.env", [{"name": "KUBETUNE_DDP_BUCKET_MB", "value": "0"}]),
+        "KUBETUNE_DDP_BUCKET_MB must be a whole number of megabytes",
+    ),
+    (
         "env-value-and-from",
         _set(
             "spec.env",

@@ -263,6 +263,10 @@ def test_sharding_ddp_for_lora_and_for_a_replica_that_fits_fsdp2_otherwise(
     monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp2")
     forced = make_plan(TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False)
     assert forced.sharding == "fsdp2" and "KUBETUNE_SHARDING" in forced.reasons["sharding"]
+    # a typo is an error naming the variable, not silently the plan's own choice
+    monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp")
+    with pytest.raises(ValueError, match="KUBETUNE_SHARDING must be ddp or fsdp2, got 'fsdp'"):
+        make_plan(TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False)
 
 
 def test_fsdp2_divides_the_training_states_by_the_gpus() -> None:
@@ -350,7 +354,10 @@ def test_data_loader_workers_can_be_set_from_the_environment(monkeypatch: pytest
     assert plan.dataloader_workers == 0 and "KUBETUNE_DATALOADER_WORKERS" in plan.reasons["dataloader"]
     monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "3")
     assert make_plan(spec, CPU).dataloader_workers == 3
-    monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "many")  # not a count: the plan's own choice
+    monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "many")  # not a count: an error naming it
+    with pytest.raises(ValueError, match="KUBETUNE_DATALOADER_WORKERS must be a whole number"):
+        make_plan(spec, H200, shape=QWEN2_05B)
+    monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "")  # empty: unset, the plan's own choice
     assert make_plan(spec, H200, shape=QWEN2_05B).dataloader_workers == 2
 
 

@@ -97,8 +97,15 @@ def test_kernel_choice_is_read_at_registration_and_bad_values_name_the_variable(
     varlen.register()
     assert varlen._kernel == "flash-repeat"
     monkeypatch.setenv(varlen.KERNEL_ENV, "xformers")
-    with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be one of flash, flash-repeat"):
+    with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be flash or flash-repeat"):
         varlen.register()
     monkeypatch.delenv(varlen.KERNEL_ENV)
     varlen.register()
     assert varlen._kernel == "flash"
+
+
+def test_the_admitted_values_are_the_kernels_the_trainer_has() -> None:
+    from kubetune_api.spec import tuning_env_error
+
+    assert all(tuning_env_error(varlen.KERNEL_ENV, k) is None for k in varlen.KERNELS)
+    assert tuning_env_error(varlen.KERNEL_ENV, "cudnn") is not None

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import Precision, Toggle, TrainingSpec
+from kubetune_api.spec import Precision, Toggle, TrainingSpec, tuning_env
 
 from .varlen import NAME as VARLEN
 
@@ -331,8 +331,8 @@ def make_plan(
 
     # Data loading: on a GPU the collation of the next micro-step (packing, position ids, pinning)
     # runs in worker processes, so it overlaps training instead of leaving the GPU idle between steps.
-    forced_workers = os.environ.get(DATALOADER_WORKERS_ENV, "").strip()
-    if forced_workers.isdigit():
+    forced_workers = tuning_env(DATALOADER_WORKERS_ENV)
+    if forced_workers is not None:
         workers = int(forced_workers)
         reasons["dataloader"] = f"{workers} worker processes, from {DATALOADER_WORKERS_ENV}"
     elif hw.cuda:
@@ -387,8 +387,8 @@ def _sharding(
     if hw.world_size <= 1:
         reasons["sharding"] = "one process: none"
         return "none"
-    forced = os.environ.get(SHARDING_ENV, "").strip().lower()
-    if forced in ("ddp", "fsdp2") and (hw.cuda or forced == "ddp"):
+    forced = tuning_env(SHARDING_ENV)
+    if forced is not None and (hw.cuda or forced == "ddp"):
         reasons["sharding"] = f"{forced}, from {SHARDING_ENV}"
         return forced
     if lora:

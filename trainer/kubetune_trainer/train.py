@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import DatasetFormat, DatasetSource, Method
+from kubetune_api.spec import DatasetFormat, DatasetSource, Method, tuning_env
 from kubetune_api.trainer_config import (
     COMPLETE_MARKER,
     EXIT_PREEMPTED,
@@ -274,18 +274,9 @@ def sharding_overrides() -> tuple[int | None, bool]:
     least memory) or keeps them for the backward (``0``: one all-gather a step instead of two, the
     memory of a replica's weights). For measuring on a given machine; the plan does not set them.
     """
-    bucket: int | None = None
-    raw = os.environ.get(DDP_BUCKET_ENV, "").strip()
-    if raw:
-        if not raw.isdigit() or int(raw) < 1:
-            raise ValueError(f"{DDP_BUCKET_ENV} must be a whole number of megabytes >= 1, got {raw!r}")
-        bucket = int(raw)
-    reshard = os.environ.get(FSDP_RESHARD_ENV, "1").strip()
-    if reshard not in ("0", "1"):
-        raise ValueError(
-            f"{FSDP_RESHARD_ENV} must be 1 (free weights after forward) or 0 (keep), got {reshard!r}"
-        )
-    return bucket, reshard == "1"
+    bucket = tuning_env(DDP_BUCKET_ENV)
+    reshard = tuning_env(FSDP_RESHARD_ENV) or "1"
+    return (int(bucket) if bucket else None), reshard == "1"
 
 
 def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool) -> Any:

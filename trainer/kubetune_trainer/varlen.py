@@ -41,12 +41,9 @@ def kernel() -> str:
     >>> import os; os.environ.pop(KERNEL_ENV, None) and None; kernel()
     'flash'
     """
-    import os
+    from kubetune_api.spec import tuning_env
 
-    raw = os.environ.get(KERNEL_ENV, "").strip() or KERNELS[0]
-    if raw not in KERNELS:
-        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(KERNELS)}, got {raw!r}")
-    return raw
+    return tuning_env(KERNEL_ENV) or KERNELS[0]
 
 
 def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
