@@ -45,12 +45,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Watches are re-established at this interval (seconds), so a lost connection heals quickly.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
-    # Server-side filtering: watch only our children, never every pod/job of the cluster.
+    # Server-side filtering: watch only our children, never every pod/job of the cluster. Jobs and
+    # their pods: the registration's and the alias move's (both followed by the handlers below).
     ours = builders.LABEL_JOB
-    registration = f"{ours},{builders.LABEL_COMPONENT}={builders.COMPONENT_REGISTRATION}"
+    jobs = (
+        f"{ours},{builders.LABEL_COMPONENT} in "
+        f"({','.join(sorted((builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)))})"
+    )
     settings.watching.label_selectors["kubeflow.org", "v1", "pytorchjobs"] = ours
-    settings.watching.label_selectors["batch", "v1", "jobs"] = registration
-    settings.watching.label_selectors["v1", "pods"] = registration
+    settings.watching.label_selectors["batch", "v1", "jobs"] = jobs
+    settings.watching.label_selectors["v1", "pods"] = jobs
     memo.settings = Settings.from_env()
     memo.kube = Kube(load_api_client())
 
@@ -91,6 +95,29 @@ def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
 def finetunejob_changed(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
     _run(memo, logger, namespace, name)
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def finetunejob_unobserved(
+    body: Any, memo: Any, logger: Any, namespace: str | None, name: str, type: str | None, **_: Any
+) -> None:
+    """Level-triggered guard: a spec generation no reconcile pass has observed yet is reconciled now.
+
+    kopf detects updates by diffing the spec against the last one it handled. A change made while an
+    earlier one's handler waits for its retry, and that returns the spec to the last handled one
+    (alias production, then back to champion), leaves kopf no diff and nothing to run: the change
+    would wait for the slow re-sync. The generation says it was never observed.
+    """
+    if type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    generation = (body.get("metadata") or {}).get("generation")
+    observed = (body.get("status") or {}).get("observedGeneration")
+    if generation is None or observed is None or generation == observed:
+        return  # new objects are the create handler's; observed ones have nothing new
+    try:
+        reconcile(_context(memo, logger), namespace or "default", name)
+    except (ApiError, StatusConflictError) as e:
+        logger.info(f"spec generation {generation} not reconciled yet ({e}); the next event or re-sync will")
 
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=_RESYNC_SECONDS, initial_delay=_RESYNC_SECONDS)

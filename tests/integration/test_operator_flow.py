@@ -308,3 +308,58 @@ def test_delete_releases_the_finalizer_and_keeps_a_kept_pvc(kube: Any, namespace
 
     kube.request("DELETE", f"/apis/{API_VERSION}/namespaces/{namespace}/finetunejobs/{name}")
     wait_for(lambda: kube.get(API_VERSION, "FineTuneJob", namespace, name) is None, what="the job to be gone")
+
+
+@pytest.fixture
+def events_only_operator(
+    operator_env: dict[str, str], namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """The operator with its retries and re-sync an hour away: only watch events can move a job on."""
+    from tests.integration.conftest import kopf_runner
+
+    monkeypatch.setenv("KUBETUNE_RETRY_SECONDS", "3600")
+    with kopf_runner(namespace) as runner:
+        yield runner
+
+
+def test_every_child_the_operator_follows_is_watched(
+    kube: Any, namespace: str, events_only_operator: Any
+) -> None:
+    """The PyTorchJob, the registration Job and the alias Job each move the status by their watch
+    events alone (no retry, no re-sync within the test): each child kind is inside the server-side
+    label selector of its watch; and a spec change kopf's diff cannot see is still acted on."""
+    name = _start(kube, namespace)
+    _succeed(kube, namespace, name)
+    kube.patch(
+        API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "production"}}}
+    )
+    job = wait_for(lambda: _alias_jobs(kube, namespace, name), what="the alias Job")[0]
+    finish_registration_job(
+        kube, namespace, job["metadata"]["name"], message=json.dumps({**RESULT, "alias": "production"})
+    )
+    obj = wait_for(
+        lambda: (
+            (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == "production" and o
+        ),
+        what="the moved alias in the status, from the alias Job's watch event",
+    )
+    assert condition(obj, "AliasSynced")["status"] == "True"
+
+    # Back to the first alias while the change handler of "production" still waits for its retry
+    # (an hour away): kopf sees the spec it last handled and runs nothing, the generation was never
+    # observed, so the operator reconciles it anyway and moves the alias back.
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "champion"}}})
+    jobs = wait_for(
+        lambda: len(_alias_jobs(kube, namespace, name)) == 2 and _alias_jobs(kube, namespace, name),
+        what="a second alias Job for the reverted alias",
+    )
+    newest = next(j for j in jobs if j["metadata"]["name"] != job["metadata"]["name"])
+    assert newest["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
+    finish_registration_job(kube, namespace, newest["metadata"]["name"], message=json.dumps(RESULT))
+    obj = wait_for(
+        lambda: (
+            (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == "champion" and o
+        ),
+        what="the alias moved back in the status",
+    )
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
