@@ -120,6 +120,15 @@ def _alias_reason(kube: Any, namespace: str, name: str) -> str | None:
     return found[0]["reason"] if found else None
 
 
+def _alias_in_status(kube: Any, namespace: str, name: str, alias: str, what: str) -> dict[str, Any]:
+    """Wait until the status says the registered model carries ``alias``; the FineTuneJob then."""
+    obj: dict[str, Any] = wait_for(
+        lambda: (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == alias and o,
+        what=what,
+    )
+    return obj
+
+
 def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
     kube: Any, namespace: str, operator: Any
 ) -> None:
@@ -157,12 +166,7 @@ def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
     finish_registration_job(
         kube, namespace, job["metadata"]["name"], message=json.dumps({**RESULT, "alias": "production"})
     )
-    obj = wait_for(
-        lambda: (
-            (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == "production" and o
-        ),
-        what="the moved alias in the status",
-    )
+    obj = _alias_in_status(kube, namespace, name, "production", "the moved alias in the status")
     assert obj["status"]["phase"] == "Succeeded" and obj["status"]["registeredModel"]["version"] == "3"
     assert condition(obj, "AliasSynced")["status"] == "True"
     assert condition(obj, "Ready")["status"] == "True"
@@ -337,11 +341,8 @@ def test_every_child_the_operator_follows_is_watched(
     finish_registration_job(
         kube, namespace, job["metadata"]["name"], message=json.dumps({**RESULT, "alias": "production"})
     )
-    obj = wait_for(
-        lambda: (
-            (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == "production" and o
-        ),
-        what="the moved alias in the status, from the alias Job's watch event",
+    obj = _alias_in_status(
+        kube, namespace, name, "production", "the moved alias in the status, from the alias Job's watch event"
     )
     assert condition(obj, "AliasSynced")["status"] == "True"
 
@@ -356,10 +357,5 @@ def test_every_child_the_operator_follows_is_watched(
     newest = next(j for j in jobs if j["metadata"]["name"] != job["metadata"]["name"])
     assert newest["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
     finish_registration_job(kube, namespace, newest["metadata"]["name"], message=json.dumps(RESULT))
-    obj = wait_for(
-        lambda: (
-            (o := get_job(kube, namespace, name))["status"]["registeredModel"]["alias"] == "champion" and o
-        ),
-        what="the alias moved back in the status",
-    )
+    obj = _alias_in_status(kube, namespace, name, "champion", "the alias moved back in the status")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
