@@ -115,9 +115,9 @@ for step in "$@"; do
       tail -1 /tmp/syncs/syncs.log | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print(d['tokens_per_second'], d['step_times']); [print(n, s) for n, s in d['syncs']]" 2>&1 | cut -c1-700 ;;
     x2tune)
       # Qwen3-4B full on both GPUs under tuning variants, each "name|environment|extra bench flags":
-      # NCCL limited to few SMs (CTAs) so the all-reduce beside the backward takes fewer SMs from its
-      # matrix products (8 GB a step needs ~20 GB/s, NVLink gives far more), bigger DDP buckets, and
-      # FSDP2 keeping the gathered weights for the backward. NCCL_DEBUG shows the channels it chose.
+      # NCCL limited to few SMs (CTAs), bigger DDP buckets, FSDP2 keeping the gathered weights for
+      # the backward. NCCL_DEBUG shows the channels it chose. Measured 2026-11-30: none beat the
+      # default by more than the spread (36.4k-37.1k tokens/s against 37.0k; docs/benchmarks.md).
       B="python3 -m kubetune_trainer.bench --warmup 4 --steps 8 --cases qwen3-4b:kubetune --gpus 2"
       V=("ctas4|NCCL_MAX_CTAS=4 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING|" "ctas8|NCCL_MAX_CTAS=8|"
          "ctas4b200|NCCL_MAX_CTAS=4 KUBETUNE_DDP_BUCKET_MB=200|" "fsdp2keep8|NCCL_MAX_CTAS=8 KUBETUNE_FSDP_RESHARD=0|--sharding fsdp2")
