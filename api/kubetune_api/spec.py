@@ -56,6 +56,12 @@ TUNING_ENV: dict[str, tuple[str, str]] = {
 }
 
 
+# Variables the operator sets on the trainer's pods itself: a spec.env entry of the same name would
+# replace them (the later entry wins) and break the pod (no config, a shutdown grace longer than the
+# pod's termination grace period).
+OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S")
+
+
 def tuning_env_error(name: str, value: str) -> str | None:
     """Why ``value`` is not one a kubetune tuning variable takes (None: fine, or not one of them).
 
@@ -495,6 +501,11 @@ class EnvVar(_Model):
                 "looks like a credential",
                 field_path=".value",
             ),
+            cel(
+                f"!(self.name in [{', '.join(repr(n) for n in OPERATOR_ENV)}])",
+                f"{', '.join(OPERATOR_ENV)} are set by the operator",
+                field_path=".name",
+            ),
             *(
                 cel(
                     f"self.name != '{name}' || !has(self.value) || self.value == '' || "
@@ -515,6 +526,8 @@ class EnvVar(_Model):
 
     @model_validator(mode="after")
     def _tuning_values(self) -> EnvVar:
+        if self.name in OPERATOR_ENV:
+            raise ValueError(f"{self.name} is set by the operator")
         error = tuning_env_error(self.name, self.value) if self.value is not None else None
         if error:
             raise ValueError(error)

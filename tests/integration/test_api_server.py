@@ -170,6 +170,11 @@ INVALID: list[tuple[str, Mutation, str]] = [
         "spec.env[1].value: Invalid value: KUBETUNE_SHARDING must be ddp or fsdp2",
     ),
     (
+        "env-operator-owned",
+        _set("spec.env", [{"name": "KUBETUNE_CONFIG", "value": "/tmp/mine.yaml"}]),
+        "spec.env[0].name: Invalid value: KUBETUNE_CONFIG, KUBETUNE_CPUS, KUBETUNE_SHUTDOWN_GRACE_S are set",
+    ),
+    (
         "env-tuning-not-a-number",
         _set("spec.env", [{"name": "KUBETUNE_DDP_BUCKET_MB", "value": "0"}]),
         "KUBETUNE_DDP_BUCKET_MB must be a whole number of megabytes",

@@ -399,3 +399,11 @@ def test_the_trainer_learns_its_cpu_request_for_sizing_compile_workers() -> None
     # no request: nothing to pass (the trainer shares the node's CPUs among its ranks)
     without = _master(builders.build_pytorchjob(example("qwen3-4b-full.yaml"), SETTINGS))
     assert "KUBETUNE_CPUS" not in {e["name"] for e in without["containers"][0]["env"]}
+
+
+def test_the_variables_refused_in_spec_env_are_the_ones_the_operator_sets() -> None:
+    from kubetune_api.spec import OPERATOR_ENV
+
+    ptj = builders.build_pytorchjob(example("qwen2-0.5b-lora-8gpu.yaml"), SETTINGS)
+    names = {e["name"] for e in _master(ptj)["containers"][0]["env"]}
+    assert {n for n in names if n.startswith("KUBETUNE_")} == set(OPERATOR_ENV)
