@@ -41,9 +41,11 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a
 SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"  # noqa: S105 (a pattern, not a secret)
 
 # kubetune's own tuning variables, read by the trainer: name -> (the values it takes, as a regular
-# expression; what they are, for the error). Checked where a FineTuneJob is admitted (CEL), by the
-# operator and by the trainer, so a typo stops the job before anything is created instead of being
-# ignored, or failing in the pod. An empty value means unset.
+# expression; what they are, for the error). Checked where a FineTuneJob is admitted (CEL) and by the
+# trainer, so a typo stops the job before anything is created instead of being ignored, or failing
+# in the pod. An empty value means unset. Not by the operator's own parsing of the spec: a job
+# admitted before a rule existed must not turn Failed when the operator is upgraded. The patterns
+# go into single-quoted CEL strings as they are: no quotes or backslashes.
 TUNING_ENV: dict[str, tuple[str, str]] = {
     "KUBETUNE_SHARDING": ("^(ddp|fsdp2)$", "ddp or fsdp2"),
     "KUBETUNE_DATALOADER_WORKERS": ("^[0-9]{1,3}$", "a whole number of data-loader workers, 0 to 999"),
@@ -56,9 +58,9 @@ TUNING_ENV: dict[str, tuple[str, str]] = {
 }
 
 
-# Variables the operator sets on the trainer's pods itself: a spec.env entry of the same name would
-# replace them (the later entry wins) and break the pod (no config, a shutdown grace longer than the
-# pod's termination grace period).
+# Variables the operator sets on the trainer's pods itself. A spec.env entry of the same name would
+# replace KUBETUNE_CONFIG (set before spec.env: the later entry wins, and the trainer finds no
+# config) and silently lose to the other two (set after it); refused, so what the spec says runs.
 OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S")
 
 
@@ -523,15 +525,6 @@ class EnvVar(_Model):
     )
     value: Annotated[str, Field(max_length=4096)] | None = Field(default=None, description="Plain value.")
     value_from: EnvFromSecret | None = Field(default=None, description="Value from a Secret.")
-
-    @model_validator(mode="after")
-    def _tuning_values(self) -> EnvVar:
-        if self.name in OPERATOR_ENV:
-            raise ValueError(f"{self.name} is set by the operator")
-        error = tuning_env_error(self.name, self.value) if self.value is not None else None
-        if error:
-            raise ValueError(error)
-        return self
 
 
 # Fields of the spec that may change after creation; everything else shapes the training.

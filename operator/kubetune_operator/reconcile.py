@@ -90,7 +90,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     if previous.phase == api.Phase.SUCCEEDED.value:
         return _follow_alias(ctx, obj, previous, generation)
     if previous.phase in state.FINAL_PHASES:
-        return Outcome(phase=str(previous.phase))
+        return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
 
     try:
         job = api.parse_job(obj)
@@ -185,10 +185,33 @@ def _follow_alias(
     try:
         job = api.parse_job(obj)
     except ValidationError:
-        return done
+        return _observed(ctx, obj, done, generation)
     wanted = job.spec.registration.alias or None
-    if model is None or not job.spec.registration.enabled or (model.alias or None) == wanted:
-        return done
+    synced = next((c for c in previous.conditions or [] if c.type == state.ALIAS_SYNCED), None)
+    # An alias the status shows is only settled when no move is under way: after production, then
+    # champion again while production's Job runs, that Job would leave production in MLflow.
+    settled = synced is None or synced.status == "True"
+    if model is None or not job.spec.registration.enabled or ((model.alias or None) == wanted and settled):
+        return _observed(ctx, obj, done, generation)
+    # One alias move at a time: an earlier change's Job still running finishes first, so the alias
+    # MLflow keeps is the one asked for last (two Jobs at once would finish in any order).
+    mine = builders.alias_job_name(job)
+    selector = ",".join(
+        f"{k}={v}" for k, v in builders.selector_labels(job, builders.COMPONENT_ALIAS).items()
+    )
+    earlier = [
+        j["metadata"]["name"]
+        for j in ctx.kube.list("batch/v1", "Job", job.metadata.namespace, selector)
+        if j["metadata"]["name"] != mine
+        and state.registration_observation(j, [], "").state not in ("Complete", "Failed")
+    ]
+    if earlier:
+        pending = state.RegistrationObservation(True, "Running")
+        transition = state.alias_transition(previous, wanted, pending, now=now(), generation=generation)
+        if _write_status(ctx, obj, transition):
+            for event in transition.events:
+                ctx.emit(obj, event)
+        return Outcome(phase=done.phase, waiting=True, message=f"alias Job {earlier[0]} still running")
     # the Job reads the trainer config: it must carry the new alias first
     config = builders.build_config_map(job, ctx.settings)
     result = ensure(ctx.kube, config, job)
@@ -208,6 +231,13 @@ def _follow_alias(
         for event in transition.events:
             ctx.emit(obj, event)
     return Outcome(phase=done.phase, waiting=transition.waiting)
+
+
+def _observed(ctx: Context, obj: dict[str, Any], outcome: Outcome, generation: int) -> Outcome:
+    """A pass with nothing to do for this generation still says it saw it (``status.observedGeneration``)."""
+    transition = state.Transition(status={"observedGeneration": generation}, events=[], phase=outcome.phase)
+    _write_status(ctx, obj, transition)
+    return outcome
 
 
 def _registration_observation(

@@ -221,6 +221,13 @@ def test_failed_training(kube: Any, namespace: str, operator: Any) -> None:
         ],
         what="a TrainingFailed warning event",
     )
+    # a spec change on a failed job changes nothing, and the status says it was seen
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"suspend": True}})
+    obj = wait_for(
+        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == 2 and o,
+        what="observedGeneration 2 on the failed job",
+    )
+    assert obj["status"]["phase"] == "Failed" and condition(obj, "Ready")["reason"] == "TrainingFailed"
 
 
 def test_failed_registration(kube: Any, namespace: str, operator: Any) -> None:
@@ -359,3 +366,47 @@ def test_every_child_the_operator_follows_is_watched(
     finish_registration_job(kube, namespace, newest["metadata"]["name"], message=json.dumps(RESULT))
     obj = _alias_in_status(kube, namespace, name, "champion", "the alias moved back in the status")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+
+
+def test_an_alias_changed_back_while_its_move_runs_ends_where_the_spec_says(
+    kube: Any, namespace: str, events_only_operator: Any
+) -> None:
+    """production, then champion again while production's Job still runs: the champion move waits
+    for it, then runs, so MLflow and the status end on champion (events alone, no retries)."""
+    name = _start(kube, namespace)
+    _succeed(kube, namespace, name)
+    kube.patch(
+        API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "production"}}}
+    )
+    first = wait_for(lambda: _alias_jobs(kube, namespace, name), what="the production alias Job")[0]
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "champion"}}})
+    obj = wait_for(
+        lambda: (
+            (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == 3
+            and "'champion'" in condition(o, "AliasSynced")["message"]
+            and o
+        ),
+        what="AliasSynced pointing at champion, generation 3 observed",
+    )
+    assert condition(obj, "AliasSynced")["reason"] == "MovingAlias"
+    assert [j["metadata"]["name"] for j in _alias_jobs(kube, namespace, name)] == [first["metadata"]["name"]]
+
+    # production's Job ends (MLflow says production now); then, and only then, the champion move
+    finish_registration_job(
+        kube, namespace, first["metadata"]["name"], message=json.dumps({**RESULT, "alias": "production"})
+    )
+    jobs = wait_for(
+        lambda: len(_alias_jobs(kube, namespace, name)) == 2 and _alias_jobs(kube, namespace, name),
+        what="the champion alias Job after production's ended",
+    )
+    second = next(j for j in jobs if j["metadata"]["name"] != first["metadata"]["name"])
+    assert second["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
+    finish_registration_job(kube, namespace, second["metadata"]["name"], message=json.dumps(RESULT))
+    obj = wait_for(
+        lambda: (
+            (o := get_job(kube, namespace, name)) and condition(o, "AliasSynced")["status"] == "True" and o
+        ),
+        what="AliasSynced True",
+    )
+    assert obj["status"]["registeredModel"]["alias"] == "champion"
+    assert "'champion'" in condition(obj, "AliasSynced")["message"]

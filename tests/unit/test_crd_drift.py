@@ -122,3 +122,10 @@ def test_reference_docs_match_models() -> None:
 
     path = CRD_FILE.parents[1] / "docs" / "api.md"
     assert docs.main(["--check", str(path)]) == 0, "run: python -m kubetune_api.docs --write docs/api.md"
+
+
+def test_tuning_patterns_fit_in_a_single_quoted_cel_string() -> None:
+    from kubetune_api.spec import TUNING_ENV
+
+    for name, (pattern, _) in TUNING_ENV.items():
+        assert not set("'\\") & set(pattern), name

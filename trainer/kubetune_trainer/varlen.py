@@ -12,7 +12,7 @@ attention registry:
 
 Grouped-query attention: the kernel gets the key/value heads as they are (FlashAttention-2 maps
 each query head to its group itself; measured on an H200 with the same results, bit for bit, as
-repeating the heads first, the same step time and 2-3 GiB less memory). ``KUBETUNE_VARLEN_KERNEL``
+repeating the heads first, the same step time and 2.2-3.4 GiB less memory). ``KUBETUNE_VARLEN_KERNEL``
 overrides this on CUDA: ``flash-repeat`` repeats the key/value heads to the query head count first
 (the earlier behaviour, kept as a fallback); anything else is an error naming the variable. cuDNN's
 ragged attention (``aten._cudnn_attention_forward`` with sequence offsets, torch 2.11, cuDNN 9.19)
