@@ -130,7 +130,7 @@ def _alias_in_status(kube: Any, namespace: str, name: str, alias: str, what: str
 
 
 def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
-    kube: Any, namespace: str, operator: Any
+    kube: Any, namespace: str, operator: Any, control_plane: Any
 ) -> None:
     name = _start(kube, namespace)
     obj = _succeed(kube, namespace, name)
@@ -195,6 +195,20 @@ def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
     # the model stays registered and Succeeded; the failure is said, with what MLflow answered
     assert obj["status"]["phase"] == "Succeeded" and obj["status"]["registeredModel"]["alias"] == "production"
     assert "MLflow refused" in condition(obj, "AliasSynced")["message"]
+
+    # the README's remedy: fix what MLflow refused, delete the failed Job; the operator, which
+    # watches its alias Jobs, creates it again at once (not at the next re-sync)
+    failed_uid = newest["metadata"]["uid"]
+    control_plane.kubectl("delete", "job", "-n", namespace, newest["metadata"]["name"], "--wait=false")
+    again = wait_for(
+        lambda: (
+            (j := kube.get("batch/v1", "Job", namespace, newest["metadata"]["name"]))
+            and j["metadata"]["uid"] != failed_uid
+            and j
+        ),
+        what="the alias Job created again",
+    )
+    assert again["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
 
 
 def test_failed_training(kube: Any, namespace: str, operator: Any) -> None:
