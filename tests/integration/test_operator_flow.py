@@ -129,6 +129,18 @@ def _alias_in_status(kube: Any, namespace: str, name: str, alias: str, what: str
     return obj
 
 
+def _second_alias_job(
+    kube: Any, namespace: str, name: str, first: dict[str, Any], what: str
+) -> dict[str, Any]:
+    """Wait for a second alias Job beside ``first``; it must move the alias to champion."""
+    jobs = wait_for(
+        lambda: len(_alias_jobs(kube, namespace, name)) == 2 and _alias_jobs(kube, namespace, name), what=what
+    )
+    second: dict[str, Any] = next(j for j in jobs if j["metadata"]["name"] != first["metadata"]["name"])
+    assert second["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
+    return second
+
+
 def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
     kube: Any, namespace: str, operator: Any, control_plane: Any
 ) -> None:
@@ -371,12 +383,7 @@ def test_every_child_the_operator_follows_is_watched(
     # (an hour away): kopf sees the spec it last handled and runs nothing, the generation was never
     # observed, so the operator reconciles it anyway and moves the alias back.
     kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "champion"}}})
-    jobs = wait_for(
-        lambda: len(_alias_jobs(kube, namespace, name)) == 2 and _alias_jobs(kube, namespace, name),
-        what="a second alias Job for the reverted alias",
-    )
-    newest = next(j for j in jobs if j["metadata"]["name"] != job["metadata"]["name"])
-    assert newest["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
+    newest = _second_alias_job(kube, namespace, name, job, "a second alias Job for the reverted alias")
     finish_registration_job(kube, namespace, newest["metadata"]["name"], message=json.dumps(RESULT))
     obj = _alias_in_status(kube, namespace, name, "champion", "the alias moved back in the status")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
@@ -409,12 +416,9 @@ def test_an_alias_changed_back_while_its_move_runs_ends_where_the_spec_says(
     finish_registration_job(
         kube, namespace, first["metadata"]["name"], message=json.dumps({**RESULT, "alias": "production"})
     )
-    jobs = wait_for(
-        lambda: len(_alias_jobs(kube, namespace, name)) == 2 and _alias_jobs(kube, namespace, name),
-        what="the champion alias Job after production's ended",
+    second = _second_alias_job(
+        kube, namespace, name, first, "the champion alias Job after production's ended"
     )
-    second = next(j for j in jobs if j["metadata"]["name"] != first["metadata"]["name"])
-    assert second["metadata"]["annotations"]["kubetune.io/alias"] == "champion"
     finish_registration_job(kube, namespace, second["metadata"]["name"], message=json.dumps(RESULT))
     obj = wait_for(
         lambda: (
