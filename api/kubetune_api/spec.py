@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -78,10 +77,10 @@ def tuning_env_error(name: str, value: str) -> str | None:
     return f"{name} must be {known[1]}, got {value!r}"
 
 
-def tuning_env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+def tuning_env(name: str) -> str | None:
     """A tuning variable's value from the environment: None when unset or empty, ValueError (naming the
     variable) when it is not one the variable takes."""
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
+    raw = os.environ.get(name, "").strip()
     error = tuning_env_error(name, raw)
     if error:
         raise ValueError(error)

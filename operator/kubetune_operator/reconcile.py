@@ -196,12 +196,11 @@ def _follow_alias(
     # One alias move at a time: an earlier change's Job still running finishes first, so the alias
     # MLflow keeps is the one asked for last (two Jobs at once would finish in any order).
     mine = builders.alias_job_name(job)
-    selector = ",".join(
-        f"{k}={v}" for k, v in builders.selector_labels(job, builders.COMPONENT_ALIAS).items()
-    )
     earlier = [
         j["metadata"]["name"]
-        for j in ctx.kube.list("batch/v1", "Job", job.metadata.namespace, selector)
+        for j in ctx.kube.list(
+            "batch/v1", "Job", job.metadata.namespace, _selector(job, builders.COMPONENT_ALIAS)
+        )
         if j["metadata"]["name"] != mine
         and state.registration_observation(j, [], "").state not in ("Complete", "Failed")
     ]
@@ -240,14 +239,16 @@ def _observed(ctx: Context, obj: dict[str, Any], outcome: Outcome, generation: i
     return outcome
 
 
+def _selector(job: api.FineTuneJob, component: str) -> str:
+    """The label selector of one child's objects (its Jobs, their pods)."""
+    return ",".join(f"{k}={v}" for k, v in builders.selector_labels(job, component).items())
+
+
 def _registration_observation(
     ctx: Context, job: api.FineTuneJob, registration_job: dict[str, Any] | None, component: str
 ) -> state.RegistrationObservation:
     """A registration (or alias) Job and its pods, folded into one observation."""
-    selector = builders.selector_labels(job, component)
-    pods = ctx.kube.list(
-        "v1", "Pod", job.metadata.namespace, ",".join(f"{k}={v}" for k, v in selector.items())
-    )
+    pods = ctx.kube.list("v1", "Pod", job.metadata.namespace, _selector(job, component))
     return state.registration_observation(registration_job, pods, builders.REGISTER_CONTAINER)
 
 

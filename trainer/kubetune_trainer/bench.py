@@ -581,14 +581,20 @@ def run_case(
         )
 
 
+def _merged(spans: list[tuple[float, float]]) -> list[list[float]]:
+    """[start, end) intervals merged where they overlap or touch, in time order."""
+    merged: list[list[float]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
 def _union_us(spans: list[tuple[float, float]]) -> float:
     """Total length of the union of [start, end) intervals (overlaps count once)."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
+    return sum(end - start for start, end in _merged(spans))
 
 
 def idle_gaps(
@@ -597,13 +603,7 @@ def idle_gaps(
     """The GPU's idle gaps (between the union of its kernels' intervals, at least ``min_gap_us``) and,
     for each, the host events in flight at its middle: the time of the gaps by the outermost (longest)
     and by the innermost (shortest) of them, i.e. what the host was doing while the GPU waited."""
-    merged: list[list[float]] = []
-    for start, end in sorted(kernels):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(merged) if b[0] - a[1] >= min_gap_us]
+    gaps = [(a[1], b[0]) for a, b in itertools.pairwise(_merged(kernels)) if b[0] - a[1] >= min_gap_us]
     by: dict[str, dict[str, float]] = {"outermost": defaultdict(float), "innermost": defaultdict(float)}
     events = sorted(host)
     active: list[tuple[float, float, float, str]] = []  # (end, -length, start, name): a heap by end
@@ -637,10 +637,11 @@ def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
     """
     from torch.autograd import DeviceType
 
+    events = [e for e in profiler.events() if e.time_range.end > e.time_range.start]
     kernels = [
         (e.time_range.start, e.time_range.end, "nccl" in e.name.lower())
-        for e in profiler.events()
-        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+        for e in events
+        if e.device_type == DeviceType.CUDA
     ]
     busy_s = _union_us([(a, b) for a, b, _ in kernels]) / 1e6
     compute_s = _union_us([(a, b) for a, b, comm in kernels if not comm]) / 1e6
@@ -656,13 +657,10 @@ def profile_summary(profiler: Any, *, wall: float, steps: int) -> str:
         if wall > 0
         else ""
     )
-    host = [
-        (e.time_range.start, e.time_range.end, e.name)
-        for e in profiler.events()
-        if e.device_type == DeviceType.CPU and e.time_range.end > e.time_range.start
-    ]
+    host = [(e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type == DeviceType.CPU]
     gaps, by = idle_gaps([(a, b) for a, b, _ in kernels], host)
-    idle = f"GPU idle gaps of 20 us or more: {len(gaps) / per:.0f}/step, " + (
+    idle = (
+        f"GPU idle gaps of 20 us or more: {len(gaps) / per:.0f}/step, "
         f"{sum(b - a for a, b in gaps) / per / 1e3:.1f} ms/step; the host meanwhile (ms/step):\n"
     )
     for kind, spent in by.items():
