@@ -54,6 +54,7 @@ TUNING_ENV: dict[str, tuple[str, str]] = {
         "1 (free each layer's gathered weights after its forward) or 0 (keep them)",
     ),
     "KUBETUNE_VARLEN_KERNEL": ("^(flash|flash-repeat)$", "flash or flash-repeat"),
+    "KUBETUNE_FP8": ("^(off|tensorwise)$", "off or tensorwise"),
 }
 
 

@@ -138,3 +138,54 @@ def test_sync_free_loss_head_matches_liger_and_never_waits_for_the_gpu(
         torch.testing.assert_close(ours[2], liger[2], rtol=2e-2, atol=1e-6)
     with pytest.raises(RuntimeError):  # the check can fail: Liger's own function waits for the GPU
         run(flce._original, check_syncs=True)
+
+
+def test_fp8_layers_train_like_bf16() -> None:
+    """KUBETUNE_FP8=tensorwise: the decoder layers' large products in float8 (compiled, as the plan
+    runs them) give a loss within float8 rounding of bf16's on the same weights and batch, and train.
+
+    A Llama model: the tests above apply Liger to Qwen2 and Qwen3, and Liger's patches replace those
+    modeling modules' classes for every model built afterwards in this process.
+    """
+    if torch.cuda.get_device_capability(0) < (8, 9):
+        pytest.skip("float8 tensor cores need compute capability 8.9+")
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=2048,
+        intermediate_size=4096,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=1024,
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    ids = torch.randint(0, 4096, (4, 512), device="cuda")
+
+    def loss() -> torch.Tensor:
+        return model(input_ids=ids, labels=ids).loss
+
+    with torch.no_grad():
+        reference = float(loss())
+    # per layer: q, o, gate, up, down (k and v project to 512 features: below the threshold)
+    assert fast.apply_fp8(model, "tensorwise") == 2 * 5
+    assert not isinstance(model.lm_head, Float8Linear)
+    assert fast.compile_layers(model) == 2
+    with torch.no_grad():
+        converted = float(loss())
+    assert abs(converted - reference) / reference < 0.02, (converted, reference)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(8):
+        step = loss()
+        step.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(float(step))
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] * 0.9, losses

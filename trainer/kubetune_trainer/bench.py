@@ -548,6 +548,8 @@ def run_case(
             label += f" ({plan_info.get('sharding')}, forced)"
         if no_compile and kind.startswith("kubetune"):
             label += " (no compile)"
+        if plan_info.get("fp8", "off") != "off":
+            label += f" (fp8 {plan_info['fp8']})"
         return CaseResult(
             case=label,
             model=model_name,

@@ -49,6 +49,8 @@ class Hardware:
     flash_attn: bool = False
     # PyTorch's own variable-length FlashAttention (torch.nn.attention.varlen, torch >= 2.10)
     varlen: bool = False
+    # float8 matrix products: a GPU with fp8 tensor cores (compute capability 8.9+) and torchao
+    fp8: bool = False
 
     @staticmethod
     def detect() -> Hardware:
@@ -69,6 +71,7 @@ class Hardware:
                 gpu_memory_bytes=int(total),
                 flash_attn=_has_module("flash_attn"),
                 varlen=_has_module("torch.nn.attention.varlen"),
+                fp8=torch.cuda.get_device_capability(0) >= (8, 9) and _has_module("torchao.float8"),
             )
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
 
@@ -122,6 +125,9 @@ class Plan:
     # Liger's fused linear cross-entropy computes the logits chunk by chunk, at most this many times
     # (tokens x hidden) elements at once (its chunk_mem_const; 1 = Liger's default, the leanest)
     loss_chunk_factor: int = 1
+    # off | tensorwise: the decoder layers' large linear layers compute in float8 (torchao's
+    # tensorwise recipe; opt-in through KUBETUNE_FP8, full fine-tuning on a GPU with fp8 tensor cores)
+    fp8: str = "off"
 
     @property
     def dtype_name(self) -> str:
@@ -344,6 +350,8 @@ def make_plan(
         workers = 0
         reasons["dataloader"] = "CPU: batches collated in the training process"
 
+    fp8 = _fp8(hw, lora=lora, precision=precision, compiled=torch_compile, reasons=reasons)
+
     return Plan(
         precision=precision,
         liger=liger,
@@ -361,7 +369,44 @@ def make_plan(
         sharding=sharding,
         dataloader_workers=workers,
         loss_chunk_factor=loss_chunk_factor,
+        fp8=fp8,
     )
+
+
+FP8_ENV = "KUBETUNE_FP8"
+
+
+def _fp8(hw: Hardware, *, lora: bool, precision: str, compiled: bool, reasons: dict[str, str]) -> str:
+    """The float8 recipe for the decoder layers' matrix products: off unless ``KUBETUNE_FP8`` asks.
+
+    Off by default: float8 rounds each product's inputs to 3 mantissa bits (one dynamic scale per
+    tensor), a numerical change a user opts into. Measured on an H200 (docs/benchmarks.md): Qwen3-4B
+    full 22.5k tokens/s and 50 GiB, where bf16 gives 20.0-20.7k and 56 GiB; torchao's rowwise recipe
+    ran at 4.7k and is not offered. Only where it can pay: full fine-tuning (a LoRA base is frozen and its
+    adapters' products are small), bf16 weights, a GPU with fp8 tensor cores and torchao, and
+    compiled layers (uncompiled, the scaling and casting kernels cost more than the products save).
+    """
+    asked = tuning_env(FP8_ENV) or "off"
+    why_not = None
+    if asked == "off":
+        reasons["fp8"] = "off (bf16 matrix products)"
+        return "off"
+    if lora:
+        why_not = "LoRA trains small adapters on a frozen base"
+    elif precision != "bf16":
+        why_not = f"it needs bf16 weights, the run is {precision}"
+    elif not hw.fp8:
+        why_not = "it needs a GPU with fp8 tensor cores (compute capability 8.9+) and torchao"
+    elif not compiled:
+        why_not = "it needs compiled decoder layers (torchCompile)"
+    if why_not:
+        reasons["fp8"] = f"{FP8_ENV}={asked} asked, but {why_not}: off"
+        return "off"
+    reasons["fp8"] = (
+        f"{asked} float8 matrix products in the decoder layers (torchao), from {FP8_ENV}; "
+        "the LM head, norms, attention and optimizer stay bf16"
+    )
+    return asked
 
 
 SHARDING_ENV = "KUBETUNE_SHARDING"

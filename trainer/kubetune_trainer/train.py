@@ -345,6 +345,10 @@ def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_
         packing=plan.packing,
         packing_strategy="bfd",
         padding_free=plan.padding_free,
+        # float8 products need every dimension a multiple of 16, the micro-step's token count too (the
+        # inner dimension of the weight gradient's product): up to 15 padding tokens, each its own
+        # one-token sequence with no label
+        pad_to_multiple_of=16 if plan.fp8 != "off" else None,
         assistant_only_loss=t.assistant_only_loss,
         dataset_text_field="text",
         logging_steps=t.logging_steps,
@@ -448,6 +452,8 @@ def build_trainer(
 
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
+    if plan is not None and plan.fp8 != "off":
+        fast.apply_fp8(model, plan.fp8)
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):
         cls = fast.fast_trainer_class(
             cls, max_length=args.max_length if compiled else None, loss_chunk_factor=plan.loss_chunk_factor

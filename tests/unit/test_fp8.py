@@ -1,0 +1,148 @@
+"""KUBETUNE_FP8: when the plan turns float8 products on, and what the conversion does to a model.
+
+The conversion runs here on the CPU (PyTorch emulates float8 products there); its speed is a GPU
+matter, measured by ``hack/gpu/run.sh fp8`` (docs/benchmarks.md), and its GPU numerics are checked
+by tests/gpu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kubetune_api.spec import TrainingSpec
+from kubetune_api.trainer_config import TrainerConfig
+from kubetune_trainer.plan import FP8_ENV, Hardware, ModelShape, make_plan
+
+H200 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=141 * 2**30, varlen=True, fp8=True)
+A100 = replace(H200, gpu_memory_bytes=80 * 2**30, fp8=False)
+QWEN3_4B = ModelShape(params=4_000_000_000, hidden_size=2560, num_layers=36, vocab_size=151_936)
+
+
+def _plan(hw: Hardware = H200, *, lora: bool = False, **training: object) -> object:
+    return make_plan(TrainingSpec(max_steps=1, **training), hw, shape=QWEN3_4B, lora=lora)  # type: ignore[arg-type]
+
+
+def test_fp8_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(FP8_ENV, raising=False)
+    plan = _plan()
+    assert plan.fp8 == "off" and "bf16" in plan.reasons["fp8"]  # type: ignore[attr-defined]
+
+
+def test_fp8_asked_for_a_full_fine_tune_on_an_fp8_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FP8_ENV, "tensorwise")
+    plan = _plan()
+    assert plan.fp8 == "tensorwise" and plan.torch_compile  # type: ignore[attr-defined]
+    assert FP8_ENV in plan.reasons["fp8"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("hw", "lora", "training", "why"),
+    [
+        (H200, True, {}, "LoRA trains small adapters"),
+        (A100, False, {}, "fp8 tensor cores (compute capability 8.9+)"),
+        (Hardware(cuda=False, bf16=True), False, {}, "fp8 tensor cores"),
+        (H200, False, {"precision": "fp32"}, "bf16 weights, the run is fp32"),
+        (H200, False, {"torch_compile": "never"}, "compiled decoder layers"),
+    ],
+)
+def test_fp8_asked_where_it_cannot_pay_is_off_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch, hw: Hardware, lora: bool, training: dict[str, object], why: str
+) -> None:
+    monkeypatch.setenv(FP8_ENV, "tensorwise")
+    plan = _plan(hw, lora=lora, **training)
+    assert plan.fp8 == "off"  # type: ignore[attr-defined]
+    assert why in plan.reasons["fp8"] and plan.reasons["fp8"].endswith(": off")  # type: ignore[attr-defined]
+
+
+def test_an_unknown_recipe_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FP8_ENV, "rowwise")  # measured at a quarter of bf16's speed: not offered
+    with pytest.raises(ValueError, match="KUBETUNE_FP8 must be off or tensorwise, got 'rowwise'"):
+        _plan()
+
+
+def test_fp8_micro_steps_are_padded_to_multiples_of_16(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kubetune_trainer.train import build_sft_config
+
+    cfg = TrainerConfig.model_validate(
+        {
+            "job": {"name": "j"},
+            "spec": {
+                "model": {"name": "Qwen/Qwen3-4B"},
+                "dataset": {"name": "trl-lib/Capybara"},
+                "training": {"maxSteps": 10},
+            },
+            "experiment": "e",
+            "registeredModelName": "m",
+            "output_dir": str(tmp_path),
+        }
+    )
+    monkeypatch.setenv(FP8_ENV, "tensorwise")
+    plan = make_plan(cfg.spec.training, H200, shape=QWEN3_4B, lora=False)
+    # built on this CPU: the same arguments with the device set aside
+    on = build_sft_config(cfg, replace(plan, device="cpu"), has_eval=False, progress_bar=False)
+    off = build_sft_config(cfg, replace(plan, device="cpu", fp8="off"), has_eval=False, progress_bar=False)
+    assert on.pad_to_multiple_of == 16 and on.padding_free
+    assert off.pad_to_multiple_of is None
+
+
+def test_conversion_swaps_the_large_layer_products_and_keeps_weights_and_loss() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchao.float8")
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from kubetune_trainer import fast
+
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=2048,
+        intermediate_size=4096,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    ids = torch.randint(0, 4096, (2, 64))
+    keys = set(model.state_dict())
+    with torch.no_grad():
+        reference = float(model(input_ids=ids, labels=ids).loss)
+
+    # q, o, gate, up and down in each layer; k and v (512 features out), the LM head and the
+    # embeddings stay bf16
+    assert fast.apply_fp8(model, "tensorwise") == 10
+    layer = model.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, Float8Linear) and isinstance(layer.self_attn.q_proj, Float8Linear)
+    assert not isinstance(layer.self_attn.k_proj, Float8Linear)
+    assert not isinstance(model.lm_head, Float8Linear)
+    # checkpoints and the final model hold the same bf16 weights under the same names
+    assert set(model.state_dict()) == keys
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+    loss = model(input_ids=ids, labels=ids).loss
+    assert abs(loss.item() - reference) / reference < 0.02, (loss.item(), reference)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_the_padded_packed_row_keeps_every_example_apart_and_unlabelled_padding() -> None:
+    """What ``pad_to_multiple_of=16`` makes of a padding-free micro-step (TRL's collator, as the trainer
+    builds it): the row is a multiple of 16 long, and each padding token is a sequence of its own
+    without a label, so no example attends to it and the loss ignores it."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    collate = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True, pad_to_multiple_of=16)
+    batch = collate([{"input_ids": list(range(10, 15))}, {"input_ids": list(range(20, 27))}])
+    assert batch["input_ids"].shape == (1, 16)
+    assert batch["cu_seq_lens_q"].tolist() == [0, 5, 12, 13, 14, 15, 16]
+    labels = batch["labels"][0].tolist()
+    assert labels[:12] == [-100, 11, 12, 13, 14, -100, 21, 22, 23, 24, 25, 26]
+    assert labels[12:] == [-100] * 4
