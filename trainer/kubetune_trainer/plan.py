@@ -380,8 +380,8 @@ def _fp8(hw: Hardware, *, lora: bool, precision: str, compiled: bool, reasons: d
     """The float8 recipe for the decoder layers' matrix products: off unless ``KUBETUNE_FP8`` asks.
 
     Off by default: float8 rounds each product's inputs to 3 mantissa bits (one dynamic scale per
-    tensor), a numerical change a user opts into. Measured on an H200 (docs/benchmarks.md): Qwen3-4B
-    full 22.5k tokens/s and 50 GiB, where bf16 gives 20.0-20.7k and 56 GiB; torchao's rowwise recipe
+    tensor), a numerical change a user opts into. Measured on an H200, side by side (docs/benchmarks.md):
+    Qwen3-4B full 22.2k tokens/s and 50 GiB against bf16's 20.5k and 56 GiB; torchao's rowwise recipe
     ran at 4.7k and is not offered. Only where it can pay: full fine-tuning (a LoRA base is frozen and its
     adapters' products are small), bf16 weights, a GPU with fp8 tensor cores and torchao, and
     compiled layers (uncompiled, the scaling and casting kernels cost more than the products save).
