@@ -189,3 +189,21 @@ def test_fp8_layers_train_like_bf16() -> None:
         optimizer.zero_grad(set_to_none=True)
         losses.append(float(step))
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] * 0.9, losses
+
+
+def test_the_gpu_memory_cap_holds_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KUBETUNE_GPU_MEMORY_GIB: past the cap an allocation fails in this process."""
+    from kubetune_trainer.plan import GPU_MEMORY_ENV, limit_gpu_memory
+
+    monkeypatch.setenv(GPU_MEMORY_ENV, "4")
+    torch.cuda.empty_cache()
+    try:
+        fraction = limit_gpu_memory()
+        assert fraction is not None and 0 < fraction < 1
+        small = torch.empty(2**30, dtype=torch.uint8, device="cuda")  # 1 GiB: within the cap
+        with pytest.raises(torch.OutOfMemoryError):
+            torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda")
+        del small
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()

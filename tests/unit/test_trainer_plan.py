@@ -385,3 +385,33 @@ def test_sharding_overrides_reach_the_trainer_arguments(
         with pytest.raises(ValueError, match=name):
             build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
         monkeypatch.setenv(name, "1")
+
+
+def test_a_gpu_memory_cap_is_validated_and_shrinks_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubetune_trainer.plan import GPU_MEMORY_ENV, gpu_memory_cap_bytes, limit_gpu_memory
+
+    monkeypatch.setenv(GPU_MEMORY_ENV, "40 GiB")
+    with pytest.raises(
+        ValueError, match="KUBETUNE_GPU_MEMORY_GIB must be a number of GiB, 1 to 9999, got '40 GiB'"
+    ):
+        gpu_memory_cap_bytes()
+    monkeypatch.setenv(GPU_MEMORY_ENV, "40")
+    assert gpu_memory_cap_bytes() == 40 * 2**30
+    assert limit_gpu_memory() is None  # no GPU here: nothing to hold
+    # the plan sees the capped GPU (Hardware.detect takes the smaller of the two): Qwen3-4B full no
+    # longer fits its 8 rows without recomputation
+    whole = make_plan(
+        TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8),
+        H200,
+        shape=QWEN3_4B,
+        lora=False,
+    )
+    capped_hw = Hardware(cuda=True, bf16=True, gpu_memory_bytes=gpu_memory_cap_bytes(), varlen=True)
+    capped = make_plan(
+        TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8),
+        capped_hw,
+        shape=QWEN3_4B,
+        lora=False,
+    )
+    assert (whole.per_device_batch_size, whole.gradient_checkpointing) == (8, False)
+    assert capped.gradient_checkpointing or capped.per_device_batch_size < 8

@@ -404,9 +404,11 @@ def run_case(
         # under torchrun each process trains on its own GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if cuda and memory_cap_gib:
-        total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, memory_cap_gib * 2**30 / total))
-        os.environ["KUBETUNE_GPU_MEMORY_GIB"] = str(memory_cap_gib)
+        # the plan and PyTorch's allocator, both held to the cap, as the trainer does it
+        from .plan import GPU_MEMORY_ENV, limit_gpu_memory
+
+        os.environ[GPU_MEMORY_ENV] = f"{memory_cap_gib:g}"
+        limit_gpu_memory()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cfg = MODEL_CONFIGS[model_name]
     lora = kind in ("notebook-a", "kubetune-lora")

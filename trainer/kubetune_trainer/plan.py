@@ -59,11 +59,11 @@ class Hardware:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if torch.cuda.is_available():
             total = torch.cuda.get_device_properties(0).total_memory
-            # A GPU shared or capped (e.g. torch.cuda.set_per_process_memory_fraction, or an 80 GiB
-            # plan rehearsed on a bigger card) plans with what it may use.
-            cap = os.environ.get("KUBETUNE_GPU_MEMORY_GIB")
+            # A GPU shared or capped (KUBETUNE_GPU_MEMORY_GIB, which limit_gpu_memory enforces; or
+            # an 80 GiB plan rehearsed on a bigger card) plans with what it may use.
+            cap = gpu_memory_cap_bytes()
             if cap:
-                total = min(total, int(float(cap) * 2**30))
+                total = min(total, cap)
             return Hardware(
                 cuda=True,
                 bf16=torch.cuda.is_bf16_supported(),
@@ -74,6 +74,41 @@ class Hardware:
                 fp8=torch.cuda.get_device_capability(0) >= (8, 9) and _has_module("torchao.float8"),
             )
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
+
+
+GPU_MEMORY_ENV = "KUBETUNE_GPU_MEMORY_GIB"
+
+
+def gpu_memory_cap_bytes() -> int | None:
+    """``KUBETUNE_GPU_MEMORY_GIB`` in bytes: the GPU memory each process may take (None: the whole GPU).
+
+    >>> import os; os.environ[GPU_MEMORY_ENV] = "79.5"; gpu_memory_cap_bytes() == int(79.5 * 2**30)
+    True
+    >>> del os.environ[GPU_MEMORY_ENV]; gpu_memory_cap_bytes() is None
+    True
+    """
+    cap = tuning_env(GPU_MEMORY_ENV)
+    return int(float(cap) * 2**30) if cap else None
+
+
+def limit_gpu_memory() -> float | None:
+    """Hold PyTorch's allocator on this process's GPU to ``KUBETUNE_GPU_MEMORY_GIB``; the fraction set.
+
+    The plan fits micro-steps and recomputation into the cap; this makes the process keep to it (an
+    allocation past it fails with an out-of-memory error in this process instead of taking memory
+    from whatever shares the GPU). None: no cap, or no GPU.
+    """
+    cap = gpu_memory_cap_bytes()
+    if cap is None:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    device = int(os.environ.get("LOCAL_RANK", "0"))
+    fraction = min(1.0, cap / torch.cuda.get_device_properties(device).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
 
 
 def _has_module(name: str) -> bool:

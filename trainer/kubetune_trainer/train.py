@@ -517,7 +517,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
     """
     from .callbacks import PreemptionGuard, RunCallback
     from .chat import ensure_chat_format
-    from .plan import Hardware, make_plan
+    from .plan import GPU_MEMORY_ENV, Hardware, limit_gpu_memory, make_plan
     from .progress import ProgressReporter, in_cluster_patcher
     from .tracking import MlflowTracker
 
@@ -549,6 +549,9 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
     status = "FAILED"
     try:
         hw = Hardware.detect()
+        fraction = limit_gpu_memory()
+        if fraction is not None:
+            log.info("GPU memory capped at %.0f%% of the GPU (%s)", 100 * fraction, GPU_MEMORY_ENV)
         plan = make_plan(cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA)
         for what, why in plan.reasons.items():
             log.info("plan: %s: %s", what, why)
