@@ -182,7 +182,7 @@ for step in "$@"; do
       # KUBETUNE_FP8=tensorwise (opt-in): Qwen3-4B full with the decoder layers' large products in
       # float8, beside bf16 and notebook B in the same call (same data and initial weights, so the
       # loss curves compare step by step), then the same capped at 80 GiB; ~6 minutes
-      B="python3 -m kubetune_trainer.bench --warmup 6 --steps 10"
+      mkdir -p /tmp/fp8; B="python3 -m kubetune_trainer.bench --warmup 6 --steps 10"
       timeout 230 $B --cases qwen3-4b:kubetune,qwen3-4b:notebook-b --out /tmp/fp8/bf16 > /tmp/fp8/bf16.log 2>&1
       KUBETUNE_FP8=tensorwise timeout 150 $B --cases qwen3-4b:kubetune --out /tmp/fp8/fp8 > /tmp/fp8/fp8.log 2>&1
       KUBETUNE_FP8=tensorwise timeout 150 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 \

@@ -14,28 +14,28 @@ import pytest
 
 from kubetune_api.spec import TrainingSpec
 from kubetune_api.trainer_config import TrainerConfig
-from kubetune_trainer.plan import FP8_ENV, Hardware, ModelShape, make_plan
+from kubetune_trainer.plan import FP8_ENV, Hardware, ModelShape, Plan, make_plan
 
 H200 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=141 * 2**30, varlen=True, fp8=True)
 A100 = replace(H200, gpu_memory_bytes=80 * 2**30, fp8=False)
 QWEN3_4B = ModelShape(params=4_000_000_000, hidden_size=2560, num_layers=36, vocab_size=151_936)
 
 
-def _plan(hw: Hardware = H200, *, lora: bool = False, **training: object) -> object:
+def _plan(hw: Hardware = H200, *, lora: bool = False, **training: object) -> Plan:
     return make_plan(TrainingSpec(max_steps=1, **training), hw, shape=QWEN3_4B, lora=lora)  # type: ignore[arg-type]
 
 
 def test_fp8_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FP8_ENV, raising=False)
     plan = _plan()
-    assert plan.fp8 == "off" and "bf16" in plan.reasons["fp8"]  # type: ignore[attr-defined]
+    assert plan.fp8 == "off" and plan.reasons["fp8"] == "off (KUBETUNE_FP8 not set)"
 
 
 def test_fp8_asked_for_a_full_fine_tune_on_an_fp8_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FP8_ENV, "tensorwise")
     plan = _plan()
-    assert plan.fp8 == "tensorwise" and plan.torch_compile  # type: ignore[attr-defined]
-    assert FP8_ENV in plan.reasons["fp8"]  # type: ignore[attr-defined]
+    assert plan.fp8 == "tensorwise" and plan.torch_compile
+    assert FP8_ENV in plan.reasons["fp8"]
 
 
 @pytest.mark.parametrize(
@@ -53,8 +53,47 @@ def test_fp8_asked_where_it_cannot_pay_is_off_with_the_reason(
 ) -> None:
     monkeypatch.setenv(FP8_ENV, "tensorwise")
     plan = _plan(hw, lora=lora, **training)
-    assert plan.fp8 == "off"  # type: ignore[attr-defined]
-    assert why in plan.reasons["fp8"] and plan.reasons["fp8"].endswith(": off")  # type: ignore[attr-defined]
+    assert plan.fp8 == "off"
+    assert why in plan.reasons["fp8"] and plan.reasons["fp8"].endswith(": off")
+
+
+def test_fp8_is_off_for_a_model_too_small_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FP8_ENV, "tensorwise")
+    qwen2_05b = ModelShape(params=500_000_000, hidden_size=896, num_layers=24, vocab_size=151_936)
+    plan = make_plan(TrainingSpec(max_steps=1), H200, shape=qwen2_05b, lora=False)
+    assert plan.fp8 == "off" and "hidden size (896) is below 2048" in plan.reasons["fp8"]
+
+
+def test_the_trainer_converts_the_layers_to_fp8_before_compiling_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """build_trainer, as a pod and the benchmark run it: float8 first, then compilation (inductor
+    must see the float8 layers to fuse their casts); neither without the plan asking."""
+    from kubetune_trainer import fast, train
+
+    calls: list[str] = []
+
+    class Trainer:
+        def __init__(self, model: object, **_: object) -> None:
+            self.model = model
+
+    monkeypatch.setattr(train, "trainer_class", lambda: Trainer)
+    monkeypatch.setattr(fast, "apply_fp8", lambda model, recipe: calls.append(f"fp8 {recipe}") or 10)
+    monkeypatch.setattr(fast, "compile_layers", lambda model: calls.append("compile") or 2)
+    monkeypatch.setenv(FP8_ENV, "tensorwise")
+    plan = replace(_plan(), liger=False)
+    assert plan.fp8 == "tensorwise"
+
+    def build(p: Plan) -> None:
+        train.build_trainer(
+            object(), None, None, train=None, evaluation=None, peft=None, callbacks=[], plan=p
+        )
+
+    build(plan)
+    assert calls == ["fp8 tensorwise", "compile"]
+    calls.clear()
+    build(replace(plan, fp8="off"))
+    assert calls == ["compile"]
 
 
 def test_an_unknown_recipe_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

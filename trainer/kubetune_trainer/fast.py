@@ -100,42 +100,38 @@ def compile_layers(model: Any, *, backend: str = "inductor") -> int:
     return len(layers)
 
 
-# float8 pays only for large products: below this many features on either side the casts and
-# scales cost about what the faster product saves (torchao's H100 tables put the break-even there)
-FP8_MIN_FEATURES = 2048
-
-
 def fp8_filter(module: Any, fqn: str) -> bool:
-    """Which linear layers :func:`apply_fp8` converts: those inside the decoder layers with both
-    dimensions multiples of 16 (float8 products need them) and at least ``FP8_MIN_FEATURES``; never
-    the LM head (the fused loss head computes it) or anything outside the layers.
+    """Which of a decoder layer's linear layers :func:`apply_fp8` converts: both dimensions multiples of
+    16 (float8 products need them) and at least ``FP8_MIN_FEATURES``.
 
     >>> import torch
-    >>> fp8_filter(torch.nn.Linear(2560, 9728), "model.layers.0.mlp.up_proj")
-    True
-    >>> fp8_filter(torch.nn.Linear(2560, 9728), "lm_head"), fp8_filter(torch.nn.Linear(2560, 1024), "model.layers.3.self_attn.k_proj")
-    (False, False)
+    >>> fp8_filter(torch.nn.Linear(2560, 9728), "mlp.up_proj"), fp8_filter(torch.nn.Linear(2560, 1024), "self_attn.k_proj")
+    (True, False)
     """
-    inside = ".layers." in f".{fqn}"
-    sizes = (module.in_features, module.out_features)
-    return inside and all(n % 16 == 0 and n >= FP8_MIN_FEATURES for n in sizes)
+    from .plan import FP8_MIN_FEATURES
+
+    return all(n % 16 == 0 and n >= FP8_MIN_FEATURES for n in (module.in_features, module.out_features))
 
 
 def apply_fp8(model: Any, recipe: str) -> int:
-    """Swap the decoder layers' ``nn.Linear`` for torchao's ``Float8Linear`` (``recipe``: tensorwise or
-    rowwise); the number swapped. The weights stay bf16 parameters (the optimizer and checkpoints see
-    no difference); each product casts its inputs to float8 with dynamic scales, in the forward and
-    in both products of the backward. Call before the layers are compiled: inductor fuses the casts.
+    """Swap the linear layers of the decoder layers (the ones :func:`compile_layers` compiles) for
+    torchao's ``Float8Linear`` (``recipe``: tensorwise); the number swapped. The LM head, the
+    embeddings and anything outside the layers stay as they are. The weights stay the same bf16
+    parameters (the optimizer and checkpoints see no difference); each product casts its inputs to
+    float8 with dynamic scales, in the forward and in both products of the backward. Call before the
+    layers are compiled: inductor fuses the casts.
     """
     import torch
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     from torchao.float8.float8_linear import Float8Linear
 
-    before = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     config = Float8LinearConfig.from_recipe_name(recipe)
-    convert_to_float8_training(model, module_filter_fn=fp8_filter, config=config)
-    swapped = sum(isinstance(m, Float8Linear) for m in model.modules())
-    log.info("float8 (%s): %d of %d linear layers", recipe, swapped, before)
+    layers = decoder_layers(model)
+    for layer in layers:
+        convert_to_float8_training(layer, module_filter_fn=fp8_filter, config=config)
+    linear = [m for layer in layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    swapped = sum(isinstance(m, Float8Linear) for m in linear)
+    log.info("float8 (%s): %d of the decoder layers' %d linear layers", recipe, swapped, len(linear))
     return swapped
 
 

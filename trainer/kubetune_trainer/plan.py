@@ -71,7 +71,8 @@ class Hardware:
                 gpu_memory_bytes=int(total),
                 flash_attn=_has_module("flash_attn"),
                 varlen=_has_module("torch.nn.attention.varlen"),
-                fp8=torch.cuda.get_device_capability(0) >= (8, 9) and _has_module("torchao.float8"),
+                # the package is found, not imported (importing torchao takes seconds)
+                fp8=torch.cuda.get_device_capability(0) >= (8, 9) and _has_module("torchao"),
             )
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
 
@@ -385,7 +386,7 @@ def make_plan(
         workers = 0
         reasons["dataloader"] = "CPU: batches collated in the training process"
 
-    fp8 = _fp8(hw, lora=lora, precision=precision, compiled=torch_compile, reasons=reasons)
+    fp8 = _fp8(hw, shape, lora=lora, precision=precision, compiled=torch_compile, reasons=reasons)
 
     return Plan(
         precision=precision,
@@ -409,22 +410,35 @@ def make_plan(
 
 
 FP8_ENV = "KUBETUNE_FP8"
+# float8 pays only for large products: a linear layer with fewer features than this on either side
+# stays bf16 (its casts and scales cost about what the faster product saves: torchao's H100 tables)
+FP8_MIN_FEATURES = 2048
 
 
-def _fp8(hw: Hardware, *, lora: bool, precision: str, compiled: bool, reasons: dict[str, str]) -> str:
+def _fp8(
+    hw: Hardware,
+    shape: ModelShape | None,
+    *,
+    lora: bool,
+    precision: str,
+    compiled: bool,
+    reasons: dict[str, str],
+) -> str:
     """The float8 recipe for the decoder layers' matrix products: off unless ``KUBETUNE_FP8`` asks.
 
-    Off by default: float8 rounds each product's inputs to 3 mantissa bits (one dynamic scale per
-    tensor), a numerical change a user opts into. Measured on an H200, side by side (docs/benchmarks.md):
+    Off by default: float8 rounds each product's inputs to 3 mantissa bits and its gradients to 2
+    (e4m3 and e5m2, one dynamic scale per tensor), a numerical change a user opts into. Measured on an H200, side by side (docs/benchmarks.md):
     Qwen3-4B full 22.2k tokens/s and 50 GiB against bf16's 20.5k and 56 GiB; torchao's rowwise recipe
     ran at 4.7k and is not offered. Only where it can pay: full fine-tuning (a LoRA base is frozen and its
     adapters' products are small), bf16 weights, a GPU with fp8 tensor cores and torchao, and
-    compiled layers (uncompiled, the scaling and casting kernels cost more than the products save).
+    compiled layers (uncompiled, the scaling and casting kernels cost more than the products save),
+    and a model with layers of at least ``FP8_MIN_FEATURES`` features (smaller ones would all stay
+    bf16). Multi-GPU runs (DDP, FSDP2) are allowed but not yet measured.
     """
     asked = tuning_env(FP8_ENV) or "off"
     why_not = None
     if asked == "off":
-        reasons["fp8"] = "off (bf16 matrix products)"
+        reasons["fp8"] = f"off ({FP8_ENV} not set)"
         return "off"
     if lora:
         why_not = "LoRA trains small adapters on a frozen base"
@@ -434,6 +448,9 @@ def _fp8(hw: Hardware, *, lora: bool, precision: str, compiled: bool, reasons: d
         why_not = "it needs a GPU with fp8 tensor cores (compute capability 8.9+) and torchao"
     elif not compiled:
         why_not = "it needs compiled decoder layers (torchCompile)"
+    elif shape is None or shape.hidden_size < FP8_MIN_FEATURES:
+        size = "unknown" if shape is None else str(shape.hidden_size)
+        why_not = f"the model's hidden size ({size}) is below {FP8_MIN_FEATURES}, where float8 does not pay"
     if why_not:
         reasons["fp8"] = f"{FP8_ENV}={asked} asked, but {why_not}: off"
         return "off"

@@ -452,8 +452,6 @@ def build_trainer(
 
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
-    if plan is not None and plan.fp8 != "off":
-        fast.apply_fp8(model, plan.fp8)
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):
         cls = fast.fast_trainer_class(
             cls, max_length=args.max_length if compiled else None, loss_chunk_factor=plan.loss_chunk_factor
@@ -468,6 +466,10 @@ def build_trainer(
         callbacks=callbacks,
     )
     if compiled:
+        assert plan is not None
+        if plan.fp8 != "off":
+            # the plan allows float8 only with compiled layers: inductor fuses its casts and scales
+            fast.apply_fp8(trainer.model, plan.fp8)
         # after PEFT has put its adapters into the layers: they are compiled with them
         count = fast.compile_layers(trainer.model)
         log.info("torch.compile: %d decoder layers compiled", count)
