@@ -150,22 +150,10 @@ def test_fp8_layers_train_like_bf16() -> None:
     if torch.cuda.get_device_capability(0) < (8, 9):
         pytest.skip("float8 tensor cores need compute capability 8.9+")
     pytest.importorskip("torchao.float8")
+    from tests.support.models import fp8_sized_llama
     from torchao.float8.float8_linear import Float8Linear
-    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(
-        vocab_size=4096,
-        hidden_size=2048,
-        intermediate_size=4096,
-        num_hidden_layers=2,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=128,
-        max_position_embeddings=1024,
-    )
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = fp8_sized_llama("cuda")
     ids = torch.randint(0, 4096, (4, 512), device="cuda")
 
     def loss() -> torch.Tensor:

@@ -132,23 +132,12 @@ def test_fp8_micro_steps_are_padded_to_multiples_of_16(
 def test_conversion_swaps_the_large_layer_products_and_keeps_weights_and_loss() -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchao.float8")
+    from tests.support.models import fp8_sized_llama
     from torchao.float8.float8_linear import Float8Linear
-    from transformers import AutoModelForCausalLM, LlamaConfig
 
     from kubetune_trainer import fast
 
-    config = LlamaConfig(
-        vocab_size=4096,
-        hidden_size=2048,
-        intermediate_size=4096,
-        num_hidden_layers=2,
-        num_attention_heads=16,
-        num_key_value_heads=4,
-        head_dim=128,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = fp8_sized_llama()
     ids = torch.randint(0, 4096, (2, 64))
     keys = set(model.state_dict())
     with torch.no_grad():
