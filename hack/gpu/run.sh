@@ -179,23 +179,14 @@ for step in "$@"; do
       done
       grep -ihE "error|Traceback" /tmp/attn/*.log | sort | uniq -c | sort -rn | head -8 ;;
     fp8)
-      # KUBETUNE_FP8=tensorwise (opt-in): Qwen3-4B full with the decoder layers' large products in
-      # float8, beside bf16 and notebook B in the same call (same data and initial weights, so the
-      # loss curves compare step by step), then the same capped at 80 GiB; ~6 minutes
-      mkdir -p /tmp/fp8; B="python3 -m kubetune_trainer.bench --warmup 6 --steps 10"
-      timeout 230 $B --cases qwen3-4b:kubetune,qwen3-4b:notebook-b --out /tmp/fp8/bf16 > /tmp/fp8/bf16.log 2>&1
-      KUBETUNE_FP8=tensorwise timeout 150 $B --cases qwen3-4b:kubetune --out /tmp/fp8/fp8 > /tmp/fp8/fp8.log 2>&1
-      KUBETUNE_FP8=tensorwise timeout 150 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 \
-        --out /tmp/fp8/cap > /tmp/fp8/cap.log 2>&1
-      grep -h '^\[bench\]' /tmp/fp8/*.log; tar czf "$OUT/fp8.tar.gz" -C /tmp fp8
-      python3 - /tmp/fp8 <<'PY'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1]).glob("*/qwen3-4b_*.json")):
-    d = json.loads(f.read_text())
-    print(d["case"], d["tokens_per_second"], d["peak_memory_gib"], d["mfu"], d.get("packing_check"))
-    print("  losses", [round(x, 4) for x in d["losses"]], "|", d["plan"].get("reasons", {}).get("fp8"))
-PY
-      ;;
+      # KUBETUNE_FP8=tensorwise (opt-in) in one bench run on one GPU: Qwen3-4B full in bf16 and in
+      # float8, notebook B, and both capped at 80 GiB (same data and initial weights: the loss
+      # curves compare step by step); ~8 minutes
+      mkdir -p /tmp/fp8
+      timeout 560 python3 -m kubetune_trainer.bench --warmup 5 --steps 8 --cases qwen3-4b:kubetune,qwen3-4b:notebook-b \
+        --fp8 --memory-cap-gib 80 --out /tmp/fp8 > /tmp/fp8/run.log 2>&1
+      grep -h '^\[bench\]' /tmp/fp8/run.log; cat /tmp/fp8/bench.md; tar czf "$OUT/fp8.tar.gz" -C /tmp fp8
+      python3 -c "import json,sys; [print(r['case'], [round(x, 4) for x in r['losses']]) for r in json.load(open(sys.argv[1]))['results']]" /tmp/fp8/bench.json ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .plan import SHARDING_ENV
+from .plan import FP8_ENV, SHARDING_ENV
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -172,6 +172,9 @@ class CaseResult:
     versions: dict[str, str] = field(default_factory=dict)
     gpus: int = 1
     sharding: str = "none"
+    # the plan's float8 recipe (KUBETUNE_FP8): such a row is compared with its notebook, but is never
+    # the baseline of another
+    fp8: str = "off"
     # set when the case trained one whole epoch instead of warm-up + measured steps
     epoch_training_seconds: float | None = None
     compile_error: str | None = None
@@ -550,8 +553,12 @@ def run_case(
             label += f" ({plan_info.get('sharding')}, forced)"
         if no_compile and kind.startswith("kubetune"):
             label += " (no compile)"
-        if plan_info.get("fp8", "off") != "off":
-            label += f" (fp8 {plan_info['fp8']})"
+        fp8 = str(plan_info.get("fp8", "off"))
+        if fp8 != "off":
+            label += f" (fp8 {fp8})"
+        elif os.environ.get(FP8_ENV, "off") not in ("", "off"):
+            fp8 = "asked, off"  # the plan's reason says why; not a bf16 baseline either
+            label += " (fp8 asked: off)"
         return CaseResult(
             case=label,
             model=model_name,
@@ -572,6 +579,7 @@ def run_case(
             device=name,
             gpus=world,
             sharding=str(plan_info.get("sharding", "none")),
+            fp8=fp8,
             step_times=timing.step_times(),
             compiled_graphs=_compiled_graphs(),
             **_compile_diagnostics(),
@@ -722,7 +730,12 @@ def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each kubetune row against its notebook (one GPU each) and each multi-GPU row against one GPU."""
 
     def plain(r: dict[str, Any]) -> bool:
-        return r.get("gpus", 1) == 1 and not r.get("epoch_training_seconds") and not r.get("memory_cap_gib")
+        return (
+            r.get("gpus", 1) == 1
+            and not r.get("epoch_training_seconds")
+            and not r.get("memory_cap_gib")
+            and r.get("fp8", "off") == "off"
+        )
 
     rows = []
     for r in results:
@@ -821,6 +834,7 @@ class Job:
     gpus: int = 1
     epoch_tokens: int | None = None
     sharding: str | None = None  # forced (KUBETUNE_SHARDING) instead of the plan's choice
+    fp8: bool = False  # KUBETUNE_FP8=tensorwise (opt-in float8 products)
 
     @property
     def stem(self) -> str:
@@ -828,6 +842,7 @@ class Job:
         name += "_cap" if self.cap else ""
         name += f"_x{self.gpus}" if self.gpus > 1 else ""
         name += f"_{self.sharding}" if self.sharding else ""
+        name += "_fp8" if self.fp8 else ""
         return name + ("_epoch" if self.epoch_tokens else "")
 
 
@@ -862,7 +877,8 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
     print(f"[bench] {job.stem}", flush=True)
     started = time.monotonic()
     attempts = [extra]
-    if CASES[job.case][1].startswith("kubetune") and "--compile" not in extra:
+    # (uncompiled, a float8 case would run without float8: the plan needs compiled layers)
+    if CASES[job.case][1].startswith("kubetune") and "--compile" not in extra and not job.fp8:
         attempts.append([*extra, "--no-compile"])
     failure = ""
     for attempt in attempts:
@@ -872,6 +888,8 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
             env = {**os.environ, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")}
             if job.sharding:
                 env[SHARDING_ENV] = job.sharding
+            if job.fp8:
+                env[FP8_ENV] = "tensorwise"
             proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env)
         if proc.returncode == 0 and target.exists():
             result: dict[str, Any] = json.loads(target.read_text())
@@ -973,6 +991,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="force the multi-GPU strategy of the --gpus N > 1 runs (default: the plan's choice)",
     )
     p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="also run the kubetune full-fine-tuning cases with KUBETUNE_FP8=tensorwise (one GPU; with "
+        "--memory-cap-gib, capped too)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="write <case>.profile.txt per case (and rank): torch.profiler over the measured steps",
@@ -1027,8 +1051,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     counts = sorted({int(n) for n in str(args.gpus).split(",") if n.strip()})
     jobs = [Job(c) for c in cases] if 1 in counts else []
     jobs += [Job(c, gpus=n, sharding=args.sharding) for n in counts if n > 1 for c in kubetune]
+    full = [c for c in kubetune if CASES[c][1] == "kubetune-full"]
     if args.memory_cap_gib:
-        jobs += [Job(c, cap=args.memory_cap_gib) for c in kubetune if CASES[c][1] == "kubetune-full"]
+        jobs += [Job(c, cap=args.memory_cap_gib) for c in full]
+    if args.fp8:
+        jobs += [Job(c, fp8=True) for c in full]
+        jobs += [Job(c, cap=args.memory_cap_gib, fp8=True) for c in full if args.memory_cap_gib]
     if args.epoch_tokens:
         jobs += [Job(c, epoch_tokens=args.epoch_tokens) for c in kubetune if CASES[c][1] == "kubetune-lora"]
     results = run_all(
