@@ -33,6 +33,7 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
             "1,2",
             "--epoch-tokens",
             "20000",
+            "--fp8",
         ],
         capture_output=True,
         text=True,
@@ -52,6 +53,8 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
         "tiny:kubetune-full x2 GPUs",
         # one whole epoch
         "tiny:kubetune-lora epoch",
+        # KUBETUNE_FP8 asked where the plan cannot honour it (no float8 GPU here), and labelled so
+        "tiny:kubetune-full (fp8 asked: off)",
     }
     for r in results.values():
         assert r["tokens"] > 0 and r["tokens_per_second"] > 0 and r["step_seconds"] > 0
@@ -69,5 +72,8 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
     # every token of the epoch was trained (20k asked, in whole conversations of random length)
     assert 16_000 <= epoch["tokens"] < 24_000 and epoch["epoch_training_seconds"] > 0
     table = (out / "bench.md").read_text()
-    assert table.count("\n| tiny:") == 7 and "One epoch of" in table
+    fp8 = results["tiny:kubetune-full (fp8 asked: off)"]
+    assert fp8["fp8"] == "asked, off" and "fp8 tensor cores" in fp8["plan"]["reasons"]["fp8"]
+    assert fp8["speedup"] > 0  # against its notebook, like the bf16 row
+    assert table.count("\n| tiny:") == 8 and "One epoch of" in table
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -442,10 +442,10 @@ def _fp8(
         return "off"
     if lora:
         why_not = "LoRA trains small adapters on a frozen base"
-    elif precision != "bf16":
-        why_not = f"it needs bf16 weights, the run is {precision}"
     elif not hw.fp8:
         why_not = "it needs a GPU with fp8 tensor cores (compute capability 8.9+) and torchao"
+    elif precision != "bf16":
+        why_not = f"it needs bf16 weights, the run is {precision}"
     elif not compiled:
         why_not = "it needs compiled decoder layers (torchCompile)"
     elif shape is None or shape.hidden_size < FP8_MIN_FEATURES:
