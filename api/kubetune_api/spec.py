@@ -55,7 +55,10 @@ TUNING_ENV: dict[str, tuple[str, str]] = {
     ),
     "KUBETUNE_VARLEN_KERNEL": ("^(flash|flash-repeat)$", "flash or flash-repeat"),
     "KUBETUNE_FP8": ("^(off|tensorwise)$", "off or tensorwise"),
-    "KUBETUNE_GPU_MEMORY_GIB": ("^[1-9][0-9]{0,3}([.][0-9]+)?$", "a number of GiB, 1 to 9999"),
+    "KUBETUNE_GPU_MEMORY_GIB": (
+        "^[1-9][0-9]{0,3}([.][0-9]+)?$",
+        "a number of GiB, at least 1 and below 10000",
+    ),
 }
 
 

@@ -37,3 +37,15 @@ def test_a_float8_row_is_compared_with_its_notebook_but_is_nobody_s_baseline() -
 def test_float8_jobs_have_their_own_result_files() -> None:
     assert Job("qwen3-4b:kubetune", fp8=True).stem == "qwen3-4b_kubetune_fp8"
     assert Job("qwen3-4b:kubetune", cap=80, fp8=True).stem == "qwen3-4b_kubetune_cap_fp8"
+
+
+def test_a_job_runs_with_its_own_tuning_variables_only() -> None:
+    from kubetune_trainer.bench import job_env
+
+    caller = {"PATH": "/bin", "KUBETUNE_FP8": "tensorwise", "KUBETUNE_GPU_MEMORY_GIB": "40"}
+    plain = job_env(Job("qwen3-4b:notebook-b"), caller)
+    assert "KUBETUNE_FP8" not in plain and "KUBETUNE_GPU_MEMORY_GIB" not in plain
+    assert plain["PATH"] == "/bin" and plain["TORCH_LOGS"] == "recompiles"
+    assert job_env(Job("qwen3-4b:kubetune", fp8=True), caller)["KUBETUNE_FP8"] == "tensorwise"
+    forced = job_env(Job("qwen3-4b:kubetune", gpus=2, sharding="fsdp2"), caller)
+    assert forced["KUBETUNE_SHARDING"] == "fsdp2"

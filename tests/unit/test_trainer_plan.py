@@ -388,30 +388,40 @@ def test_sharding_overrides_reach_the_trainer_arguments(
 
 
 def test_a_gpu_memory_cap_is_validated_and_shrinks_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
     from kubetune_trainer.plan import GPU_MEMORY_ENV, gpu_memory_cap_bytes, limit_gpu_memory
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "40 GiB")
     with pytest.raises(
-        ValueError, match="KUBETUNE_GPU_MEMORY_GIB must be a number of GiB, 1 to 9999, got '40 GiB'"
+        ValueError,
+        match="KUBETUNE_GPU_MEMORY_GIB must be a number of GiB, at least 1 and below 10000, got '40 GiB'",
     ):
         gpu_memory_cap_bytes()
     monkeypatch.setenv(GPU_MEMORY_ENV, "40")
     assert gpu_memory_cap_bytes() == 40 * 2**30
-    assert limit_gpu_memory() is None  # no GPU here: nothing to hold
-    # the plan sees the capped GPU (Hardware.detect takes the smaller of the two): Qwen3-4B full no
-    # longer fits its 8 rows without recomputation
-    whole = make_plan(
-        TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8),
-        H200,
-        shape=QWEN3_4B,
-        lora=False,
-    )
-    capped_hw = Hardware(cuda=True, bf16=True, gpu_memory_bytes=gpu_memory_cap_bytes(), varlen=True)
-    capped = make_plan(
-        TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8),
-        capped_hw,
-        shape=QWEN3_4B,
-        lora=False,
-    )
+
+    # Hardware.detect on a (faked) 141 GiB H200 plans with the cap, and limit_gpu_memory holds the
+    # allocator of this process's GPU (LOCAL_RANK) to the same 40 GiB
+    class Props:
+        total_memory = 141 * 2**30
+
+    held: list[tuple[float, int]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: held.append((f, d)))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    hw = Hardware.detect()
+    assert hw.cuda and hw.gpu_memory_bytes == 40 * 2**30
+    assert limit_gpu_memory() == pytest.approx(40 / 141) and held == [(pytest.approx(40 / 141), 3)]
+    monkeypatch.delenv(GPU_MEMORY_ENV)
+    assert Hardware.detect().gpu_memory_bytes == 141 * 2**30 and limit_gpu_memory() is None
+
+    # Qwen3-4B full no longer fits its 8 rows without recomputation in the capped budget
+    training = TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8)
+    whole = make_plan(training, H200, shape=QWEN3_4B, lora=False)
+    capped = make_plan(training, hw, shape=QWEN3_4B, lora=False)
     assert (whole.per_device_batch_size, whole.gradient_checkpointing) == (8, False)
     assert capped.gradient_checkpointing or capped.per_device_batch_size < 8

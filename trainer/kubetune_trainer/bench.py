@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .plan import FP8_ENV, SHARDING_ENV
+from .plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -408,9 +408,9 @@ def run_case(
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if cuda and memory_cap_gib:
         # the plan and PyTorch's allocator, both held to the cap, as the trainer does it
-        from .plan import GPU_MEMORY_ENV, limit_gpu_memory
+        from .plan import limit_gpu_memory
 
-        os.environ[GPU_MEMORY_ENV] = f"{memory_cap_gib:g}"
+        os.environ[GPU_MEMORY_ENV] = str(memory_cap_gib)
         limit_gpu_memory()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     cfg = MODEL_CONFIGS[model_name]
@@ -556,7 +556,7 @@ def run_case(
         fp8 = str(plan_info.get("fp8", "off"))
         if fp8 != "off":
             label += f" (fp8 {fp8})"
-        elif os.environ.get(FP8_ENV, "off") not in ("", "off"):
+        elif kind.startswith("kubetune") and os.environ.get(FP8_ENV, "off") not in ("", "off"):
             fp8 = "asked, off"  # the plan's reason says why; not a bf16 baseline either
             label += " (fp8 asked: off)"
         return CaseResult(
@@ -870,6 +870,25 @@ def _command(job: Job, target: Path, *, warmup: int, steps: int, rows: int, extr
     return [*launch, "-m", "kubetune_trainer.bench", *one]
 
 
+def job_env(job: Job, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job's process: the caller's, with the job's own tuning variables.
+
+    A float8 setting or memory cap left in the caller's environment would change every row (and
+    drop their baselines without a word): only the jobs that ask for them get them (the capped
+    job's process sets its cap itself, from ``--memory-cap-gib``).
+    """
+    env = dict(os.environ if base is None else base)
+    # dynamo says in the case's log why it recompiled, if it does
+    env.setdefault("TORCH_LOGS", "recompiles")
+    env.pop(FP8_ENV, None)
+    env.pop(GPU_MEMORY_ENV, None)
+    if job.sharding:
+        env[SHARDING_ENV] = job.sharding
+    if job.fp8:
+        env[FP8_ENV] = "tensorwise"
+    return env
+
+
 def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: list[str]) -> dict[str, Any]:
     """Run one job in its own process(es); a kubetune case whose compiled run fails is rerun uncompiled."""
     target = out / f"{job.stem}.json"
@@ -884,13 +903,7 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
     for attempt in attempts:
         with log_path.open("a") as log:
             cmd = _command(job, target, warmup=warmup, steps=steps, rows=rows, extra=attempt)
-            # dynamo says in the case's log why it recompiled, if it does
-            env = {**os.environ, "TORCH_LOGS": os.environ.get("TORCH_LOGS", "recompiles")}
-            if job.sharding:
-                env[SHARDING_ENV] = job.sharding
-            if job.fp8:
-                env[FP8_ENV] = "tensorwise"
-            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=job_env(job))
         if proc.returncode == 0 and target.exists():
             result: dict[str, Any] = json.loads(target.read_text())
             if failure:
@@ -974,8 +987,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--gpus",
         default="1",
         help="comma-separated GPU counts to run the cases on (kubetune cases on N > 1 GPUs go through the "
-        "PyTorchJob's torchrun launcher; notebook cases run on 1); 0: only the --memory-cap-gib and "
-        "--epoch-tokens runs",
+        "PyTorchJob's torchrun launcher; notebook cases run on 1); 0: only the --memory-cap-gib runs (in "
+        "float8 too with --fp8) and the --epoch-tokens run",
     )
     p.add_argument(
         "--epoch-tokens",
@@ -1055,7 +1068,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.memory_cap_gib:
         jobs += [Job(c, cap=args.memory_cap_gib) for c in full]
     if args.fp8:
-        jobs += [Job(c, fp8=True) for c in full]
+        jobs += [Job(c, fp8=True) for c in full if 1 in counts]
         jobs += [Job(c, cap=args.memory_cap_gib, fp8=True) for c in full if args.memory_cap_gib]
     if args.epoch_tokens:
         jobs += [Job(c, epoch_tokens=args.epoch_tokens) for c in kubetune if CASES[c][1] == "kubetune-lora"]
