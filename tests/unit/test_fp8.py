@@ -28,7 +28,7 @@ def _plan(hw: Hardware = H200, *, lora: bool = False, **training: object) -> Pla
 def test_fp8_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(FP8_ENV, raising=False)
     plan = _plan()
-    assert plan.fp8 == "off" and plan.reasons["fp8"] == "off (KUBETUNE_FP8 not set)"
+    assert plan.fp8 == "off" and plan.reasons["fp8"] == "off (KUBETUNE_FP8 unset or off)"
 
 
 def test_fp8_asked_for_a_full_fine_tune_on_an_fp8_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

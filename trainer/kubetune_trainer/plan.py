@@ -427,18 +427,20 @@ def _fp8(
     """The float8 recipe for the decoder layers' matrix products: off unless ``KUBETUNE_FP8`` asks.
 
     Off by default: float8 rounds each product's inputs to 3 mantissa bits and its gradients to 2
-    (e4m3 and e5m2, one dynamic scale per tensor), a numerical change a user opts into. Measured on an H200, side by side (docs/benchmarks.md):
-    Qwen3-4B full 22.2k tokens/s and 50 GiB against bf16's 20.5k and 56 GiB; torchao's rowwise recipe
-    ran at 4.7k and is not offered. Only where it can pay: full fine-tuning (a LoRA base is frozen and its
-    adapters' products are small), bf16 weights, a GPU with fp8 tensor cores and torchao, and
-    compiled layers (uncompiled, the scaling and casting kernels cost more than the products save),
-    and a model with layers of at least ``FP8_MIN_FEATURES`` features (smaller ones would all stay
-    bf16). Multi-GPU runs (DDP, FSDP2) are allowed but not yet measured.
+    (e4m3 and e5m2, one dynamic scale per tensor), a numerical change a user opts into. Measured on
+    an H200, side by side (docs/benchmarks.md): Qwen3-4B full 22.2k tokens/s and 50 GiB against
+    bf16's 20.5k and 56 GiB; torchao's rowwise recipe ran at 4.7k and is not offered.
+
+    Only where it can pay: full fine-tuning (a LoRA base is frozen and its adapters' products are
+    small), a GPU with fp8 tensor cores and torchao, bf16 weights, compiled layers (uncompiled, the
+    scaling and casting kernels cost more than the products save), and layers of at least
+    ``FP8_MIN_FEATURES`` features (smaller ones would all stay bf16). Multi-GPU runs (DDP, FSDP2)
+    are allowed but not yet measured.
     """
     asked = tuning_env(FP8_ENV) or "off"
     why_not = None
     if asked == "off":
-        reasons["fp8"] = f"off ({FP8_ENV} not set)"
+        reasons["fp8"] = f"off ({FP8_ENV} unset or off)"
         return "off"
     if lora:
         why_not = "LoRA trains small adapters on a frozen base"
