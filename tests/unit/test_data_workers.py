@@ -22,6 +22,10 @@ def _terminate_worker_then_read(loader: object) -> list[int]:
     it = iter(loader)
     first = next(it)
     (worker,) = it._workers  # the one worker process
+    # Let the worker prefetch and go idle (waiting on its index queue) first: killed while it holds
+    # the loader's shared done-event lock (which it takes to read the event), the trainer's next
+    # read of that event would wait forever instead of seeing the dead worker (seen once in CI).
+    time.sleep(0.5)
     os.kill(worker.pid, signal.SIGTERM)  # as torchrun's killpg on preemption
     time.sleep(1.5)
     try:
