@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import torch, transformers, trl, peft, datasets, liger_kernel, pyarrow; print(torch.__version__, transformers.__version__, trl.__version__, peft.__version__, datasets.__version__, pyarrow.__version__)" | tee -a "$OUT/gpu.txt"
 for step in "$@"; do
   case "$step" in
-    tests) python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
+    tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests.log" 2>&1; tail -15 "$OUT/tests.log" ;;
     smoke) python3 hack/gpu/smoke.py /tmp/smoke > "$OUT/smoke.log" 2>&1; tail -40 "$OUT/smoke.log" ;;
     smoke2) python3 hack/gpu/smoke.py /tmp/smoke2 --nproc 2 --preempt > "$OUT/smoke2.log" 2>&1; grep -E "preempted|resum|exit|COMPLETE|rank" "$OUT/smoke2.log" | tail -20; tail -32 "$OUT/smoke2.log" ;;
     bench) python3 -m kubetune_trainer.bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
@@ -192,6 +192,13 @@ for step in "$@"; do
       grep -h '^\[bench\]' /tmp/fp8/*.log; $B --report-only > /dev/null 2>&1; cat /tmp/fp8/bench.md
       tar czf "$OUT/fp8.tar.gz" -C /tmp fp8
       python3 -c "import json,sys; [print(r['case'], [round(x, 4) for x in r['losses']]) for r in json.load(open(sys.argv[1]))['results']]" /tmp/fp8/bench.json ;;
+    fp8prof)
+      # where the float8 step's time goes: torch.profiler over three measured steps after four warm-up
+      # steps, Qwen3-4B full in bf16 and with KUBETUNE_FP8=tensorwise, one GPU
+      timeout 260 python3 -m kubetune_trainer.bench --warmup 4 --steps 3 --profile --fp8 --cases qwen3-4b:kubetune \
+        --out /tmp/fp8prof > /tmp/fp8prof.log 2>&1; grep -h '^\[bench\]' /tmp/fp8prof.log
+      for f in /tmp/fp8prof/*.profile.txt; do echo "== $f"; head -40 "$f" | cut -c1-170; done
+      cp /tmp/fp8prof.log /tmp/fp8prof/ 2>/dev/null; tar czf "$OUT/fp8prof.tar.gz" -C /tmp fp8prof ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done
