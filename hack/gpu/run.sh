@@ -199,6 +199,13 @@ for step in "$@"; do
         --out /tmp/fp8prof > /tmp/fp8prof.log 2>&1; grep -h '^\[bench\]' /tmp/fp8prof.log
       for f in /tmp/fp8prof/*.profile.txt; do echo "== $f"; head -40 "$f" | cut -c1-170; done
       cp /tmp/fp8prof.log /tmp/fp8prof/ 2>/dev/null; tar czf "$OUT/fp8prof.tar.gz" -C /tmp fp8prof ;;
+    fp8probe)
+      # float8 variants on four Qwen3-4B decoder layers, one packed micro-step (hack/gpu/fp8_probe.py)
+      timeout 420 python3 hack/gpu/fp8_probe.py ${FP8_VARIANTS:-} > "$OUT/fp8probe.log" 2>&1; grep '^{' "$OUT/fp8probe.log" | cut -c1-900 ;;
+    fp8curve)
+      # bf16 against float8 loss curves: 200 steps of learnable packed data, 8 Qwen3-4B layers
+      timeout 280 python3 hack/gpu/fp8_probe.py curve > "$OUT/fp8curve.log" 2>&1
+      grep '^{' "$OUT/fp8curve.log" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.pop('all'); print(json.dumps(d))" || tail -20 "$OUT/fp8curve.log" ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

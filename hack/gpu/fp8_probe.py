@@ -1,0 +1,271 @@
+"""Where float8's time goes: Qwen3-4B decoder layers (the published shapes, random weights) on one
+packed micro-step, forward and backward, compiled per layer as the trainer compiles them, under
+float8 variants side by side. One JSON line per variant; a diagnostic for the device machine (the
+verdict on a variant is the full training step, ``kubetune bench``).
+
+    python hack/gpu/fp8_probe.py [variant ...]
+    python hack/gpu/fp8_probe.py curve    # bf16 against float8 loss curves on learnable data
+
+Variants: bf16; fp8 (torchao tensorwise, as ``KUBETUNE_FP8=tensorwise`` runs it); fp8-tiled (the
+same with inductor's N-d tiling and tiled reductions, for the transposed float8 copies the weight
+gradient needs); fp8-fwd-dgrad (float8 for the forward and the input gradient, the weight gradient
+in bf16: no transposed activation copies); fp8-fastacc (fast accumulation in all three products);
+fp8-static (static shapes: what dynamic shapes cost); fp8-kv (k and v projections converted too);
+bf16-auto, fp8-auto (dynamo's automatic dynamic shapes instead of ``dynamic=True``: only the sizes
+that changed between calls become symbolic; each variant runs one shorter micro-step first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import traceback
+from typing import Any
+
+import torch
+
+from kubetune_trainer import bench, fast, plan, varlen
+
+LAYERS = 4
+ROWS, ROW = 8, 1024  # notebook B's eight sequences, packed as the trainer packs them
+VARIANTS = (
+    "bf16",
+    "fp8",
+    "fp8-tiled",
+    "fp8-fwd-dgrad",
+    "fp8-fastacc",
+    "fp8-static",
+    "fp8-kv",
+    "bf16-auto",
+    "fp8-auto",
+)
+
+
+def packed_position_ids() -> torch.Tensor:
+    """Position ids of eight 1,024-token rows of Capybara-like examples; a row's last example is cut."""
+    lengths = iter(bench.capybara_like_lengths(10 * ROWS, seed=1))
+    positions: list[int] = []
+    for _ in range(ROWS):
+        row: list[int] = []
+        while len(row) < ROW:
+            row.extend(range(next(lengths)))
+        positions.extend(row[:ROW])
+    return torch.tensor(positions, dtype=torch.long).view(1, -1).cuda()
+
+
+def build(variant: str) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    varlen.register()
+    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], num_hidden_layers=LAYERS)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(**cfg), dtype=torch.bfloat16, attn_implementation=varlen.NAME
+        )
+    model.config.use_cache = False
+    torch._dynamo.reset()
+    import torch._inductor.config as inductor
+
+    inductor.triton.prefer_nd_tiling = variant == "fp8-tiled"
+    inductor.triton.tile_reductions = variant == "fp8-tiled"
+    if not variant.startswith("bf16"):
+        from torchao.float8 import CastConfig, Float8LinearConfig, ScalingType, convert_to_float8_training
+
+        config = Float8LinearConfig.from_recipe_name("tensorwise")
+        if variant == "fp8-fwd-dgrad":
+            off = CastConfig(scaling_type=ScalingType.DISABLED)
+            config = dataclasses.replace(
+                config, cast_config_input_for_grad_weight=off, cast_config_grad_output_for_grad_weight=off
+            )
+        if variant == "fp8-fastacc":
+            fastacc = dataclasses.replace(config.gemm_config_output, use_fast_accum=True)
+            config = dataclasses.replace(
+                config, gemm_config_grad_input=fastacc, gemm_config_grad_weight=fastacc
+            )
+        minimum = 1024 if variant == "fp8-kv" else plan.FP8_MIN_FEATURES
+
+        def keep(module: Any, fqn: str) -> bool:
+            return all(n % 16 == 0 and n >= minimum for n in (module.in_features, module.out_features))
+
+        for layer in fast.decoder_layers(model):
+            convert_to_float8_training(layer, module_filter_fn=keep, config=config)
+    for layer in fast.decoder_layers(model):
+        # -auto: dynamo's automatic dynamic shapes (static first, then only what changed is dynamic)
+        layer.compile(
+            dynamic=False if variant == "fp8-static" else None if variant.endswith("-auto") else True
+        )
+    return model
+
+
+def probe(variant: str, position_ids: torch.Tensor) -> dict[str, Any]:
+    torch.cuda.reset_peak_memory_stats()
+    model = build(variant)
+    base = model.model
+    embeds = torch.randn(1, ROWS * ROW, 2560, device="cuda", dtype=torch.bfloat16) * 0.02
+    embeds.requires_grad_(True)
+    cu, max_len = varlen.cu_seqlens_from_position_ids(position_ids)
+
+    def step(tokens: int | None = None) -> torch.Tensor:
+        x, pos, c, m = embeds, position_ids, cu, max_len
+        if tokens is not None:  # a shorter micro-step, as the trainer's vary
+            x, pos = embeds[:, :tokens], position_ids[:, :tokens]
+            c, m = varlen.cu_seqlens_from_position_ids(pos)
+        out = base(
+            inputs_embeds=x,
+            position_ids=pos,
+            cu_seq_lens_q=c,
+            cu_seq_lens_k=c,
+            max_length_q=m,
+            max_length_k=m,
+        ).last_hidden_state
+        loss = out.float().pow(2).mean()
+        loss.backward()
+        return loss
+
+    first = step()  # compiles
+    step(ROWS * ROW - 528)  # another token count: -auto recompiles with the token count dynamic
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = sorted(
+        ((e.key, e.device_time_total / 1000) for e in prof.key_averages() if e.device_time_total > 0),
+        key=lambda kv: -kv[1],
+    )
+    top = [
+        [k[:90], round(t, 3)]
+        for k, t in kernels
+        if not k.startswith("aten::") and not k.startswith("nvjet") and "Command Buffer" not in k
+    ][:8]
+    ms = statistics.median(times)
+    return {
+        "variant": variant,
+        "ms_per_layer": round(ms / LAYERS, 3),
+        "step_ms": round(ms, 2),
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "first_loss": float(first),
+        "top_other_kernels_ms": top,
+    }
+
+
+CURVE_LAYERS, CURVE_VOCAB, CURVE_STEPS = 8, 4096, 200
+
+
+def learnable_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One packed micro-step of learnable data, the same for every variant: each example is a random
+    motif of 8-32 tokens repeated to a Capybara-like length (a model learns to copy it in context)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    lengths = iter(bench.capybara_like_lengths(64, seed=step))
+    ids: list[int] = []
+    positions: list[int] = []
+    while len(ids) < ROWS * ROW:
+        n = next(lengths)
+        m = int(torch.randint(8, 33, (1,), generator=g))
+        motif = torch.randint(0, CURVE_VOCAB, (m,), generator=g).tolist()
+        ids.extend((motif * (n // m + 1))[:n])
+        positions.extend(range(n))
+    cut = ROWS * ROW
+    return (
+        torch.tensor(ids[:cut]).view(1, -1).cuda(),
+        torch.tensor(positions[:cut]).view(1, -1).cuda(),
+    )
+
+
+def curve(variant: str) -> dict[str, Any]:
+    """bf16 or fp8 (the trainer's own apply_fp8 and compile_layers): the loss of each of
+    CURVE_STEPS optimizer steps from the same initial weights on the same batches."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    varlen.register()
+    torch._dynamo.reset()
+    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], num_hidden_layers=CURVE_LAYERS, vocab_size=CURVE_VOCAB)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(**cfg), dtype=torch.bfloat16, attn_implementation=varlen.NAME
+        )
+    model.config.use_cache = False
+    converted = fast.apply_fp8(model, "tensorwise") if variant == "fp8" else 0
+    fast.compile_layers(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    losses = []
+    for step in range(CURVE_STEPS):
+        ids, pos = learnable_batch(step)
+        cu, max_len = varlen.cu_seqlens_from_position_ids(pos)
+        loss = model(
+            input_ids=ids,
+            labels=ids,
+            position_ids=pos,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=max_len,
+            max_length_k=max_len,
+        ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    values = [float(x) for x in torch.stack(losses).cpu()]
+    return {"variant": f"curve-{variant}", "converted": converted, "losses": [round(v, 4) for v in values]}
+
+
+def curves() -> dict[str, Any]:
+    runs = {v: curve(v)["losses"] for v in ("bf16", "fp8")}
+    a, b = runs["bf16"], runs["fp8"]
+    marks = [0, 9, 24, 49, 99, 149, CURVE_STEPS - 1]
+    tail = range(CURVE_STEPS - 50, CURVE_STEPS)
+    return {
+        "curve": f"{CURVE_LAYERS} Qwen3-4B layers, vocab {CURVE_VOCAB}, {CURVE_STEPS} steps of {ROWS * ROW} tokens",
+        "steps": [m + 1 for m in marks],
+        "bf16": [a[m] for m in marks],
+        "fp8": [b[m] for m in marks],
+        "last50_mean": [round(sum(a[i] for i in tail) / 50, 4), round(sum(b[i] for i in tail) / 50, 4)],
+        "last50_mean_abs_rel_diff": round(sum(abs(a[i] - b[i]) / a[i] for i in tail) / 50, 5),
+        "all": runs,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["curve"]:
+        print(json.dumps(curves()), flush=True)
+        return 0
+    names = argv or list(VARIANTS)
+    print(json.dumps({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "layers": LAYERS}))
+    position_ids = packed_position_ids()
+    for name in names:
+        try:
+            print(json.dumps(probe(name, position_ids)), flush=True)
+        except Exception as exc:
+            print(
+                json.dumps(
+                    {
+                        "variant": name,
+                        "error": f"{type(exc).__name__}: {exc}"[:500],
+                        "trace": traceback.format_exc()[-1200:],
+                    }
+                ),
+                flush=True,
+            )
+        torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
