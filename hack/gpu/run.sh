@@ -204,7 +204,7 @@ for step in "$@"; do
       timeout 420 python3 hack/gpu/fp8_probe.py ${FP8_VARIANTS:-} > "$OUT/fp8probe.log" 2>&1; grep '^{' "$OUT/fp8probe.log" | cut -c1-900 ;;
     fp8curve)
       # bf16 against float8 loss curves: 200 steps of learnable packed data, 8 Qwen3-4B layers
-      timeout 280 python3 hack/gpu/fp8_probe.py curve > "$OUT/fp8curve.log" 2>&1
+      timeout ${CURVE_TIMEOUT:-280} python3 hack/gpu/fp8_probe.py curve > "$OUT/fp8curve.log" 2>&1
       grep '^{' "$OUT/fp8curve.log" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.pop('all'); print(json.dumps(d))" || tail -20 "$OUT/fp8curve.log" ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
