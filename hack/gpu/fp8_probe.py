@@ -12,19 +12,20 @@ gradient needs); fp8-fwd-dgrad (float8 for the forward and the input gradient, t
 in bf16: no transposed activation copies); fp8-fastacc (fast accumulation in all three products);
 fp8-static (static shapes: what dynamic shapes cost); fp8-kv (k and v projections converted too);
 bf16-auto, fp8-auto (dynamo's automatic dynamic shapes instead of ``dynamic=True``: only the sizes
-that changed between calls become symbolic; each variant runs one shorter micro-step first).
+that changed between calls become symbolic; each variant runs one shorter micro-step first);
+bf16-static (whether the bf16 default would gain from fixed token counts too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import sys
 import traceback
 from typing import Any
 
 import torch
+from attn_probe import timed
 
 from kubetune_trainer import bench, fast, plan, varlen
 
@@ -40,7 +41,20 @@ VARIANTS = (
     "fp8-kv",
     "bf16-auto",
     "fp8-auto",
+    "bf16-static",
 )
+
+
+def packed(position_ids: torch.Tensor) -> dict[str, Any]:
+    """The packed-batch keyword arguments the trainer's collator hands the model."""
+    cu, max_len = varlen.cu_seqlens_from_position_ids(position_ids)
+    return {
+        "position_ids": position_ids,
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max_len,
+        "max_length_k": max_len,
+    }
 
 
 def packed_position_ids() -> torch.Tensor:
@@ -95,7 +109,7 @@ def build(variant: str) -> Any:
     for layer in fast.decoder_layers(model):
         # -auto: dynamo's automatic dynamic shapes (static first, then only what changed is dynamic)
         layer.compile(
-            dynamic=False if variant == "fp8-static" else None if variant.endswith("-auto") else True
+            dynamic=False if variant.endswith("-static") else None if variant.endswith("-auto") else True
         )
     return model
 
@@ -106,37 +120,20 @@ def probe(variant: str, position_ids: torch.Tensor) -> dict[str, Any]:
     base = model.model
     embeds = torch.randn(1, ROWS * ROW, 2560, device="cuda", dtype=torch.bfloat16) * 0.02
     embeds.requires_grad_(True)
-    cu, max_len = varlen.cu_seqlens_from_position_ids(position_ids)
+    full = packed(position_ids)
 
     def step(tokens: int | None = None) -> torch.Tensor:
-        x, pos, c, m = embeds, position_ids, cu, max_len
+        x, kwargs = embeds, full
         if tokens is not None:  # a shorter micro-step, as the trainer's vary
-            x, pos = embeds[:, :tokens], position_ids[:, :tokens]
-            c, m = varlen.cu_seqlens_from_position_ids(pos)
-        out = base(
-            inputs_embeds=x,
-            position_ids=pos,
-            cu_seq_lens_q=c,
-            cu_seq_lens_k=c,
-            max_length_q=m,
-            max_length_k=m,
-        ).last_hidden_state
+            x, kwargs = embeds[:, :tokens], packed(position_ids[:, :tokens])
+        out = base(inputs_embeds=x, **kwargs).last_hidden_state
         loss = out.float().pow(2).mean()
         loss.backward()
         return loss
 
     first = step()  # compiles
     step(ROWS * ROW - 528)  # another token count: -auto recompiles with the token count dynamic
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+    ms = timed(step, warmup=3, iters=10)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -151,7 +148,6 @@ def probe(variant: str, position_ids: torch.Tensor) -> dict[str, Any]:
         for k, t in kernels
         if not k.startswith("aten::") and not k.startswith("nvjet") and "Command Buffer" not in k
     ][:8]
-    ms = statistics.median(times)
     return {
         "variant": variant,
         "ms_per_layer": round(ms / LAYERS, 3),
@@ -206,16 +202,7 @@ def curve(variant: str) -> dict[str, Any]:
     losses = []
     for step in range(CURVE_STEPS):
         ids, pos = learnable_batch(step)
-        cu, max_len = varlen.cu_seqlens_from_position_ids(pos)
-        loss = model(
-            input_ids=ids,
-            labels=ids,
-            position_ids=pos,
-            cu_seq_lens_q=cu,
-            cu_seq_lens_k=cu,
-            max_length_q=max_len,
-            max_length_k=max_len,
-        ).loss
+        loss = model(input_ids=ids, labels=ids, **packed(pos)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
