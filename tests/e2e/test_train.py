@@ -96,11 +96,18 @@ def test_lora_trains_and_its_loss_falls(
 
 
 def test_full_fine_tuning_trains_and_its_loss_falls(
-    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from kubetune_trainer import plan
+
+    # The run holds the allocator to KUBETUNE_GPU_MEMORY_GIB before anything reaches the GPU (the
+    # cap itself is tested with a faked GPU in tests/unit and on a real one in tests/gpu).
+    capped: list[bool] = []
+    monkeypatch.setattr(plan, "limit_gpu_memory", lambda: capped.append(True) and None)
     out = tmp_path / "full"
     config = trainer_config(out, tiny_model, method="full", tracking_uri=mlflow_server.uri, maxSteps=10)
     result = _train(config)
+    assert capped == [True]
 
     losses = [loss for _step, loss in result["losses"]]
     assert result["global_step"] == 10
