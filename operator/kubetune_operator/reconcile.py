@@ -89,8 +89,13 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         previous = api.FineTuneJobStatus(phase=raw_status.get("phase"))
     if previous.phase == api.Phase.SUCCEEDED.value:
         return _follow_alias(ctx, obj, previous, generation)
+    retry = None
     if previous.phase in state.FINAL_PHASES:
-        return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
+        retry = _registration_retry(ctx, obj, previous)
+        if retry is None:
+            return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
+        # the user deleted the failed registration Job (as its message says): register again
+        previous = previous.model_copy(update={"phase": api.Phase.REGISTERING.value})
 
     try:
         job = api.parse_job(obj)
@@ -163,6 +168,18 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         checkpoint_claim=builders.checkpoint_claim(job),
     )
     transition = state.advance(previous, obs)
+    if retry is not None:
+        transition.status.setdefault("completionTime", None)  # merge patch: no longer complete
+    if retry == "deleted":
+        transition.events.insert(
+            0,
+            state.Event(
+                "Normal",
+                state.REGISTRATION_RETRIED,
+                f"registration Job {builders.registration_job_name(job)} was deleted after it failed: "
+                "registering the trained model again",
+            ),
+        )
     for manifest in created:
         ctx.emit(
             obj,
@@ -230,6 +247,32 @@ def _follow_alias(
         for event in transition.events:
             ctx.emit(obj, event)
     return Outcome(phase=done.phase, waiting=transition.waiting)
+
+
+def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+    """Whether a job that failed in registration is being registered again, and how.
+
+    ``deleted``: the failed registration Job is gone (the user deleted it, as the status says to):
+    the pass creates it again. ``running``: a registration Job exists that has not failed (created
+    by an earlier retry whose status write lost a race, or by an operator before a restart): the
+    pass follows it. None: the job stays as it is (not a registration failure, or its Job is still
+    the failed one).
+    """
+    if not state.failed_in_registration(previous):
+        return None
+    try:
+        job = api.parse_job(obj)
+    except ValidationError:
+        return None
+    if not job.spec.registration.enabled:
+        return None
+    live = ctx.kube.get("batch/v1", "Job", job.metadata.namespace, builders.registration_job_name(job))
+    if live is None:
+        return "deleted"
+    if (live.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # still going: its deletion is the next event
+    observed = state.registration_observation(live, [], builders.REGISTER_CONTAINER)
+    return None if observed.state == "Failed" else "running"
 
 
 def _observed(ctx: Context, obj: dict[str, Any], outcome: Outcome, generation: int) -> Outcome:

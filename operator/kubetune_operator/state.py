@@ -78,7 +78,23 @@ REGISTRATION_STARTED = "RegistrationStarted"
 RESUMED = "Resumed"
 FAILED = "Failed"
 
+REGISTRATION_RETRIED = "RegistrationRetried"
+
 FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+
+
+def failed_in_registration(status: FineTuneJobStatus) -> bool:
+    """Failed after training finished, in registration: the one final phase that can be left.
+
+    The status message tells the user to delete the failed registration Job once the tracking URI or
+    credentials are fixed; the next pass then registers again (the registration is idempotent: a
+    version of this run and config already in MLflow is found, not registered twice).
+    """
+    if status.phase != Phase.FAILED.value:
+        return False
+    ready = next((c for c in status.conditions or [] if c.type == READY), None)
+    return ready is not None and ready.reason == REGISTRATION_FAILED
+
 
 # PyTorchJob condition types, most decisive first: the first one that is True wins.
 TRAINING_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")

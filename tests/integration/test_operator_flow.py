@@ -256,7 +256,9 @@ def test_failed_training(kube: Any, namespace: str, operator: Any) -> None:
     assert obj["status"]["phase"] == "Failed" and condition(obj, "Ready")["reason"] == "TrainingFailed"
 
 
-def test_failed_registration(kube: Any, namespace: str, operator: Any) -> None:
+def test_failed_registration_and_its_retry(
+    kube: Any, namespace: str, operator: Any, control_plane: Any
+) -> None:
     name = _start(kube, namespace)
     ptj = f"{name}-train"
     wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
@@ -279,6 +281,29 @@ def test_failed_registration(kube: Any, namespace: str, operator: Any) -> None:
         lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationFailed"],
         what="a RegistrationFailed event",
     )
+    # The status's remedy: credentials fixed, the failed Job deleted (the garbage collector takes its
+    # pod); the operator, which watches its Jobs, registers the trained model again at once.
+    reg = f"{name}-register"
+    failed_uid = kube.get("batch/v1", "Job", namespace, reg)["metadata"]["uid"]
+    training_uid = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"]
+    control_plane.kubectl("delete", "job", "-n", namespace, reg, "--wait=false")
+    control_plane.kubectl("delete", "pod", "-n", namespace, f"{reg}-abcde", "--wait=false")
+    wait_for(
+        lambda: (j := kube.get("batch/v1", "Job", namespace, reg)) and j["metadata"]["uid"] != failed_uid,
+        what="the registration Job created again",
+    )
+    obj = wait_phase(kube, namespace, name, "Registering")
+    assert "completionTime" not in obj["status"]
+    # training is not redone: the same PyTorchJob
+    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"] == training_uid
+    wait_for(
+        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationRetried"],
+        what="a RegistrationRetried event",
+    )
+    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
+    assert condition(obj, "Ready")["status"] == "True" and obj["status"].get("completionTime")
 
 
 def test_suspend_and_resume(kube: Any, namespace: str, operator: Any) -> None:

@@ -121,3 +121,45 @@ def test_a_job_kueue_holds_back_is_left_to_kueue() -> None:
     ptj = kube.create(manifest)
     assert sync_suspend(kube, ptj, job(suspend=False)) == ptj
     assert kube.patches == []
+
+
+def _failed_status(reason: str) -> Any:
+    from kubetune_api.spec import FineTuneJobStatus
+
+    return FineTuneJobStatus.model_validate(
+        {
+            "phase": "Failed",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": reason,
+                    "lastTransitionTime": "2026-12-01T00:00:00Z",
+                }
+            ],
+        }
+    )
+
+
+def test_a_failed_registration_is_retried_once_its_job_is_deleted() -> None:
+    import yaml
+
+    from kubetune_operator.reconcile import Context, _registration_retry
+
+    obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
+    obj["metadata"].update(uid=UID, namespace="ml")
+    kube = MemoryKube()
+    ctx = Context(kube=kube, settings=Settings(), emit=lambda *_: None)  # type: ignore[arg-type]
+    failed = _failed_status("RegistrationFailed")
+    reg = f"{obj['metadata']['name']}-register"
+
+    assert _registration_retry(ctx, obj, failed) == "deleted"  # the user deleted the failed Job
+    assert _registration_retry(ctx, obj, _failed_status("TrainingFailed")) is None  # training failed: final
+
+    kube.objects[("Job", reg)] = {"metadata": {"name": reg, "uid": "j1"}, "status": {}}
+    # a Job that has not failed: a retry whose status write lost a race, followed to its end
+    assert _registration_retry(ctx, obj, failed) == "running"
+    kube.objects[("Job", reg)]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    assert _registration_retry(ctx, obj, failed) is None  # still the failed one: stays Failed
+    kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    assert _registration_retry(ctx, obj, failed) is None  # being deleted: its deletion is the next event
