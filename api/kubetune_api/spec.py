@@ -447,8 +447,49 @@ class StorageSpec(_Model):
     )
 
 
+# MLflow keeps these alias names for itself: "latest" (any case) and v<number> name versions
+RESERVED_ALIAS_CEL = "self.alias.lowerAscii() != 'latest' && !self.alias.matches('^[vV][0-9]+$')"
+RESERVED_ALIAS_MESSAGE = (
+    "spec.registration.alias must not be 'latest' or v<number>: MLflow reserves them for versions"
+)
+# user:password@ in a URL: credentials belong in a Secret (spec.secrets.mlflowTracking*)
+URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@"
+URI_CREDENTIALS_MESSAGE = (
+    "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret and "
+    "reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or mlflowTrackingToken)"
+)
+
+
+def registration_error(alias: str | None, tracking_uri: str | None) -> str | None:
+    """What the CEL rules of ``spec.registration`` refuse, for manifests no API server admits
+    (``kubetune run --local``). The operator does not apply it when it parses a job: a job admitted
+    before these rules existed keeps running under an upgraded operator.
+
+    >>> registration_error("latest", None)
+    "spec.registration.alias must not be 'latest' or v<number>: MLflow reserves them for versions"
+    >>> registration_error("champion", "https://mlflow.example.com") is None
+    True
+    """
+    if alias is not None and (alias.lower() == "latest" or re.fullmatch(r"[vV][0-9]+", alias)):
+        return RESERVED_ALIAS_MESSAGE
+    if tracking_uri is not None and re.match(URI_CREDENTIALS, tracking_uri):
+        return URI_CREDENTIALS_MESSAGE
+    return None
+
+
 class RegistrationSpec(_Model):
     """Registering the trained model in MLflow."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            cel(f"!has(self.alias) || ({RESERVED_ALIAS_CEL})", RESERVED_ALIAS_MESSAGE, field_path=".alias"),
+            cel(
+                f"!has(self.trackingUri) || !self.trackingUri.matches('{URI_CREDENTIALS}')",
+                URI_CREDENTIALS_MESSAGE,
+                field_path=".trackingUri",
+            ),
+        )
+    )
 
     enabled: bool = Field(default=True, description="Register the model after training.")
     tracking_uri: (

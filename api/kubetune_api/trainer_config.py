@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from .spec import FineTuneJob, FineTuneJobSpec, _Model
+from .spec import FineTuneJob, FineTuneJobSpec, _Model, registration_error
 
 CONFIG_KEY = "config.yaml"
 CONFIG_MOUNT_DIR = "/etc/kubetune"
@@ -102,7 +102,12 @@ def load_manifest(path: str | Path) -> FineTuneJob:
     """Read a FineTuneJob from a YAML file (the first FineTuneJob document in it)."""
     for doc in yaml.safe_load_all(Path(path).read_text()):
         if isinstance(doc, dict) and doc.get("kind") == "FineTuneJob":
-            return FineTuneJob.model_validate(doc)
+            job = FineTuneJob.model_validate(doc)
+            reg = job.spec.registration
+            error = registration_error(reg.alias, reg.tracking_uri)
+            if error:
+                raise ValueError(f"{path}: {error}")
+            return job
     raise ValueError(f"{path}: no FineTuneJob document found")
 
 

@@ -193,6 +193,22 @@ INVALID: list[tuple[str, Mutation, str]] = [
         _set("spec.registration", {"trackingUri": "mlflow-server:5000"}),
         "spec.registration.trackingUri",
     ),
+    # names MLflow reserves: accepted, the model would be registered and its alias refused after training
+    (
+        "registration-alias-latest",
+        _set("spec.registration", {"alias": "Latest"}),
+        "spec.registration.alias must not be 'latest' or v<number>",
+    ),
+    (
+        "registration-alias-version",
+        _set("spec.registration", {"alias": "v2"}),
+        "spec.registration.alias must not be 'latest' or v<number>",
+    ),
+    (
+        "registration-uri-with-credentials",
+        _set("spec.registration", {"trackingUri": "https://bob:hunter2@mlflow.example.com"}),
+        "spec.registration.trackingUri must not carry credentials",
+    ),
     ("typo-field", _set("spec.trainng", {"maxSteps": 1}), 'unknown field "spec.trainng"'),
     ("name-too-long", _set("metadata.name", "a" * 41), "metadata.name"),
     ("name-starts-with-digit", _set("metadata.name", "1st-job"), "metadata.name"),
