@@ -41,7 +41,10 @@ def test_progress_and_checkpoints_land_in_the_status(api_client: Any, namespace:
         GROUP, VERSION, namespace, PLURAL, "progress", {"status": {"phase": "Training"}}
     )
 
-    reporter = ProgressReporter(status_patcher(api_client, namespace, "progress"), total_steps=100)
+    run = {"trackingUri": "http://mlflow.ml:5000", "experimentId": "7", "runId": "0123abcd"}
+    reporter = ProgressReporter(
+        status_patcher(api_client, namespace, "progress"), total_steps=100, mlflow=lambda: run
+    )
     reporter.state.loss, reporter.state.tokens_per_second = 1.25, 4321.0
     reporter.on_step(40, 0.4)
     reporter.on_log({"eval_loss": 1.5}, None)
@@ -60,6 +63,7 @@ def test_progress_and_checkpoints_land_in_the_status(api_client: Any, namespace:
         "latestStep": 40,
         "count": 2,
     }
+    assert status["mlflow"] == run  # kept by the schema: the run is in the status during training
 
 
 def test_a_missing_job_does_not_fail_training(api_client: Any, namespace: str) -> None:

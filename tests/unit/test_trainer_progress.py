@@ -60,3 +60,27 @@ def test_without_a_patcher_it_is_a_no_op() -> None:
     reporter = ProgressReporter(None, total_steps=10)
     reporter.on_step(1, None)
     assert not reporter.enabled and reporter.report(force=True) is False
+
+
+def test_the_mlflow_run_goes_into_the_status_once_it_exists(tmp_path: Path) -> None:
+    from kubetune_api.spec import MlflowStatus
+    from kubetune_api.trainer_config import load_manifest, resolve
+    from kubetune_trainer.tracking import MlflowTracker
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = resolve(load_manifest(repo / "examples" / "tiny-local.yaml"), output_dir=str(tmp_path))
+    tracker = MlflowTracker(cfg, tmp_path, tracking_uri="https://bob:hunter2@mlflow.example.com")
+    sent: list[dict[str, Any]] = []
+    reporter = ProgressReporter(sent.append, total_steps=10, min_interval_s=0, mlflow=tracker.status)
+    reporter.on_step(1, None)
+    assert "mlflow" not in sent[-1]  # MLflow down at the start: no run yet, training goes on
+    tracker.run_id, tracker.experiment_id = "abc123", "7"
+    reporter.on_step(2, None)
+    assert sent[-1]["mlflow"] == {
+        "trackingUri": "https://mlflow.example.com",  # the credentials dropped
+        "experimentId": "7",
+        "runId": "abc123",
+    }
+    MlflowStatus.model_validate(sent[-1]["mlflow"])  # the API's field names
+    assert "hunter2" not in str(sent)
+    tracker.finish("FINISHED")

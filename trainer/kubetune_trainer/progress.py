@@ -10,6 +10,7 @@ The status fields (camelCase, as in :class:`kubetune_api.spec.Progress`)::
 
     progress:    step, totalSteps, percent, epoch, loss, evalLoss, tokensPerSecond, etaSeconds, updatedAt
     checkpoints: latest, latestStep, count
+    mlflow:      trackingUri, experimentId, runId (the run this training logs to, once it exists)
 
 >>> p = ProgressState(total_steps=100)
 >>> p.update(step=1, epoch=0.0, now=2.0, start=0.0)
@@ -53,6 +54,7 @@ class ProgressState:
     checkpoint_latest: str | None = None
     checkpoint_step: int | None = None
     checkpoint_count: int | None = None
+    mlflow: dict[str, str] | None = None
     # For the ETA: steps done by this attempt, and when it started (a resumed run starts mid-way).
     _first_step: int | None = field(default=None, repr=False)
 
@@ -86,6 +88,8 @@ class ProgressState:
                 "latestStep": self.checkpoint_step,
                 "count": self.checkpoint_count,
             }
+        if self.mlflow:
+            status["mlflow"] = dict(self.mlflow)
         return status
 
 
@@ -117,9 +121,16 @@ class ProgressReporter:
     """Throttled, failure-proof status reports. ``patch=None`` makes every call a no-op."""
 
     def __init__(
-        self, patch: PatchFn | None, total_steps: int, *, min_interval_s: float = MIN_INTERVAL_S
+        self,
+        patch: PatchFn | None,
+        total_steps: int,
+        *,
+        min_interval_s: float = MIN_INTERVAL_S,
+        mlflow: Callable[[], dict[str, str] | None] | None = None,
     ) -> None:
         self.patch = patch
+        # the MLflow run, asked at each report (it may only exist once the server answers)
+        self.mlflow = mlflow
         self.state = ProgressState(total_steps=total_steps)
         self.min_interval_s = min_interval_s
         self.start = time.monotonic()
@@ -139,6 +150,8 @@ class ProgressReporter:
         if not force and now - self._last_sent < self.min_interval_s:
             return False
         self._last_sent = now
+        if self.mlflow is not None and self.state.mlflow is None:
+            self.state.mlflow = self.mlflow()
         try:
             self.patch(self.state.as_status())
         except Exception as e:  # API down, RBAC, object deleted: progress is never worth a failed run

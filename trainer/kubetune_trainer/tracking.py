@@ -225,6 +225,16 @@ class MlflowTracker:
         )
         return True
 
+    def status(self) -> dict[str, str] | None:
+        """The run as ``status.mlflow`` shows it (camelCase; the URI without credentials); None until
+        the run exists (MLflow down at the start: a later report carries it)."""
+        if self.run_id is None:
+            return None
+        out = {"trackingUri": _redact(self.tracking_uri), "runId": self.run_id}
+        if self.experiment_id is not None:
+            out["experimentId"] = self.experiment_id
+        return out
+
     def start(self, extra_params: dict[str, str] | None = None) -> None:
         """Open (or re-open) the job's run; log params and the resolved config."""
         self.output_dir.mkdir(parents=True, exist_ok=True)

@@ -585,7 +585,11 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
                 patcher = in_cluster_patcher(cfg.job.namespace, cfg.job.name)
             except Exception as e:  # not in a cluster, no token: report nothing, train anyway
                 log.warning("progress reporting off: %s", e)
-        reporter = ProgressReporter(patcher, total_steps=0) if patcher is not None else None
+        reporter = (
+            ProgressReporter(patcher, total_steps=0, mlflow=tracker.status if tracker is not None else None)
+            if patcher is not None
+            else None
+        )
         callback = RunCallback(
             earlier_losses=earlier_losses,
             checkpoints_root=root,
