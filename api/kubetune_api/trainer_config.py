@@ -70,6 +70,28 @@ class TrainerConfig(_Model):
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
+    def training_hash(self) -> str:
+        """Hash of what decides the trained weights: model, data, method, adapter and hyperparameters.
+
+        Written into every COMPLETE marker, so that a folder (a reused claim, a local run folder)
+        holding another training's checkpoints is never resumed or taken as finished. Fields left at
+        their defaults are left out: a kubetune version that adds a defaulted field does not change it.
+        """
+        spec = self.spec
+        parts = {
+            name: getattr(spec, name).model_dump(
+                by_alias=True, exclude_none=True, exclude_defaults=True, mode="json"
+            )
+            for name in ("model", "dataset", "training")
+        }
+        parts["method"] = str(spec.method)
+        if spec.lora is not None:
+            parts["lora"] = spec.lora.model_dump(
+                by_alias=True, exclude_none=True, exclude_defaults=True, mode="json"
+            )
+        blob = json.dumps(parts, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(by_alias=True, exclude_none=True, mode="json"), sort_keys=False)
 

@@ -206,6 +206,8 @@ def _run(args: argparse.Namespace) -> int:
     print("kubetune: Ctrl-C saves a checkpoint and stops (twice: stop now)", file=sys.stderr)
     outcome = train.run(cfg, progress_bar=args.progress_bar, ctrl_c_saves=True)
     if outcome.exit_code != 0:
+        if outcome.status == "refused":
+            print(f"kubetune: {outcome.result.get('error')}", file=sys.stderr)
         if outcome.exit_code == EXIT_PREEMPTED:
             print(
                 f"kubetune: stopped at a checkpoint in {out / CHECKPOINTS_DIR}; "

@@ -113,3 +113,57 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_the_restart_continues_the_same
     assert min(history) == 1 and max(history) == 24
     experiment = run.info.experiment_id
     assert len(client.search_runs([experiment])) == 1
+
+
+def test_a_folder_of_another_training_is_neither_resumed_nor_taken_as_finished(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
+    """Train, then change a hyperparameter and run into the same folder (an edited local manifest, a
+    reused claim): refused with exit 2 naming the folder, and nothing in it is touched. The same
+    config again finds its finished model."""
+    from kubetune_api.trainer_config import FINAL_DIR, TrainerConfig
+    from kubetune_trainer import train
+
+    out = tmp_path / "run"
+    config = trainer_config(out, tiny_model, tracking_uri=mlflow_server.uri, maxSteps=2, saveSteps=1)
+    first = train.run(TrainerConfig.load(config), progress_bar=False)
+    assert first.exit_code == 0, first
+    marker = json.loads((out / FINAL_DIR / COMPLETE_MARKER).read_text())
+    assert marker["training_hash"] == TrainerConfig.load(config).training_hash()
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "config.yaml"}
+
+    changed = trainer_config(
+        out, tiny_model, tracking_uri=mlflow_server.uri, maxSteps=2, saveSteps=1, learningRate=1e-4
+    )
+    refused = train.run(TrainerConfig.load(changed), progress_bar=False)
+    assert refused.exit_code == train.EXIT_OTHER_TRAINING and refused.status == "refused"
+    assert str(out / FINAL_DIR) in refused.result["error"] and "another training" in refused.result["error"]
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # nothing rewritten, nothing removed
+
+    # only a checkpoint of the other training (its final model gone): refused the same way
+    import shutil
+
+    shutil.rmtree(out / FINAL_DIR)
+    refused = train.run(TrainerConfig.load(changed), progress_bar=False)
+    assert refused.exit_code == train.EXIT_OTHER_TRAINING and "checkpoint-2" in refused.result["error"]
+
+    # the first config again resumes its own checkpoint and finishes
+    again = train.run(
+        TrainerConfig.load(
+            trainer_config(out, tiny_model, tracking_uri=mlflow_server.uri, maxSteps=2, saveSteps=1)
+        ),
+        progress_bar=False,
+    )
+    assert again.exit_code == 0, again
+
+
+def test_markers_without_a_training_hash_are_trusted_as_before(tmp_path: Path, tiny_model: Path) -> None:
+    """Folders written before the check (no ``training_hash`` in the marker) keep working."""
+    from kubetune_api.trainer_config import FINAL_DIR, TrainerConfig
+    from kubetune_trainer import train
+
+    out = tmp_path / "old"
+    (out / FINAL_DIR).mkdir(parents=True)
+    checkpoints.mark_complete(out / FINAL_DIR, {"step": 2, "config_hash": "0123456789abcdef"})
+    outcome = train.run(TrainerConfig.load(trainer_config(out, tiny_model, maxSteps=2)), progress_bar=False)
+    assert outcome.status == "already-complete" and outcome.exit_code == 0

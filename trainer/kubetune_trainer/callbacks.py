@@ -191,8 +191,10 @@ class RunCallback(TrainerCallback):
         is_rank0: bool,
         world_size: int,
         earlier_losses: list[tuple[int, float]] | None = None,
+        training_hash: str | None = None,
     ) -> None:
         self.root = checkpoints_root
+        self.training_hash = training_hash
         self.keep = save_total_limit
         self.guard = guard
         self.tracker = tracker
@@ -231,7 +233,10 @@ class RunCallback(TrainerCallback):
             if fault == f"kill-before-mark:{step}":
                 log.error("fault injection: SIGKILL before marking %s complete", path)
                 os.kill(os.getpid(), signal.SIGKILL)
-            checkpoints.mark_complete(path, {"step": step, "world_size": self.world_size})
+            info: dict[str, object] = {"step": step, "world_size": self.world_size}
+            if self.training_hash:
+                info["training_hash"] = self.training_hash
+            checkpoints.mark_complete(path, info)
             deleted = checkpoints.prune(self.root, self.keep)
             kept = checkpoints.complete_checkpoints(self.root)
             log.info(

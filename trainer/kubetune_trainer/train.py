@@ -14,12 +14,14 @@ write the final model (adapter or full weights + tokenizer) to ``<output_dir>/fi
 COMPLETE marker, and ``train-result.json``.
 
 Exit codes: 0 trained (or already trained); 143 (``EXIT_PREEMPTED``) SIGTERM arrived, a checkpoint
-was saved, run again to continue; anything else failed.
+was saved, run again to continue; 2 (``EXIT_OTHER_TRAINING``) the output folder holds another
+training's checkpoints or final model (nothing is touched); anything else failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -479,9 +481,34 @@ def build_trainer(
 # --- the run ---------------------------------------------------------------------------------------
 
 
+# The output folder holds a complete checkpoint or final model of another training
+EXIT_OTHER_TRAINING = 2
+
+
+def other_training(folder: Path | checkpoints.Checkpoint | None, cfg: TrainerConfig) -> str | None:
+    """Why ``folder`` (a final model or checkpoint folder) must not be resumed or taken as this run's
+    result: its COMPLETE marker names another training. None: the same training, no marker, or a
+    marker older than the check (no ``training_hash``: kept working as before)."""
+    if folder is None:
+        return None
+    path = folder if isinstance(folder, Path) else folder.path
+    try:
+        written = json.loads((path / COMPLETE_MARKER).read_text()).get("training_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not written or written == cfg.training_hash():
+        return None
+    return (
+        f"{path} was written by another training (model, data, method or hyperparameters differ: "
+        f"training hash {written}, this run's {cfg.training_hash()}); resuming from it, or taking it as "
+        f"this run's result, would mix the two. Use a new output folder (kubetune run --output-dir, or a "
+        f"new storage claim in a cluster), or delete {cfg.output_dir} to start over."
+    )
+
+
 @dataclass
 class Outcome:
-    status: str  # succeeded | preempted | already-complete
+    status: str  # succeeded | preempted | already-complete | refused
     exit_code: int
     result: dict[str, Any] = field(default_factory=dict)
 
@@ -532,6 +559,12 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
     final_dir = output_dir / FINAL_DIR
     root = checkpoints.checkpoints_root(output_dir)
     result_path = output_dir / TRAIN_RESULT_FILE
+
+    foreign = other_training(final_dir, cfg) or other_training(checkpoints.latest_complete(root), cfg)
+    if foreign:
+        log.error("%s", foreign)
+        guard.uninstall()
+        return Outcome("refused", EXIT_OTHER_TRAINING, {"error": foreign})
 
     if (final_dir / COMPLETE_MARKER).is_file():
         # Training finished in an earlier attempt (which died before it could exit 0).
@@ -599,6 +632,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
             progress=reporter,
             is_rank0=dist.is_rank0,
             world_size=dist.world_size,
+            training_hash=cfg.training_hash(),
         )
         trainer = build_trainer(
             model,
@@ -647,6 +681,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
                 "step": trainer.state.global_step,
                 "method": str(cfg.spec.method),
                 "config_hash": cfg.config_hash(),
+                "training_hash": cfg.training_hash(),
             },
         )
         first, last = _first_last(callback.losses)
