@@ -47,6 +47,21 @@ class JobRef(_Model):
     uid: str | None = Field(default=None, description="FineTuneJob uid (lineage tag).")
 
 
+# spec.training fields that change how long or how a run goes, not which weights it trains toward
+HOW_THE_RUN_GOES = (
+    "epochs",
+    "max_steps",
+    "tokens_per_step",
+    "gradient_checkpointing",
+    "liger",
+    "torch_compile",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+    "save_total_limit",
+)
+
+
 class TrainerConfig(_Model):
     """Everything the trainer and the registration step need."""
 
@@ -74,21 +89,31 @@ class TrainerConfig(_Model):
         """Hash of what decides the trained weights: model, data, method, adapter and hyperparameters.
 
         Written into every COMPLETE marker, so that a folder (a reused claim, a local run folder)
-        holding another training's checkpoints is never resumed or taken as finished. Fields left at
-        their defaults are left out: a kubetune version that adds a defaulted field does not change it.
+        holding another training's checkpoints is never resumed or taken as finished. Left out, so
+        that the same training is never refused: fields at their defaults (a kubetune version that
+        adds a defaulted field changes nothing), the folders of local files (only their names count:
+        a moved cache or manifest is the same model and data), and what only says how long or how
+        the run goes (steps or epochs, so a run may be continued; saving, logging, evaluation steps;
+        compilation, Liger, checkpointing, micro-step size).
         """
         spec = self.spec
+
+        def dump(part: Any, *, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+            out: dict[str, Any] = part.model_dump(
+                by_alias=True, exclude_none=True, exclude_defaults=True, mode="json", exclude=set(drop)
+            )
+            if out.get("path"):
+                out["path"] = Path(str(out["path"])).name
+            return out
+
         parts = {
-            name: getattr(spec, name).model_dump(
-                by_alias=True, exclude_none=True, exclude_defaults=True, mode="json"
-            )
-            for name in ("model", "dataset", "training")
+            "model": dump(spec.model),
+            "dataset": dump(spec.dataset),
+            "training": dump(spec.training, drop=HOW_THE_RUN_GOES),
+            "method": str(spec.method),
         }
-        parts["method"] = str(spec.method)
-        if spec.lora is not None:
-            parts["lora"] = spec.lora.model_dump(
-                by_alias=True, exclude_none=True, exclude_defaults=True, mode="json"
-            )
+        if spec.method == "lora":
+            parts["lora"] = dump(spec.lora_settings())
         blob = json.dumps(parts, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

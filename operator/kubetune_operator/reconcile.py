@@ -266,6 +266,12 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
         return None
     if not job.spec.registration.enabled:
         return None
+    # only a registration again: with its PyTorchJob gone, the pass would create that and train anew
+    trained = ctx.kube.get(
+        "kubeflow.org/v1", "PyTorchJob", job.metadata.namespace, builders.pytorchjob_name(job)
+    )
+    if state.training_observation(trained).condition != "Succeeded":
+        return None
     live = ctx.kube.get("batch/v1", "Job", job.metadata.namespace, builders.registration_job_name(job))
     if live is None:
         return "deleted"

@@ -263,6 +263,21 @@ def test_refuses_a_final_model_without_its_complete_marker(tmp_path: Path) -> No
     assert message["reason"] == "NothingToRegister" and "COMPLETE" in message["error"]
 
 
+def test_refuses_the_final_model_of_another_training(tmp_path: Path) -> None:
+    """A reused claim holding another job's final model: never registered under this job."""
+    cfg = make_config(tmp_path, "http://127.0.0.1:9")
+    config = write_config(tmp_path, cfg)
+    marker = Path(cfg.output_dir) / "final" / "COMPLETE"
+    marker.write_text(json.dumps({"training_hash": "0123456789abcdef"}))
+    term = tmp_path / "term"
+    assert register.main(["--config", str(config), "--termination-message-path", str(term)]) == 2
+    message = json.loads(term.read_text())
+    assert message["reason"] == "NothingToRegister" and "another training" in message["error"]
+    # the same training's marker passes this check (and goes on to MLflow, unreachable here)
+    marker.write_text(json.dumps({"training_hash": cfg.training_hash()}))
+    assert register.final_dir(cfg) == marker.parent
+
+
 def test_an_unreadable_config_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     term = tmp_path / "term"
     missing = tmp_path / "nope.yaml"

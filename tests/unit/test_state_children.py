@@ -152,7 +152,13 @@ def test_a_failed_registration_is_retried_once_its_job_is_deleted() -> None:
     ctx = Context(kube=kube, settings=Settings(), emit=lambda *_: None)  # type: ignore[arg-type]
     failed = _failed_status("RegistrationFailed")
     reg = f"{obj['metadata']['name']}-register"
+    ptj = f"{obj['metadata']['name']}-train"
 
+    assert _registration_retry(ctx, obj, failed) is None  # no PyTorchJob: a retry would train again
+    kube.objects[("PyTorchJob", ptj)] = {
+        "metadata": {"name": ptj},
+        "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
+    }
     assert _registration_retry(ctx, obj, failed) == "deleted"  # the user deleted the failed Job
     assert _registration_retry(ctx, obj, _failed_status("TrainingFailed")) is None  # training failed: final
 

@@ -86,7 +86,9 @@ def secret_values() -> list[str]:
     return sorted((v for v in values if len(v) >= MIN_REDACTED_LENGTH), key=len, reverse=True)
 
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+# the user information runs to the authority's last "@" (a password may hold one; a path or query
+# after the authority's end is left alone)
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
 
 
 def redact_uri(text: str) -> str:

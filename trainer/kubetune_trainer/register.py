@@ -167,6 +167,15 @@ def final_dir(cfg: TrainerConfig) -> Path:
             f"{final} has no {COMPLETE_MARKER} marker: training did not finish writing the final model "
             "(nothing to register)"
         )
+    try:
+        written = json.loads((final / COMPLETE_MARKER).read_text()).get("training_hash")
+    except (OSError, ValueError, AttributeError):
+        written = None
+    if written and written != cfg.training_hash():
+        raise NothingToRegisterError(
+            f"{final} was written by another training (training hash {written}, this job's "
+            f"{cfg.training_hash()}): it is not this job's model (a reused storage claim?)"
+        )
     has_adapter = (final / "adapter_config.json").exists()
     if cfg.spec.method == Method.LORA and not has_adapter:
         raise NothingToRegisterError(f"{final}: method is lora but there is no adapter_config.json")

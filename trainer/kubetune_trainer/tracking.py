@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -317,8 +318,17 @@ def _short(e: Exception, limit: int = 300) -> str:
 
 
 def _redact(uri: str) -> str:
-    """Drop user:password@ from a URI before it is logged or written anywhere."""
-    if "@" in uri and "://" in uri:
-        scheme, rest = uri.split("://", 1)
-        return f"{scheme}://{rest.split('@', 1)[1]}"
-    return uri
+    """Drop user:password@ from a URI before it is logged or written anywhere.
+
+    The user information is what the authority (up to the first ``/``, ``?`` or ``#``) holds before
+    its last ``@``: a password may contain ``@``, and a path or query may too.
+
+    >>> _redact("https://bob:p@ss@mlflow.example.com/x?owner=a@b.com")
+    'https://mlflow.example.com/x?owner=a@b.com'
+    >>> _redact("file:///home/me@corp/mlruns")
+    'file:///home/me@corp/mlruns'
+    """
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)\Z", uri, re.DOTALL)
+    if m is None or "@" not in m.group(2):
+        return uri
+    return m.group(1) + m.group(2).rpartition("@")[2] + m.group(3)
