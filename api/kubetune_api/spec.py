@@ -453,7 +453,7 @@ RESERVED_ALIAS_MESSAGE = (
     "spec.registration.alias must not be 'latest' or v<number>: MLflow reserves them for versions"
 )
 # user:password@ in a URL: credentials belong in a Secret (spec.secrets.mlflowTracking*)
-URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/@]*@"
+URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
 URI_CREDENTIALS_MESSAGE = (
     "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret and "
     "reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or mlflowTrackingToken)"

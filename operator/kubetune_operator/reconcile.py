@@ -255,8 +255,8 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
     ``deleted``: the failed registration Job is gone (the user deleted it, as the status says to):
     the pass creates it again. ``running``: a registration Job exists that has not failed (created
     by an earlier retry whose status write lost a race, or by an operator before a restart): the
-    pass follows it. None: the job stays as it is (not a registration failure, or its Job is still
-    the failed one).
+    pass follows it. None: the job stays as it is (not a registration failure, its Job is still the
+    failed one, or its PyTorchJob is gone or not Succeeded: a retry never trains again).
     """
     if not state.failed_in_registration(previous):
         return None

@@ -105,6 +105,16 @@ def fsync_tree(path: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
+def marked_training(path: Path) -> str | None:
+    """The training hash the COMPLETE marker of ``path`` records; None without a marker or a hash
+    (markers written before kubetune recorded it)."""
+    try:
+        written = json.loads((path / COMPLETE_MARKER).read_text()).get("training_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(written) if written else None
+
+
 def mark_complete(path: Path, info: dict[str, object] | None = None) -> Path:
     """Declare the folder ``path`` complete: fsync its contents, then atomically write the marker.
 

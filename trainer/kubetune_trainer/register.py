@@ -70,6 +70,7 @@ from kubetune_api.trainer_config import (
     dump_json,
 )
 
+from . import checkpoints
 from .mlflow_client import (
     MlflowError,
     MlflowRefusedError,
@@ -167,10 +168,7 @@ def final_dir(cfg: TrainerConfig) -> Path:
             f"{final} has no {COMPLETE_MARKER} marker: training did not finish writing the final model "
             "(nothing to register)"
         )
-    try:
-        written = json.loads((final / COMPLETE_MARKER).read_text()).get("training_hash")
-    except (OSError, ValueError, AttributeError):
-        written = None
+    written = checkpoints.marked_training(final)
     if written and written != cfg.training_hash():
         raise NothingToRegisterError(
             f"{final} was written by another training (training hash {written}, this job's "

@@ -492,10 +492,7 @@ def other_training(folder: Path | checkpoints.Checkpoint | None, cfg: TrainerCon
     if folder is None:
         return None
     path = folder if isinstance(folder, Path) else folder.path
-    try:
-        written = json.loads((path / COMPLETE_MARKER).read_text()).get("training_hash")
-    except (OSError, ValueError, AttributeError):
-        return None
+    written = checkpoints.marked_training(path)
     if not written or written == cfg.training_hash():
         return None
     return (
@@ -728,7 +725,6 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
 
 def _losses_before(result_path: Path, step: int) -> list[tuple[int, float]]:
     """The losses an earlier attempt logged up to ``step`` (where this attempt resumes)."""
-    import json
 
     try:
         earlier = json.loads(result_path.read_text()).get("losses") or []
