@@ -485,19 +485,17 @@ def build_trainer(
 EXIT_OTHER_TRAINING = 2
 
 
-def other_training(folder: Path | checkpoints.Checkpoint | None, cfg: TrainerConfig) -> str | None:
-    """Why ``folder`` (a final model or checkpoint folder) must not be resumed or taken as this run's
+def other_training(path: Path | None, cfg: TrainerConfig) -> str | None:
+    """Why ``path`` (a final model or checkpoint folder) must not be resumed or taken as this run's
     result: its COMPLETE marker names another training. None: the same training, no marker, or a
     marker older than the check (no ``training_hash``: kept working as before)."""
-    if folder is None:
-        return None
-    path = folder if isinstance(folder, Path) else folder.path
-    written = checkpoints.marked_training(path)
-    if not written or written == cfg.training_hash():
+    written = checkpoints.marked_training(path) if path is not None else None
+    ours = cfg.training_hash()
+    if not written or written == ours:
         return None
     return (
         f"{path} was written by another training (model, data, method or hyperparameters differ: "
-        f"training hash {written}, this run's {cfg.training_hash()}); resuming from it, or taking it as "
+        f"training hash {written}, this run's {ours}); resuming from it, or taking it as "
         f"this run's result, would mix the two. Use a new output folder (kubetune run --output-dir, or a "
         f"new storage claim in a cluster), or delete {cfg.output_dir} to start over."
     )
@@ -557,7 +555,8 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
     root = checkpoints.checkpoints_root(output_dir)
     result_path = output_dir / TRAIN_RESULT_FILE
 
-    foreign = other_training(final_dir, cfg) or other_training(checkpoints.latest_complete(root), cfg)
+    newest = checkpoints.latest_complete(root)
+    foreign = other_training(final_dir, cfg) or other_training(newest.path if newest else None, cfg)
     if foreign:
         log.error("%s", foreign)
         guard.uninstall()
