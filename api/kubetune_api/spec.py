@@ -302,10 +302,18 @@ class TrainingSpec(_Model):
         default=None, description="Optimizer steps to train for (instead of epochs)."
     )
     batch_size: Annotated[int, Field(ge=1, le=4096)] = Field(
-        default=8, description="Sequences per GPU per micro-step (without packing)."
+        default=8,
+        description=(
+            "Sequences per GPU per micro-step; with packing, packed rows of up to maxLength tokens, "
+            "each holding one or more whole sequences (TRL's packing)."
+        ),
     )
     gradient_accumulation_steps: Annotated[int, Field(ge=1, le=4096)] = Field(
-        default=4, description="Micro-steps per optimizer step."
+        default=4,
+        description=(
+            "Micro-steps per optimizer step. With packing on a GPU the plan may regroup the step's "
+            "batchSize x gradientAccumulationSteps rows into fewer, larger micro-steps."
+        ),
     )
     tokens_per_step: Annotated[int, Field(ge=256, le=4_194_304)] | None = Field(
         default=None,

@@ -5,6 +5,8 @@ verdict on a variant is the full training step, ``kubetune bench``).
 
     python hack/gpu/fp8_probe.py [variant ...]
     python hack/gpu/fp8_probe.py curve    # bf16 against float8 loss curves on learnable data
+    python hack/gpu/fp8_probe.py text     # the same on real text, the whole Qwen3-4B depth
+    python hack/gpu/fp8_probe.py chart LOG JSON PNG   # the text run's log as JSON and a chart
 
 Variants: bf16; fp8 (torchao tensorwise, as ``KUBETUNE_FP8=tensorwise`` runs it); fp8-tiled (the
 same with inductor's N-d tiling and tiled reductions, for the transposed float8 copies the weight
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -229,9 +232,159 @@ def curves() -> dict[str, Any]:
     }
 
 
+TEXT_STEPS, TEXT_LR, TEXT_VOCAB, TEXT_EVAL_EVERY = 300, 2e-4, 512, 25
+
+
+def text_batches() -> tuple[list[tuple[torch.Tensor, ...]], list[tuple[torch.Tensor, ...]]]:
+    """Real text that a random-initialised model learns from in a few hundred steps: the bytes of
+    the Python standard library's modules (the device machine has nothing else), cut into
+    documents of Capybara-like lengths, shuffled with a fixed seed, every 20th held out; packed
+    into micro-steps of ROWS * ROW tokens as the trainer packs them (no label at a document's
+    first token, so nothing is predicted across documents). (input ids, labels, position ids)."""
+    import pathlib
+    import random
+    import sysconfig
+
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if not {"test", "tests", "site-packages"} & set(p.parts))
+    data = b"".join(p.read_bytes() for p in files)
+    lengths = bench.capybara_like_lengths(len(data) // 700, seed=7)
+    docs, at = [], 0
+    for n in lengths:
+        if at + n > len(data):
+            break
+        docs.append(list(data[at : at + n]))
+        at += n
+    random.Random(7).shuffle(docs)
+    held = docs[::20]
+    train = [d for i, d in enumerate(docs) if i % 20]
+
+    def pack(pool: list[list[int]], count: int) -> list[tuple[torch.Tensor, ...]]:
+        out, it = [], iter(pool)
+        for _ in range(count):
+            ids: list[int] = []
+            labels: list[int] = []
+            positions: list[int] = []
+            while len(ids) < ROWS * ROW:
+                doc = next(it)
+                ids += doc
+                labels += [-100, *doc[1:]]
+                positions += range(len(doc))
+            cut = ROWS * ROW
+            out.append(tuple(torch.tensor(x[:cut]).view(1, -1) for x in (ids, labels, positions)))
+        return out
+
+    return pack(train, TEXT_STEPS), pack(held, 4)
+
+
+def text_curve(variant: str, train: list[Any], held: list[Any]) -> dict[str, Any]:
+    """The whole Qwen3-4B depth (vocabulary cut to TEXT_VOCAB for the bytes), bf16 or float8 (the
+    trainer's own apply_fp8 and compile_layers), TEXT_STEPS AdamW steps on real text from the same
+    initial weights and batches; training loss per step, held-out loss every TEXT_EVAL_EVERY."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    varlen.register()
+    torch._dynamo.reset()
+    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], vocab_size=TEXT_VOCAB)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(**cfg), dtype=torch.bfloat16, attn_implementation=varlen.NAME
+        )
+    model.config.use_cache = False
+    converted = fast.apply_fp8(model, "tensorwise") if variant == "fp8" else 0
+    fast.compile_layers(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=TEXT_LR, weight_decay=0.01, fused=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 30))
+
+    def loss_of(batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        ids, labels, pos = (x.cuda(non_blocking=True) for x in batch)
+        return model(input_ids=ids, labels=labels, **packed(pos)).loss
+
+    def held_out() -> torch.Tensor:
+        with torch.no_grad():
+            return torch.stack([loss_of(b) for b in held]).mean()
+
+    losses, evals = [], [held_out()]
+    for step, batch in enumerate(train):
+        loss = loss_of(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        if (step + 1) % TEXT_EVAL_EVERY == 0:
+            evals.append(held_out())
+    return {
+        "variant": f"text-{variant}",
+        "converted": converted,
+        "losses": [round(float(x), 4) for x in torch.stack(losses).cpu()],
+        "held_out": [round(float(x), 4) for x in torch.stack(evals).cpu()],
+        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+    }
+
+
+def text_curves() -> dict[str, Any]:
+    train, held = text_batches()
+    runs = {}
+    for v in ("bf16", "fp8"):
+        runs[v] = text_curve(v, train, held)
+        print(json.dumps(runs[v]), flush=True)
+        torch.cuda.empty_cache()
+    a, b = runs["bf16"]["losses"], runs["fp8"]["losses"]
+    ha, hb = runs["bf16"]["held_out"], runs["fp8"]["held_out"]
+    tail = range(TEXT_STEPS - 50, TEXT_STEPS)
+    return {
+        "text": f"Qwen3-4B depth, byte vocabulary, {TEXT_STEPS} steps of {ROWS * ROW} tokens, lr {TEXT_LR}",
+        "held_out_steps": [i * TEXT_EVAL_EVERY for i in range(len(ha))],
+        "held_out_bf16": ha,
+        "held_out_fp8": hb,
+        "held_out_max_abs_rel_diff": round(max(abs(x - y) / x for x, y in zip(ha, hb, strict=True)), 5),
+        "last50_mean": [round(sum(a[i] for i in tail) / 50, 4), round(sum(b[i] for i in tail) / 50, 4)],
+        "last50_mean_abs_rel_diff": round(sum(abs(a[i] - b[i]) / a[i] for i in tail) / 50, 5),
+    }
+
+
+def chart_text(log: str, json_path: str, png: str) -> None:
+    """The text run's JSON lines (both variants, then the summary) as one JSON file and a chart:
+    training loss (25-step means) and held-out loss, bf16 against float8."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [json.loads(x) for x in Path(log).read_text().splitlines() if x.startswith("{") and '"text' in x]
+    runs = {r["variant"]: r for r in lines if "losses" in r}
+    summary = next(r for r in lines if "held_out_steps" in r)
+    Path(json_path).write_text(json.dumps({"summary": summary, "runs": runs}, indent=1) + "\n")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, color in (("text-bf16", "#2a7ab9"), ("text-fp8", "#d9822b")):
+        losses = runs[name]["losses"]
+        means = [sum(losses[i : i + 25]) / 25 for i in range(0, len(losses), 25)]
+        ax1.plot([i + 25 for i in range(0, len(losses), 25)], means, marker="o", color=color, label=name[5:])
+        ax2.plot(summary["held_out_steps"], runs[name]["held_out"], marker="o", color=color, label=name[5:])
+    ax1.set_title("training loss, 25-step means")
+    ax2.set_title("held-out loss (4 micro-steps)")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("optimizer step")
+        ax.set_ylim(1.2, 4.6)
+        ax.legend()
+    fig.suptitle(summary["text"] + ": bf16 against float8 products (tensorwise)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[0] == "chart":
+        chart_text(*argv[1:])
+        return 0
     if argv == ["curve"]:
         print(json.dumps(curves()), flush=True)
+        return 0
+    if argv == ["text"]:
+        print(json.dumps(text_curves()), flush=True)
         return 0
     names = argv or list(VARIANTS)
     print(json.dumps({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "layers": LAYERS}))

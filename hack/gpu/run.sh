@@ -149,6 +149,17 @@ for step in "$@"; do
       timeout 110 $B --cases qwen3-4b:kubetune --gpus 0 --memory-cap-gib 80 > /tmp/one-cap.log 2>&1
       grep -h "^\[bench\]" /tmp/one-*.log; cp /tmp/one-*.log /tmp/one/; snap
       grep -ihE "error|Traceback" /tmp/one/*.log | sort | uniq -c | sort -rn | head -8; cat /tmp/one/bench.md ;;
+    nbsteps)
+      # kubetune's defaults beside the same cases given their notebook's tokens an optimizer step
+      # (--notebook-steps: the examples' batch counts packed rows, so their steps hold ~25% more
+      # tokens than the notebooks' unpacked ones), and the notebooks; one GPU, six warm-up and ten
+      # measured steps; the folder is re-archived after each phase
+      B="python3 -m kubetune_trainer.bench --out /tmp/nbs --warmup 6 --steps 10"
+      snap() { $B --report-only > /dev/null 2>&1; tar czf "$OUT/nbs.tar.gz" -C /tmp nbs; }
+      timeout 330 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --notebook-steps > /tmp/nbs-kubetune.log 2>&1; snap
+      timeout 200 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/nbs-notebooks.log 2>&1
+      grep -h "^\[bench\]" /tmp/nbs-*.log; cp /tmp/nbs-*.log /tmp/nbs/; snap
+      grep -ihE "error|Traceback" /tmp/nbs/*.log | sort | uniq -c | sort -rn | head -8; cat /tmp/nbs/bench.md ;;
     idle)
       # where the GPU waits for the host: torch.profiler over four measured steps after six warm-up
       # steps, both models on one GPU; the summary gives each idle gap to the host events in flight
@@ -206,6 +217,11 @@ for step in "$@"; do
       # bf16 against float8 loss curves: 200 steps of learnable packed data, 8 Qwen3-4B layers
       timeout ${CURVE_TIMEOUT:-280} python3 hack/gpu/fp8_probe.py curve > "$OUT/fp8curve.log" 2>&1
       grep '^{' "$OUT/fp8curve.log" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); d.pop('all'); print(json.dumps(d))" || tail -20 "$OUT/fp8curve.log" ;;
+    fp8text)
+      # bf16 against float8 on real text (the Python standard library's bytes): the whole Qwen3-4B
+      # depth, 300 AdamW steps, held-out loss every 25 (hack/gpu/fp8_probe.py text)
+      timeout ${CURVE_TIMEOUT:-400} python3 hack/gpu/fp8_probe.py text > "$OUT/fp8text.log" 2>&1
+      grep '^{' "$OUT/fp8text.log" | tail -1 | cut -c1-1500; grep '^{' "$OUT/fp8text.log" | head -2 | cut -c1-300; grep -iE "error|Traceback" "$OUT/fp8text.log" | head -5 ;;
     compile) timeout 270 python3 -m kubetune_trainer.bench --out /tmp/compile --compile --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > "$OUT/compile.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/compile.log"; tail -3 "$OUT/compile.log"; cp /tmp/compile/bench.json "$OUT/compile.json"; cp /tmp/compile/bench.md "$OUT/compile.md" ;;
   esac
 done

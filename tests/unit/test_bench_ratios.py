@@ -49,3 +49,31 @@ def test_a_job_runs_with_its_own_tuning_variables_only() -> None:
     assert job_env(Job("qwen3-4b:kubetune", fp8=True), caller)["KUBETUNE_FP8"] == "tensorwise"
     forced = job_env(Job("qwen3-4b:kubetune", gpus=2, sharding="fsdp2"), caller)
     assert forced["KUBETUNE_SHARDING"] == "fsdp2"
+
+
+def test_a_row_with_the_notebook_s_step_size_is_compared_but_is_nobody_s_baseline() -> None:
+    rows = _ratio_rows(
+        [
+            _row(
+                "qwen3-4b:kubetune (notebook's step: 6 rows)", "kubetune-full", 19_000.0, notebook_step_rows=6
+            ),
+            _row("qwen3-4b:notebook-b", "notebook-b", 2_000.0),
+            _row("qwen3-4b:kubetune", "kubetune-full", 20_000.0),
+            _row("qwen3-4b:kubetune x2 GPUs", "kubetune-full", 38_000.0, gpus=2),
+        ]
+    )
+    by_case = {r["case"]: r for r in rows}
+    assert by_case["qwen3-4b:kubetune (notebook's step: 6 rows)"]["speedup"] == 9.5
+    assert by_case["qwen3-4b:kubetune x2 GPUs"]["scaling"] == 1.9
+    assert Job("qwen3-4b:kubetune", notebook_steps=True).stem == "qwen3-4b_kubetune_nbsteps"
+
+
+def test_the_notebook_s_step_in_packed_rows() -> None:
+    from kubetune_trainer.bench import notebook_step_rows
+
+    # notebook B: 8 sequences a step; at the cap each fills a row, shorter ones share rows
+    assert notebook_step_rows("kubetune-full", [1024] * 5) == 8
+    assert notebook_step_rows("kubetune-full", [512] * 5) == 4
+    assert notebook_step_rows("kubetune-full", [16] * 5) == 1
+    # notebook A: 8 x 4 sequences
+    assert notebook_step_rows("kubetune-lora", [1024, 512]) == 24

@@ -95,7 +95,7 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 # The notebooks' SFTConfig, as they set it (facts from the two notebooks).
-NOTEBOOK_A = {
+NOTEBOOK_A: dict[str, Any] = {
     "per_device_train_batch_size": 8,
     "gradient_accumulation_steps": 4,
     "learning_rate": 1e-3,  # 1e-4 x 10 "for LoRA"
@@ -109,7 +109,7 @@ NOTEBOOK_A = {
     "gradient_checkpointing": True,
     "gradient_checkpointing_kwargs": {"use_reentrant": False},
 }
-NOTEBOOK_B = {
+NOTEBOOK_B: dict[str, Any] = {
     "per_device_train_batch_size": 1,
     "gradient_accumulation_steps": 8,
     "learning_rate": 2e-5,
@@ -177,6 +177,9 @@ class CaseResult:
     fp8: str = "off"
     # set when the case trained one whole epoch instead of warm-up + measured steps
     epoch_training_seconds: float | None = None
+    # packed rows a step when a kubetune case was given its notebook's tokens a step (--notebook-steps)
+    # instead of its example's batch; such a row is compared with its notebook, never a baseline
+    notebook_step_rows: int | None = None
     compile_error: str | None = None
     step_times: list[float] = field(default_factory=list)
     # graphs dynamo compiled in the process (compiled layers: 1 forward graph when nothing recompiles)
@@ -213,6 +216,24 @@ def synthetic_dataset(n: int, vocab: int, *, seed: int = 0) -> Any:
     low = min(16, vocab // 4)
     rows = [torch.randint(low, vocab, (length,), generator=gen).tolist() for length in lengths]
     return Dataset.from_dict({"input_ids": rows})
+
+
+def notebook_step_rows(kind: str, lengths: list[int], max_length: int = MAX_LENGTH) -> int:
+    """Packed rows of ``max_length`` that hold about as many tokens as an optimizer step of the
+    kubetune case's notebook: its sequences a step (batch x accumulation, unpacked) times the data's
+    mean sequence length. With packing, the trainer's batch counts rows of up to maxLength tokens
+    (several short sequences share a row), so the examples' batch holds more tokens a step than the
+    notebook's unpacked one; this gives the kubetune case the notebook's step size instead.
+
+    >>> notebook_step_rows("kubetune-full", [779] * 10)  # notebook B: 1 x 8 sequences
+    6
+    >>> notebook_step_rows("kubetune-lora", [779] * 10)  # notebook A: 8 x 4 sequences
+    24
+    """
+    notebook = NOTEBOOK_A if BASELINE[kind] == "notebook-a" else NOTEBOOK_B
+    sequences = notebook["per_device_train_batch_size"] * notebook["gradient_accumulation_steps"]
+    mean = sum(lengths) / len(lengths)
+    return max(1, round(sequences * mean / max_length))
 
 
 # --- FLOPs -----------------------------------------------------------------------------------------
@@ -363,8 +384,11 @@ def _build_model(model_name: str, dtype: Any, attn: str, device: str) -> Any:
     return model
 
 
-def _kubetune_config(kind: str, model_dir: str, data_dir: str, steps: int, out: str) -> Any:
-    """The notebook's FineTuneJob example, pointed at the benchmark model and data, on one GPU."""
+def _kubetune_config(
+    kind: str, model_dir: str, data_dir: str, steps: int, out: str, *, step_rows: int | None = None
+) -> Any:
+    """The notebook's FineTuneJob example, pointed at the benchmark model and data, on one GPU
+    (``step_rows``: that many packed rows an optimizer step instead of the example's batch)."""
     from kubetune_api.trainer_config import load_manifest, resolve
 
     example = "qwen2-0.5b-lora-8gpu.yaml" if kind == "kubetune-lora" else "qwen3-4b-full.yaml"
@@ -376,6 +400,8 @@ def _kubetune_config(kind: str, model_dir: str, data_dir: str, steps: int, out: 
     spec.training.eval_steps = None
     spec.training.save_steps = 10**6
     spec.resources.gpus_per_node = 1
+    if step_rows:
+        spec.training.batch_size, spec.training.gradient_accumulation_steps = step_rows, 1
     job.spec = spec
     return resolve(job, output_dir=out)
 
@@ -392,6 +418,7 @@ def run_case(
     memory_cap_gib: float | None,
     peak_tflops: float | None,
     profile_path: Path | None = None,
+    notebook_steps: bool = False,
 ) -> CaseResult:
     import torch
     import transformers
@@ -425,6 +452,11 @@ def run_case(
             mean = sum(capybara_like_lengths(2000, seed=1)) / 2000
             n_rows = math.ceil(epoch_tokens / mean)
         dataset = synthetic_dataset(n_rows, cfg["vocab_size"], seed=0)
+        step_rows = (
+            notebook_step_rows(kind, [len(x) for x in dataset["input_ids"]])
+            if notebook_steps and kind.startswith("kubetune")
+            else None
+        )
         plan_info: dict[str, Any] = {}
         packing_check = None
 
@@ -479,7 +511,9 @@ def run_case(
             data_dir = tmp / "data"
             data_dir.mkdir()
             dataset.to_json(str(data_dir / "train.jsonl"))
-            tcfg = _kubetune_config(kind, str(tmp / "model"), str(data_dir), total_steps, str(tmp / "out"))
+            tcfg = _kubetune_config(
+                kind, str(tmp / "model"), str(data_dir), total_steps, str(tmp / "out"), step_rows=step_rows
+            )
             if epoch_tokens:
                 tcfg.spec.training.max_steps, tcfg.spec.training.epochs = None, 1
             if compile_model:
@@ -553,6 +587,8 @@ def run_case(
             label += f" ({plan_info.get('sharding')}, forced)"
         if no_compile and kind.startswith("kubetune"):
             label += " (no compile)"
+        if step_rows:
+            label += f" (notebook's step: {step_rows} rows)"
         fp8 = str(plan_info.get("fp8", "off"))
         if fp8 != "off":
             label += f" (fp8 {fp8})"
@@ -584,6 +620,7 @@ def run_case(
             compiled_graphs=_compiled_graphs(),
             **_compile_diagnostics(),
             epoch_training_seconds=round(train_seconds, 1) if epoch_tokens else None,
+            notebook_step_rows=step_rows,
             versions={
                 "torch": torch.__version__,
                 "transformers": transformers.__version__,
@@ -735,6 +772,7 @@ def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and not r.get("epoch_training_seconds")
             and not r.get("memory_cap_gib")
             and r.get("fp8", "off") == "off"
+            and not r.get("notebook_step_rows")
         )
 
     rows = []
@@ -769,8 +807,8 @@ def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| case | GPUs | tokens/s | step s | peak GiB (per GPU) | MFU | vs notebook | memory vs notebook "
-        "| vs 1 GPU |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| case | GPUs | tokens/s | tokens a step | step s | peak GiB (per GPU) | MFU | vs notebook "
+        "| memory vs notebook | vs 1 GPU |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]
 
@@ -781,8 +819,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
         mem = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") is not None else "n/a"
         cap = f" (cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else ""
+        per_step = f"{r['tokens'] / r['steps_measured']:,.0f}" if r.get("steps_measured") else "n/a"
         lines.append(
-            f"| {r['case']}{cap} | {r.get('gpus', 1)} | {r['tokens_per_second']:,.0f} | {r['step_seconds']:.3f} "
+            f"| {r['case']}{cap} | {r.get('gpus', 1)} | {r['tokens_per_second']:,.0f} | {per_step} "
+            f"| {r['step_seconds']:.3f} "
             f"| {mem} | {mfu} | {ratio(r.get('speedup'))} | {ratio(r.get('memory_ratio'))} "
             f"| {ratio(r.get('scaling'))} |"
         )
@@ -835,6 +875,7 @@ class Job:
     epoch_tokens: int | None = None
     sharding: str | None = None  # forced (KUBETUNE_SHARDING) instead of the plan's choice
     fp8: bool = False  # KUBETUNE_FP8=tensorwise (opt-in float8 products)
+    notebook_steps: bool = False  # the notebook's tokens an optimizer step (notebook_step_rows)
 
     @property
     def stem(self) -> str:
@@ -843,6 +884,7 @@ class Job:
         name += f"_x{self.gpus}" if self.gpus > 1 else ""
         name += f"_{self.sharding}" if self.sharding else ""
         name += "_fp8" if self.fp8 else ""
+        name += "_nbsteps" if self.notebook_steps else ""
         return name + ("_epoch" if self.epoch_tokens else "")
 
 
@@ -862,6 +904,8 @@ def _command(job: Job, target: Path, *, warmup: int, steps: int, rows: int, extr
         one += ["--memory-cap-gib", str(job.cap)]
     if job.epoch_tokens:
         one += ["--epoch-tokens", str(job.epoch_tokens)]
+    if job.notebook_steps:
+        one += ["--notebook-steps"]
     if job.gpus == 1:
         return [sys.executable, "-m", "kubetune_trainer.bench", *one]
     # exactly as a PyTorchJob pod starts the trainer: the launcher (torchrun in process)
@@ -1010,6 +1054,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--memory-cap-gib, capped too)",
     )
     p.add_argument(
+        "--notebook-steps",
+        action="store_true",
+        help="also run each kubetune case (one GPU) with its notebook's tokens an optimizer step: as many "
+        "packed rows as the notebook's unpacked sequences fill (the examples' batch counts packed rows)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="write <case>.profile.txt per case (and rank): torch.profiler over the measured steps",
@@ -1042,6 +1092,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             )
             if args.profile
             else None,
+            notebook_steps=args.notebook_steps,
         )
         if int(os.environ.get("RANK", "0")) == 0:
             args.json.write_text(json.dumps(asdict(result), indent=2))
@@ -1070,6 +1121,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.fp8:
         jobs += [Job(c, fp8=True) for c in full if 1 in counts]
         jobs += [Job(c, cap=args.memory_cap_gib, fp8=True) for c in full if args.memory_cap_gib]
+    if args.notebook_steps:
+        jobs += [Job(c, notebook_steps=True) for c in kubetune if 1 in counts]
     if args.epoch_tokens:
         jobs += [Job(c, epoch_tokens=args.epoch_tokens) for c in kubetune if CASES[c][1] == "kubetune-lora"]
     results = run_all(

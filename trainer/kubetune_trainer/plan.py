@@ -264,10 +264,11 @@ def make_plan(
         attn = "sdpa"
         reasons["packing"] = "off as asked: padded batches"
 
-    # Micro-batch and accumulation. An optimizer step keeps the sequences the spec asks for
-    # (batchSize x gradientAccumulationSteps per GPU, each up to maxLength tokens). With packing on
-    # a GPU the plan regroups them into as few micro-steps as memory allows without recomputation:
-    # big micro-steps keep the GPU busy, and the optimizer still sees the same tokens per step.
+    # Micro-batch and accumulation. An optimizer step keeps the rows the spec asks for
+    # (batchSize x gradientAccumulationSteps per GPU, each up to maxLength tokens: with packing a
+    # row holds one or more whole sequences, as in TRL). With packing on a GPU the plan regroups
+    # them into as few micro-steps as memory allows without recomputation: big micro-steps keep the
+    # GPU busy, and the optimizer still sees the same rows per step.
     toggle = str(training.gradient_checkpointing)
     # fp32 weights: fp32 runs, and fp16 mixed precision of a full fine-tune (fp32 master weights)
     param_bytes = 4 if precision == "fp32" or (precision == "fp16" and not lora) else 2
@@ -306,7 +307,7 @@ def make_plan(
             reasons["batch"] = (
                 f"memory plan: {batch} packed rows of {training.max_length} tokens x {accumulation} micro-steps "
                 f"(= batchSize {training.batch_size} x gradientAccumulationSteps "
-                f"{training.gradient_accumulation_steps} sequences per step) in a {budget / 2**30:.0f} GiB budget"
+                f"{training.gradient_accumulation_steps} packed rows per step) in a {budget / 2**30:.0f} GiB budget"
             )
     tokens = batch * training.max_length
 
