@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from kubetune_api import spec as api
 
 from . import builders, state
-from .children import ensure, sync_config, sync_suspend
+from .children import ensure, is_ours, sync_config, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
 
@@ -87,10 +87,14 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         previous = api.FineTuneJobStatus.model_validate(raw_status)
     except ValidationError:
         previous = api.FineTuneJobStatus(phase=raw_status.get("phase"))
-    if previous.phase == api.Phase.SUCCEEDED.value:
-        return _follow_alias(ctx, obj, previous, generation)
     retry = None
-    if previous.phase in state.FINAL_PHASES:
+    if previous.phase == api.Phase.SUCCEEDED.value:
+        retry = _registration_turned_on(ctx, obj, previous)
+        if retry is None:
+            return _follow_alias(ctx, obj, previous, generation)
+        # trained with registration off, now turned on: register the trained model
+        previous = previous.model_copy(update={"phase": api.Phase.REGISTERING.value})
+    elif previous.phase in state.FINAL_PHASES:
         retry = _registration_retry(ctx, obj, previous)
         if retry is None:
             return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
@@ -151,6 +155,13 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
                 created.append(manifest)
             children["registrationJob"] = builders.registration_job_name(job)
             registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
+    elif conflict is None and training.condition == "Succeeded":
+        # registration turned off after its Job was created: that Job still registers the model, so
+        # it is followed to its end and reported (turning it off only stops one not yet created)
+        live = ctx.kube.get("batch/v1", "Job", ns, builders.registration_job_name(job))
+        if live is not None and is_ours(live, job):
+            children["registrationJob"] = builders.registration_job_name(job)
+            registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
 
     obs = state.Observation(
         generation=generation,
@@ -178,6 +189,15 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
                 state.REGISTRATION_RETRIED,
                 f"registration Job {builders.registration_job_name(job)} was deleted after it failed: "
                 "registering the trained model again",
+            ),
+        )
+    if retry == "enabled":
+        transition.events.insert(
+            0,
+            state.Event(
+                "Normal",
+                state.REGISTRATION_ENABLED,
+                "spec.registration.enabled was turned on after training: registering the trained model",
             ),
         )
     for manifest in created:
@@ -249,14 +269,37 @@ def _follow_alias(
     return Outcome(phase=done.phase, waiting=transition.waiting)
 
 
+def _trained(ctx: Context, job: api.FineTuneJob) -> bool:
+    """Whether the job's PyTorchJob is there and Succeeded: a pass that registers never trains again
+    (with the PyTorchJob gone, it would create one)."""
+    trained = ctx.kube.get(
+        "kubeflow.org/v1", "PyTorchJob", job.metadata.namespace, builders.pytorchjob_name(job)
+    )
+    return state.training_observation(trained).condition == "Succeeded"
+
+
+def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+    """``enabled``: the job succeeded with registration off and ``registration.enabled`` is now
+    true, with its PyTorchJob still there and Succeeded; the pass registers. None otherwise."""
+    if not state.finished_without_registration(previous):
+        return None
+    try:
+        job = api.parse_job(obj)
+    except ValidationError:
+        return None
+    return "enabled" if job.spec.registration.enabled and _trained(ctx, job) else None
+
+
 def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
     """Whether a job that failed in registration is being registered again, and how.
 
     ``deleted``: the failed registration Job is gone (the user deleted it, as the status says to):
     the pass creates it again. ``running``: a registration Job exists that has not failed (created
     by an earlier retry whose status write lost a race, or by an operator before a restart): the
-    pass follows it. None: the job stays as it is (not a registration failure, its Job is still the
-    failed one, or its PyTorchJob is gone or not Succeeded: a retry never trains again).
+    pass follows it. ``disabled``: the failed Job is gone and ``registration.enabled`` is now false:
+    the pass finds training finished with registration off (Succeeded, nothing registered). None:
+    the job stays as it is (not a registration failure, its Job is still the failed one, or its
+    PyTorchJob is gone or not Succeeded: a retry never trains again).
     """
     if not state.failed_in_registration(previous):
         return None
@@ -264,19 +307,13 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
         job = api.parse_job(obj)
     except ValidationError:
         return None
-    if not job.spec.registration.enabled:
-        return None
-    # only a registration again: with its PyTorchJob gone, the pass would create that and train anew
-    trained = ctx.kube.get(
-        "kubeflow.org/v1", "PyTorchJob", job.metadata.namespace, builders.pytorchjob_name(job)
-    )
-    if state.training_observation(trained).condition != "Succeeded":
+    if not _trained(ctx, job):
         return None
     live = ctx.kube.get("batch/v1", "Job", job.metadata.namespace, builders.registration_job_name(job))
     if live is None:
-        return "deleted"
-    if (live.get("metadata") or {}).get("deletionTimestamp"):
-        return None  # still going: its deletion is the next event
+        return "deleted" if job.spec.registration.enabled else "disabled"
+    if (live.get("metadata") or {}).get("deletionTimestamp") or not job.spec.registration.enabled:
+        return None  # still going: its deletion is the next event (off: the failed Job stays the answer)
     observed = state.registration_observation(live, [], builders.REGISTER_CONTAINER)
     return None if observed.state == "Failed" else "running"
 

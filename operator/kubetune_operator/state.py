@@ -79,6 +79,7 @@ RESUMED = "Resumed"
 FAILED = "Failed"
 
 REGISTRATION_RETRIED = "RegistrationRetried"
+REGISTRATION_ENABLED = "RegistrationEnabled"
 
 FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 
@@ -94,6 +95,14 @@ def failed_in_registration(status: FineTuneJobStatus) -> bool:
         return False
     ready = next((c for c in status.conditions or [] if c.type == READY), None)
     return ready is not None and ready.reason == REGISTRATION_FAILED
+
+
+def finished_without_registration(status: FineTuneJobStatus) -> bool:
+    """Succeeded with registration off: turning ``registration.enabled`` on registers the model."""
+    if status.phase != Phase.SUCCEEDED.value or status.registered_model is not None:
+        return False
+    registered = next((c for c in status.conditions or [] if c.type == REGISTERED), None)
+    return registered is not None and registered.reason == REGISTRATION_DISABLED
 
 
 # PyTorchJob condition types, most decisive first: the first one that is True wins.
@@ -358,16 +367,25 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
 
     if tr.condition == "Succeeded":
         out["training"] = (False, TRAINING_SUCCEEDED, tr.message or "training finished")
-        if not obs.registration_enabled:
+        if not obs.registration_enabled and not reg.exists:
             out["registered"] = (False, REGISTRATION_DISABLED, "spec.registration.enabled is false")
             out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
             return Phase.SUCCEEDED.value, out
+        delete = f"kubectl delete job -n {obs.namespace} {obs.registration_job_name}"
+        if reg.state == "Failed" and not obs.registration_enabled:
+            msg = (
+                f"registration Job {obs.registration_job_name} failed: {reg.message}. spec.registration.enabled "
+                f"is now false: delete the Job ({delete}) to finish without registering; the trained model "
+                "stays on the checkpoint volume."
+            )
+            out["registered"] = (False, REGISTRATION_FAILED, msg)
+            out["ready"] = (False, REGISTRATION_FAILED, msg)
+            return Phase.FAILED.value, out
         if reg.state == "Failed":
             msg = (
                 f"registration Job {obs.registration_job_name} failed: {reg.message}. Check the MLflow "
                 "tracking URI and credentials (spec.registration, spec.secrets), then delete the Job "
-                f"(kubectl delete job -n {obs.namespace} {obs.registration_job_name}) to retry; "
-                "the trained model stays on the checkpoint volume."
+                f"({delete}) to retry; the trained model stays on the checkpoint volume."
             )
             out["registered"] = (False, REGISTRATION_FAILED, msg)
             out["ready"] = (False, REGISTRATION_FAILED, msg)
@@ -386,7 +404,12 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
             out["registered"] = (
                 False,
                 REGISTRATION_RUNNING,
-                f"registration Job {obs.registration_job_name} is running",
+                f"registration Job {obs.registration_job_name} is running"
+                + (
+                    ""
+                    if obs.registration_enabled
+                    else " (spec.registration.enabled was turned off after it was created: it runs to its end)"
+                ),
             )
         else:
             out["registered"] = (False, REGISTRATION_PENDING, "creating the registration Job")

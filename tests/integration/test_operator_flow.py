@@ -306,6 +306,84 @@ def test_failed_registration_and_its_retry(
     assert condition(obj, "Ready")["status"] == "True" and obj["status"].get("completionTime")
 
 
+def test_registration_turned_off_while_its_job_runs(
+    kube: Any, namespace: str, operator: Any, control_plane: Any
+) -> None:
+    name = _start(kube, namespace)
+    ptj, reg = f"{name}-train", f"{name}-register"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
+    wait_phase(kube, namespace, name, "Registering")
+    # Turned off while the Job runs: the Job still registers, so the job must not claim to be done.
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": False}}})
+    obj = wait_for(
+        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == 2 and o,
+        what="the change observed",
+    )
+    assert obj["status"]["phase"] == "Registering"
+    assert "turned off after it was created" in condition(obj, "Registered")["message"]
+    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
+
+
+def test_registration_turned_off_then_failed_finishes_without_registering(
+    kube: Any, namespace: str, operator: Any, control_plane: Any
+) -> None:
+    name = _start(kube, namespace)
+    ptj, reg = f"{name}-train", f"{name}-register"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": False}}})
+    wait_for(
+        lambda: get_job(kube, namespace, name)["status"].get("observedGeneration") == 2,
+        what="the change observed",
+    )
+    finish_registration_job(kube, namespace, reg, exit_code=1, message="MlflowException: 401 Unauthorized")
+    obj = wait_phase(kube, namespace, name, "Failed")
+    assert "to finish without registering" in condition(obj, "Ready")["message"]
+    # the remedy: delete the failed Job; with registration off nothing is registered or retried
+    control_plane.kubectl("delete", "job", "-n", namespace, reg, "--wait=false")
+    control_plane.kubectl("delete", "pod", "-n", namespace, f"{reg}-abcde", "--wait=false")
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert condition(obj, "Registered")["reason"] == "RegistrationDisabled"
+    assert "registeredModel" not in obj["status"] and obj["status"].get("completionTime")
+    assert kube.get("batch/v1", "Job", namespace, reg) is None
+    assert not [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationRetried"]
+
+
+def test_registration_turned_on_after_training_without_it(kube: Any, namespace: str, operator: Any) -> None:
+    name = _start(kube, namespace)
+    ptj, reg = f"{name}-train", f"{name}-register"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": False}}})
+    wait_for(
+        lambda: get_job(kube, namespace, name)["status"].get("observedGeneration") == 2,
+        what="the change observed",
+    )
+    training_uid = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"]
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert condition(obj, "Registered")["reason"] == "RegistrationDisabled"
+    assert kube.get("batch/v1", "Job", namespace, reg) is None
+    # turned on later: the trained model is registered, without training again
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": True}}})
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
+    obj = wait_phase(kube, namespace, name, "Registering")
+    assert "completionTime" not in obj["status"]
+    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"] == training_uid
+    wait_for(
+        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationEnabled"],
+        what="a RegistrationEnabled event",
+    )
+    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
+    assert obj["status"].get("completionTime")
+
+
 def test_suspend_and_resume(kube: Any, namespace: str, operator: Any) -> None:
     name = _start(kube, namespace)
     ptj = f"{name}-train"

@@ -163,6 +163,23 @@ def test_registration_disabled_succeeds_after_training() -> None:
     assert "registeredModel" not in t.status
 
 
+def test_registration_turned_off_after_its_job_was_created_is_followed_to_its_end() -> None:
+    off = {"training": training("Succeeded"), "registration_enabled": False}
+    running = state.advance(
+        None, obs(registration=RegistrationObservation(exists=True, state="Running"), **off)
+    )
+    assert running.phase == "Registering"
+    assert "turned off after it was created" in cond(running, "Registered")["message"]
+    result = {"name": "m", "version": "3", "source": "runs:/r/model", "runId": "r"}
+    done = RegistrationObservation(exists=True, state="Complete", result=result)
+    t = state.advance(None, obs(registration=done, **off))
+    assert t.phase == "Succeeded" and t.status["registeredModel"]["version"] == "3"
+    failed = RegistrationObservation(exists=True, state="Failed", message="401")
+    t = state.advance(None, obs(registration=failed, **off))
+    assert t.phase == "Failed"
+    assert "to finish without registering" in cond(t, "Ready")["message"]
+
+
 def test_complete_without_result_waits() -> None:
     done = RegistrationObservation(exists=True, state="Complete", result=None)
     t = state.advance(None, obs(training=training("Succeeded"), registration=done))

@@ -169,3 +169,47 @@ def test_a_failed_registration_is_retried_once_its_job_is_deleted() -> None:
     assert _registration_retry(ctx, obj, failed) is None  # still the failed one: stays Failed
     kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     assert _registration_retry(ctx, obj, failed) is None  # being deleted: its deletion is the next event
+    del kube.objects[("Job", reg)]
+    obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
+    # turned off, the failed Job deleted: the job finishes without registering (no new Job)
+    assert _registration_retry(ctx, obj, failed) == "disabled"
+
+
+def test_registration_turned_on_after_a_run_without_it() -> None:
+    import yaml
+
+    from kubetune_api.spec import FineTuneJobStatus
+    from kubetune_operator.reconcile import Context, _registration_turned_on
+
+    obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
+    obj["metadata"].update(uid=UID, namespace="ml")
+    kube = MemoryKube()
+    ctx = Context(kube=kube, settings=Settings(), emit=lambda *_: None)  # type: ignore[arg-type]
+    ptj = f"{obj['metadata']['name']}-train"
+
+    def succeeded(reason: str, model: bool = False) -> Any:
+        status: dict[str, Any] = {
+            "phase": "Succeeded",
+            "conditions": [
+                {
+                    "type": "Registered",
+                    "status": str(reason == "ModelRegistered"),
+                    "reason": reason,
+                    "lastTransitionTime": "2026-12-01T00:00:00Z",
+                }
+            ],
+        }
+        if model:
+            status["registeredModel"] = {"name": "m", "version": "1", "uri": "models:/m/1"}
+        return FineTuneJobStatus.model_validate(status)
+
+    off = succeeded("RegistrationDisabled")
+    assert _registration_turned_on(ctx, obj, off) is None  # no PyTorchJob: registering would train again
+    kube.objects[("PyTorchJob", ptj)] = {
+        "metadata": {"name": ptj},
+        "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
+    }
+    assert _registration_turned_on(ctx, obj, off) == "enabled"
+    assert _registration_turned_on(ctx, obj, succeeded("ModelRegistered", model=True)) is None
+    obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
+    assert _registration_turned_on(ctx, obj, off) is None  # still off
