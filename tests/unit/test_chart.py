@@ -130,6 +130,7 @@ def test_helm_template_renders_the_expected_objects(values: str) -> None:
         ["--set", "mlflow.server.persistence.size=lots"],
         ["--set", "operator.watchNamespaces[0]=Not_A_Namespace"],
         ["--set", "mlflow.trackingUri=mlflow.example.com"],
+        ["--set", "mlflow.trackingUri=https://user:secret@mlflow.example.com"],
     ],
     ids=lambda a: a[1],
 )
