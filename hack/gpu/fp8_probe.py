@@ -184,14 +184,16 @@ def learnable_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     )
 
 
-def curve(variant: str) -> dict[str, Any]:
-    """bf16 or fp8 (the trainer's own apply_fp8 and compile_layers): the loss of each of
-    CURVE_STEPS optimizer steps from the same initial weights on the same batches."""
+def curve_model(variant: str, lr: float, warmup: int, **overrides: Any) -> tuple[Any, int, Any, Any]:
+    """A Qwen3-4B-shaped model (``overrides``: its config's changes) from fixed initial weights,
+    bf16 or float8 (the trainer's own apply_fp8 and compile_layers), with fused AdamW and a linear
+    warm-up: (model, linear layers converted, optimizer, schedule)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     varlen.register()
     torch._dynamo.reset()
-    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], num_hidden_layers=CURVE_LAYERS, vocab_size=CURVE_VOCAB)
+    torch.cuda.reset_peak_memory_stats()  # each variant's own peak (the runs share one process)
+    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], **overrides)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(
@@ -200,8 +202,17 @@ def curve(variant: str) -> dict[str, Any]:
     model.config.use_cache = False
     converted = fast.apply_fp8(model, "tensorwise") if variant == "fp8" else 0
     fast.compile_layers(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    return model, converted, optimizer, schedule
+
+
+def curve(variant: str) -> dict[str, Any]:
+    """bf16 or fp8 (the trainer's own apply_fp8 and compile_layers): the loss of each of
+    CURVE_STEPS optimizer steps from the same initial weights on the same batches."""
+    model, converted, optimizer, schedule = curve_model(
+        variant, 3e-4, 20, num_hidden_layers=CURVE_LAYERS, vocab_size=CURVE_VOCAB
+    )
     losses = []
     for step in range(CURVE_STEPS):
         ids, pos = learnable_batch(step)
@@ -281,21 +292,7 @@ def text_curve(variant: str, train: list[Any], held: list[Any]) -> dict[str, Any
     """The whole Qwen3-4B depth (vocabulary cut to TEXT_VOCAB for the bytes), bf16 or float8 (the
     trainer's own apply_fp8 and compile_layers), TEXT_STEPS AdamW steps on real text from the same
     initial weights and batches; training loss per step, held-out loss every TEXT_EVAL_EVERY."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    varlen.register()
-    torch._dynamo.reset()
-    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], vocab_size=TEXT_VOCAB)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(
-            AutoConfig.for_model(**cfg), dtype=torch.bfloat16, attn_implementation=varlen.NAME
-        )
-    model.config.use_cache = False
-    converted = fast.apply_fp8(model, "tensorwise") if variant == "fp8" else 0
-    fast.compile_layers(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=TEXT_LR, weight_decay=0.01, fused=True)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 30))
+    model, converted, optimizer, schedule = curve_model(variant, TEXT_LR, 30, vocab_size=TEXT_VOCAB)
 
     def loss_of(batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         ids, labels, pos = (x.cuda(non_blocking=True) for x in batch)

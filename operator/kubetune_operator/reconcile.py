@@ -239,7 +239,7 @@ def _follow_alias(
             "batch/v1", "Job", job.metadata.namespace, _selector(job, builders.COMPONENT_ALIAS)
         )
         if j["metadata"]["name"] != mine
-        and state.registration_observation(j, [], "").state not in ("Complete", "Failed")
+        and state.registration_observation(j, [], "").state not in state.JOB_ENDED
     ]
     if earlier:
         pending = state.RegistrationObservation(True, "Running")
@@ -315,7 +315,8 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
     if (live.get("metadata") or {}).get("deletionTimestamp") or not job.spec.registration.enabled:
         return None  # still going: its deletion is the next event (off: the failed Job stays the answer)
     observed = state.registration_observation(live, [], builders.REGISTER_CONTAINER)
-    return None if observed.state == "Failed" else "running"
+    # the failed Job (or one that ended without registering) is still the answer: stays Failed
+    return None if observed.state in ("Failed", "Skipped") else "running"
 
 
 def _observed(ctx: Context, obj: dict[str, Any], outcome: Outcome, generation: int) -> Outcome:

@@ -122,12 +122,17 @@ class TrainingObservation:
     message: str = ""
 
 
+# the states in which a registration or alias Job has ended
+JOB_ENDED = ("Complete", "Skipped", "Failed")
+
+
 @dataclass(frozen=True)
 class RegistrationObservation:
     """What the registration Job (and its pod's termination message) says."""
 
     exists: bool = False
-    state: Literal["Running", "Complete", "Failed"] | None = None
+    # Skipped: Complete, but the pod read registration.enabled false (turned off while it ran)
+    state: Literal["Running", "Complete", "Skipped", "Failed"] | None = None
     message: str = ""
     result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
 
@@ -198,7 +203,7 @@ def registration_observation(
         return RegistrationObservation()
     uid = (job.get("metadata") or {}).get("uid")
     own_pods = [p for p in pods if _owned_by(p, uid)]
-    result, failure_tail = _termination_messages(own_pods, container)
+    result, failure_tail, skipped = _termination_messages(own_pods, container)
     conditions = {
         c.get("type"): c
         for c in (job.get("status") or {}).get("conditions") or []
@@ -211,6 +216,8 @@ def registration_observation(
             text += f"; last output: {failure_tail}"
         return RegistrationObservation(True, "Failed", text)
     if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+        if result is None and skipped:
+            return RegistrationObservation(True, "Skipped", "its pod read registration.enabled: false")
         return RegistrationObservation(True, "Complete", "", result)
     return RegistrationObservation(True, "Running")
 
@@ -220,9 +227,13 @@ def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:
     return uid is not None and any(r.get("uid") == uid for r in refs)
 
 
-def _termination_messages(pods: list[dict[str, Any]], container: str) -> tuple[dict[str, Any] | None, str]:
+def _termination_messages(
+    pods: list[dict[str, Any]], container: str
+) -> tuple[dict[str, Any] | None, str, bool]:
+    """The successful pod's result, the last failure's text, and whether a pod skipped registering."""
     result: dict[str, Any] | None = None
     failure = ""
+    skipped = False
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             if cs.get("name") != container:
@@ -235,9 +246,10 @@ def _termination_messages(pods: list[dict[str, Any]], container: str) -> tuple[d
                 parsed = parse_registration_result(message)
                 if parsed is not None:
                     result = parsed
+                skipped = skipped or '"skipped"' in message
             elif message:
                 failure = _failure_text(message)
-    return result, failure
+    return result, failure, skipped
 
 
 def _failure_text(message: str) -> str:
@@ -372,6 +384,20 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
             out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
             return Phase.SUCCEEDED.value, out
         delete = f"kubectl delete job -n {obs.namespace} {obs.registration_job_name}"
+        if reg.state == "Skipped" and not obs.registration_enabled:
+            msg = f"registration Job {obs.registration_job_name} ended without registering: spec.registration.enabled is false"
+            out["registered"] = (False, REGISTRATION_DISABLED, msg)
+            out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
+            return Phase.SUCCEEDED.value, out
+        if reg.state == "Skipped":
+            msg = (
+                f"registration Job {obs.registration_job_name} ended without registering: its pod read "
+                "registration.enabled false (turned off, then on again, while it ran). Delete the Job "
+                f"({delete}) to register; the trained model stays on the checkpoint volume."
+            )
+            out["registered"] = (False, REGISTRATION_FAILED, msg)
+            out["ready"] = (False, REGISTRATION_FAILED, msg)
+            return Phase.FAILED.value, out
         if reg.state == "Failed" and not obs.registration_enabled:
             msg = (
                 f"registration Job {obs.registration_job_name} failed: {reg.message}. spec.registration.enabled "
@@ -558,7 +584,7 @@ def alias_transition(
         text = f"alias {moved!r} points at {target}" if moved else f"{target} has no kubetune alias now"
         decided = (True, ALIAS_MOVED, text)
         kind: Literal["Normal", "Warning"] = "Normal"
-    elif job.state == "Failed":
+    elif job.state in ("Failed", "Skipped"):
         decided = (False, ALIAS_FAILED, f"moving the alias to {wanted!r} failed: {job.message}")
         kind = "Warning"
     else:
@@ -574,5 +600,5 @@ def alias_transition(
     events = (
         [] if before is not None and before.reason == decided[1] else [Event(kind, decided[1], decided[2])]
     )
-    waiting = job.state not in ("Complete", "Failed")
+    waiting = job.state not in JOB_ENDED
     return Transition(status=status, events=events, phase=str(previous.phase), waiting=waiting)

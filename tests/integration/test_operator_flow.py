@@ -99,6 +99,25 @@ def test_pending_training_registering_succeeded(kube: Any, namespace: str, opera
     assert {"Created", "TrainingStarted", "RegistrationStarted", "Succeeded"} <= reasons
 
 
+def _trained(kube: Any, namespace: str, name: str) -> tuple[str, str]:
+    """Training Succeeded and the registration Job created: (PyTorchJob name, registration Job name)."""
+    ptj, reg = f"{name}-train", f"{name}-register"
+    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
+    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
+    return ptj, reg
+
+
+def _set_registration(kube: Any, namespace: str, name: str, enabled: bool) -> dict[str, Any]:
+    """spec.registration.enabled changed, and the change observed; the FineTuneJob then."""
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": enabled}}})
+    generation = get_job(kube, namespace, name)["metadata"]["generation"]
+    return wait_for(
+        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == generation and o,
+        what="the change observed",
+    )
+
+
 def _succeed(kube: Any, namespace: str, name: str) -> dict[str, Any]:
     ptj = f"{name}-train"
     wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
@@ -260,10 +279,7 @@ def test_failed_registration_and_its_retry(
     kube: Any, namespace: str, operator: Any, control_plane: Any
 ) -> None:
     name = _start(kube, namespace)
-    ptj = f"{name}-train"
-    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
-    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
-    wait_for(lambda: kube.get("batch/v1", "Job", namespace, f"{name}-register"), what="the registration Job")
+    ptj, _ = _trained(kube, namespace, name)
     finish_registration_job(
         kube,
         namespace,
@@ -310,17 +326,10 @@ def test_registration_turned_off_while_its_job_runs(
     kube: Any, namespace: str, operator: Any, control_plane: Any
 ) -> None:
     name = _start(kube, namespace)
-    ptj, reg = f"{name}-train", f"{name}-register"
-    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
-    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
-    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
+    _, reg = _trained(kube, namespace, name)
     wait_phase(kube, namespace, name, "Registering")
     # Turned off while the Job runs: the Job still registers, so the job must not claim to be done.
-    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": False}}})
-    obj = wait_for(
-        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == 2 and o,
-        what="the change observed",
-    )
+    obj = _set_registration(kube, namespace, name, enabled=False)
     assert obj["status"]["phase"] == "Registering"
     assert "turned off after it was created" in condition(obj, "Registered")["message"]
     finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
@@ -328,19 +337,26 @@ def test_registration_turned_off_while_its_job_runs(
     assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
 
 
+def test_registration_turned_off_and_its_pod_skips(kube: Any, namespace: str, operator: Any) -> None:
+    name = _start(kube, namespace)
+    _, reg = _trained(kube, namespace, name)
+    _set_registration(kube, namespace, name, enabled=False)
+    # the pod read the updated trainer config: it ends without registering, and says so
+    finish_registration_job(
+        kube, namespace, reg, message=json.dumps({"skipped": "registration.enabled is false"})
+    )
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert condition(obj, "Registered")["reason"] == "RegistrationDisabled"
+    assert "ended without registering" in condition(obj, "Registered")["message"]
+    assert "registeredModel" not in obj["status"]
+
+
 def test_registration_turned_off_then_failed_finishes_without_registering(
     kube: Any, namespace: str, operator: Any, control_plane: Any
 ) -> None:
     name = _start(kube, namespace)
-    ptj, reg = f"{name}-train", f"{name}-register"
-    wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
-    set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
-    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
-    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": False}}})
-    wait_for(
-        lambda: get_job(kube, namespace, name)["status"].get("observedGeneration") == 2,
-        what="the change observed",
-    )
+    _, reg = _trained(kube, namespace, name)
+    _set_registration(kube, namespace, name, enabled=False)
     finish_registration_job(kube, namespace, reg, exit_code=1, message="MlflowException: 401 Unauthorized")
     obj = wait_phase(kube, namespace, name, "Failed")
     assert "to finish without registering" in condition(obj, "Ready")["message"]
@@ -351,25 +367,27 @@ def test_registration_turned_off_then_failed_finishes_without_registering(
     assert condition(obj, "Registered")["reason"] == "RegistrationDisabled"
     assert "registeredModel" not in obj["status"] and obj["status"].get("completionTime")
     assert kube.get("batch/v1", "Job", namespace, reg) is None
-    assert not [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationRetried"]
+    # the pass's events go out in order after its status write: once its Succeeded event is there,
+    # a RegistrationRetried of the same pass would be too
+    reasons = wait_for(
+        lambda: (r := [e["reason"] for e in events_for(kube, namespace, name)]) and "Succeeded" in r and r,
+        what="the Succeeded event",
+    )
+    assert "RegistrationRetried" not in reasons
 
 
 def test_registration_turned_on_after_training_without_it(kube: Any, namespace: str, operator: Any) -> None:
     name = _start(kube, namespace)
     ptj, reg = f"{name}-train", f"{name}-register"
     wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
-    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": False}}})
-    wait_for(
-        lambda: get_job(kube, namespace, name)["status"].get("observedGeneration") == 2,
-        what="the change observed",
-    )
+    _set_registration(kube, namespace, name, enabled=False)
     training_uid = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"]
     set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
     obj = wait_phase(kube, namespace, name, "Succeeded")
     assert condition(obj, "Registered")["reason"] == "RegistrationDisabled"
     assert kube.get("batch/v1", "Job", namespace, reg) is None
     # turned on later: the trained model is registered, without training again
-    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": True}}})
+    _set_registration(kube, namespace, name, enabled=True)
     wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
     obj = wait_phase(kube, namespace, name, "Registering")
     assert "completionTime" not in obj["status"]

@@ -289,8 +289,11 @@ def test_an_unreadable_config_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
 def test_disabled_registration_does_nothing(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, "http://127.0.0.1:9", enabled=False)
     config = write_config(tmp_path, cfg, complete=False)
-    assert register.main(["--config", str(config)]) == 0
+    term = tmp_path / "termination-log"
+    assert register.main(["--config", str(config), "--termination-message-path", str(term)]) == 0
     assert not (Path(cfg.output_dir) / "register-result.json").exists()
+    # the operator tells this from a registration (registration turned off while its Job ran)
+    assert json.loads(term.read_text()) == {"skipped": "registration.enabled is false"}
 
 
 # --- through MLflow's client, against a stub server --------------------------------------------------------

@@ -290,6 +290,21 @@ def test_registration_failure_message_carries_the_log_tail() -> None:
     assert state.registration_observation(None, [], "register") == RegistrationObservation()
 
 
+def test_a_registration_job_whose_pod_skipped() -> None:
+    pods = [_pod("job-uid", 0, json.dumps({"skipped": "registration.enabled is false"}))]
+    o = state.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
+    assert o.state == "Skipped" and o.result is None
+    done = {"training": training("Succeeded"), "registration": o}
+    t = state.advance(None, obs(registration_enabled=False, **done))
+    assert t.phase == "Succeeded" and "registeredModel" not in t.status
+    assert cond(t, "Registered")["reason"] == state.REGISTRATION_DISABLED
+    assert "ended without registering" in cond(t, "Registered")["message"]
+    # turned on again while that pod ran: nothing is registered, and deleting the Job retries
+    t = state.advance(None, obs(**done))
+    assert t.phase == "Failed" and cond(t, "Ready")["reason"] == state.REGISTRATION_FAILED
+    assert "to register" in cond(t, "Ready")["message"]
+
+
 def test_registration_failure_json_becomes_the_message() -> None:
     message = json.dumps({"error": "MLflow refused: 403 PERMISSION_DENIED", "reason": "MlflowRefused"})
     o = state.registration_observation(_job("Failed"), [_pod("job-uid", 3, message)], "register")

@@ -210,6 +210,8 @@ def test_registration_turned_on_after_a_run_without_it() -> None:
         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
     }
     assert _registration_turned_on(ctx, obj, off) == "enabled"
-    assert _registration_turned_on(ctx, obj, succeeded("ModelRegistered", model=True)) is None
+    # registered already: a model in the status, or a Registered condition that is not "disabled"
+    assert _registration_turned_on(ctx, obj, succeeded("RegistrationDisabled", model=True)) is None
+    assert _registration_turned_on(ctx, obj, succeeded("ModelRegistered")) is None
     obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
     assert _registration_turned_on(ctx, obj, off) is None  # still off

@@ -807,7 +807,7 @@ def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| case | GPUs | tokens/s | tokens a step | step s | peak GiB (per GPU) | MFU | vs notebook "
+        "| case | GPUs | tokens/s | tokens a step (all GPUs) | step s | peak GiB (per GPU) | MFU | vs notebook "
         "| memory vs notebook | vs 1 GPU |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]

@@ -598,6 +598,8 @@ def _register(args: argparse.Namespace) -> int:
         )
     if not cfg.spec.registration.enabled:
         log.info("registration is disabled in the spec (registration.enabled: false); nothing to do")
+        # the operator tells a Job that skipped from one that registered (turned off while it ran)
+        write_termination_message({"skipped": "registration.enabled is false"}, term_path)
         return EXIT_OK
     tracking_uri = args.tracking_uri or cfg.tracking_uri or default_tracking_uri(cfg.output_dir)
     configure_mlflow_http()
