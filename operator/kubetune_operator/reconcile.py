@@ -122,7 +122,18 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     if pvc is not None:
         wanted.append(pvc)
     wanted.append(builders.build_config_map(job, settings))
-    wanted.append(builders.build_pytorchjob(job, settings))
+    # Training that the status says succeeded is never started again: a PyTorchJob deleted since (by
+    # hand, or by a TTL) is not created anew while the model registers; training stays Succeeded.
+    finished = None
+    if state.training_succeeded(previous):
+        ptj_name = builders.pytorchjob_name(job)
+        if ctx.kube.get("kubeflow.org/v1", "PyTorchJob", ns, ptj_name) is None:
+            finished = state.TrainingObservation(
+                condition="Succeeded",
+                message=f"training finished (PyTorchJob {ptj_name} has been deleted since)",
+            )
+    if finished is None:
+        wanted.append(builders.build_pytorchjob(job, settings))
     pytorchjob: dict[str, Any] | None = None
     for manifest in wanted:
         result = ensure(ctx.kube, manifest, job)
@@ -140,7 +151,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     children["configMap"] = builders.config_map_name(job)
     children["pytorchJob"] = builders.pytorchjob_name(job)
 
-    training = state.training_observation(pytorchjob)
+    training = finished or state.training_observation(pytorchjob)
     if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
         pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
 
@@ -269,9 +280,12 @@ def _follow_alias(
     return Outcome(phase=done.phase, waiting=transition.waiting)
 
 
-def _trained(ctx: Context, job: api.FineTuneJob) -> bool:
-    """Whether the job's PyTorchJob is there and Succeeded: a pass that registers never trains again
-    (with the PyTorchJob gone, it would create one)."""
+def _trained(ctx: Context, job: api.FineTuneJob, previous: api.FineTuneJobStatus) -> bool:
+    """Whether training finished: the status says so (the pass then never creates the PyTorchJob
+    again, see ``_pass``), or the job's PyTorchJob is there and Succeeded. A pass that registers
+    never trains again."""
+    if state.training_succeeded(previous):
+        return True
     trained = ctx.kube.get(
         "kubeflow.org/v1", "PyTorchJob", job.metadata.namespace, builders.pytorchjob_name(job)
     )
@@ -280,14 +294,14 @@ def _trained(ctx: Context, job: api.FineTuneJob) -> bool:
 
 def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
     """``enabled``: the job succeeded with registration off and ``registration.enabled`` is now
-    true, with its PyTorchJob still there and Succeeded; the pass registers. None otherwise."""
+    true, and training is known to have finished (``_trained``); the pass registers. None otherwise."""
     if not state.finished_without_registration(previous):
         return None
     try:
         job = api.parse_job(obj)
     except ValidationError:
         return None
-    return "enabled" if job.spec.registration.enabled and _trained(ctx, job) else None
+    return "enabled" if job.spec.registration.enabled and _trained(ctx, job, previous) else None
 
 
 def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
@@ -298,8 +312,8 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
     by an earlier retry whose status write lost a race, or by an operator before a restart): the
     pass follows it. ``disabled``: the failed Job is gone and ``registration.enabled`` is now false:
     the pass finds training finished with registration off (Succeeded, nothing registered). None:
-    the job stays as it is (not a registration failure, its Job is still the failed one, or its
-    PyTorchJob is gone or not Succeeded: a retry never trains again).
+    the job stays as it is (not a registration failure, its Job is still the failed one, or
+    training is not known to have finished, ``_trained``: a retry never trains again).
     """
     if not state.failed_in_registration(previous):
         return None
@@ -307,7 +321,7 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
         job = api.parse_job(obj)
     except ValidationError:
         return None
-    if not _trained(ctx, job):
+    if not _trained(ctx, job, previous):
         return None
     live = ctx.kube.get("batch/v1", "Job", job.metadata.namespace, builders.registration_job_name(job))
     if live is None:

@@ -97,6 +97,12 @@ def failed_in_registration(status: FineTuneJobStatus) -> bool:
     return ready is not None and ready.reason == REGISTRATION_FAILED
 
 
+def training_succeeded(status: FineTuneJobStatus) -> bool:
+    """The status says training finished (its Training condition is TrainingSucceeded)."""
+    training = next((c for c in status.conditions or [] if c.type == TRAINING), None)
+    return training is not None and training.reason == TRAINING_SUCCEEDED
+
+
 def finished_without_registration(status: FineTuneJobStatus) -> bool:
     """Succeeded with registration off: turning ``registration.enabled`` on registers the model."""
     if status.phase != Phase.SUCCEEDED.value or status.registered_model is not None:

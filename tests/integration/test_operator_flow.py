@@ -402,6 +402,40 @@ def test_registration_turned_on_after_training_without_it(kube: Any, namespace: 
     assert obj["status"].get("completionTime")
 
 
+def test_a_pytorchjob_deleted_after_it_succeeded_is_not_created_again(
+    kube: Any, namespace: str, operator: Any, control_plane: Any
+) -> None:
+    name = _start(kube, namespace)
+    ptj, reg = _trained(kube, namespace, name)
+    wait_phase(kube, namespace, name, "Registering")
+    # deleted while the model registers (by hand, or by a TTL): training must not start again
+    control_plane.kubectl("delete", "pytorchjob", "-n", namespace, ptj, "--wait=false")
+    wait_for(
+        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj) is None, what="the PyTorchJob gone"
+    )
+    # a pass after the deletion, for sure: a spec change it must observe (a pass creates children
+    # before it writes the status)
+    kube.patch(
+        API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"alias": "candidate"}}}
+    )
+    generation = get_job(kube, namespace, name)["metadata"]["generation"]
+    obj = wait_for(
+        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == generation and o,
+        what="the change observed",
+    )
+    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj) is None
+    assert obj["status"]["phase"] == "Registering"
+    assert condition(obj, "Training")["reason"] == "TrainingSucceeded"
+    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
+    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj) is None
+    created = [
+        e for e in events_for(kube, namespace, name) if e.get("message") == f"created PyTorchJob {ptj}"
+    ]
+    assert sum(int(e.get("count") or 1) for e in created) == 1
+
+
 def test_suspend_and_resume(kube: Any, namespace: str, operator: Any) -> None:
     name = _start(kube, namespace)
     ptj = f"{name}-train"

@@ -15,6 +15,7 @@ from kubetune_operator.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 UID = "11111111-2222-3333-4444-555555555555"
+T0 = "2026-12-01T00:00:00Z"
 
 
 class MemoryKube:
@@ -215,3 +216,30 @@ def test_registration_turned_on_after_a_run_without_it() -> None:
     assert _registration_turned_on(ctx, obj, succeeded("ModelRegistered")) is None
     obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
     assert _registration_turned_on(ctx, obj, off) is None  # still off
+
+
+def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
+    import yaml
+
+    from kubetune_api.spec import FineTuneJobStatus
+    from kubetune_operator.reconcile import Context, _registration_retry, _registration_turned_on
+
+    obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
+    obj["metadata"].update(uid=UID, namespace="ml")
+    ctx = Context(kube=MemoryKube(), settings=Settings(), emit=lambda *_: None)  # type: ignore[arg-type]
+    trained = {"type": "Training", "status": "False", "reason": "TrainingSucceeded", "lastTransitionTime": T0}
+
+    def status(phase: str, condition: dict[str, str]) -> Any:
+        return FineTuneJobStatus.model_validate({"phase": phase, "conditions": [trained, condition]})
+
+    failed = status(
+        "Failed",
+        {"type": "Ready", "status": "False", "reason": "RegistrationFailed", "lastTransitionTime": T0},
+    )
+    off = status(
+        "Succeeded",
+        {"type": "Registered", "status": "False", "reason": "RegistrationDisabled", "lastTransitionTime": T0},
+    )
+    # no PyTorchJob at all (deleted after it succeeded): both still register, since no pass re-creates it
+    assert _registration_retry(ctx, obj, failed) == "deleted"
+    assert _registration_turned_on(ctx, obj, off) == "enabled"
