@@ -385,42 +385,37 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
 
     if tr.condition == "Succeeded":
         out["training"] = (False, TRAINING_SUCCEEDED, tr.message or "training finished")
+        job = f"registration Job {obs.registration_job_name}"
+        delete = f"the Job (kubectl delete job -n {obs.namespace} {obs.registration_job_name})"
+        kept = "the trained model stays on the checkpoint volume."
+        disabled = None  # Succeeded with nothing registered, and why
         if not obs.registration_enabled and not reg.exists:
-            out["registered"] = (False, REGISTRATION_DISABLED, "spec.registration.enabled is false")
+            disabled = "spec.registration.enabled is false"
+        elif reg.state == "Skipped" and not obs.registration_enabled:
+            disabled = f"{job} ended without registering: spec.registration.enabled is false"
+        if disabled is not None:
+            out["registered"] = (False, REGISTRATION_DISABLED, disabled)
             out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
             return Phase.SUCCEEDED.value, out
-        delete = f"kubectl delete job -n {obs.namespace} {obs.registration_job_name}"
-        if reg.state == "Skipped" and not obs.registration_enabled:
-            msg = f"registration Job {obs.registration_job_name} ended without registering: spec.registration.enabled is false"
-            out["registered"] = (False, REGISTRATION_DISABLED, msg)
-            out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
-            return Phase.SUCCEEDED.value, out
+        failed = None  # Failed in registration, and the remedy
         if reg.state == "Skipped":
-            msg = (
-                f"registration Job {obs.registration_job_name} ended without registering: its pod read "
-                "registration.enabled false (turned off, then on again, while it ran). Delete the Job "
-                f"({delete}) to register; the trained model stays on the checkpoint volume."
+            failed = (
+                f"{job} ended without registering: its pod read registration.enabled false (turned off, "
+                f"then on again, while it ran). Delete {delete} to register; {kept}"
             )
-            out["registered"] = (False, REGISTRATION_FAILED, msg)
-            out["ready"] = (False, REGISTRATION_FAILED, msg)
-            return Phase.FAILED.value, out
-        if reg.state == "Failed" and not obs.registration_enabled:
-            msg = (
-                f"registration Job {obs.registration_job_name} failed: {reg.message}. spec.registration.enabled "
-                f"is now false: delete the Job ({delete}) to finish without registering; the trained model "
-                "stays on the checkpoint volume."
+        elif reg.state == "Failed" and not obs.registration_enabled:
+            failed = (
+                f"{job} failed: {reg.message}. spec.registration.enabled is now false: delete {delete} to finish "
+                f"without registering; {kept}"
             )
-            out["registered"] = (False, REGISTRATION_FAILED, msg)
-            out["ready"] = (False, REGISTRATION_FAILED, msg)
-            return Phase.FAILED.value, out
-        if reg.state == "Failed":
-            msg = (
-                f"registration Job {obs.registration_job_name} failed: {reg.message}. Check the MLflow "
-                "tracking URI and credentials (spec.registration, spec.secrets), then delete the Job "
-                f"({delete}) to retry; the trained model stays on the checkpoint volume."
+        elif reg.state == "Failed":
+            failed = (
+                f"{job} failed: {reg.message}. Check the MLflow tracking URI and credentials "
+                f"(spec.registration, spec.secrets), then delete {delete} to retry; {kept}"
             )
-            out["registered"] = (False, REGISTRATION_FAILED, msg)
-            out["ready"] = (False, REGISTRATION_FAILED, msg)
+        if failed is not None:
+            out["registered"] = (False, REGISTRATION_FAILED, failed)
+            out["ready"] = (False, REGISTRATION_FAILED, failed)
             return Phase.FAILED.value, out
         if reg.state == "Complete" and reg.result is not None:
             r = reg.result
