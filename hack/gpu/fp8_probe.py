@@ -207,6 +207,15 @@ def curve_model(variant: str, lr: float, warmup: int, **overrides: Any) -> tuple
     return model, converted, optimizer, schedule
 
 
+def optimizer_step(model: Any, optimizer: Any, schedule: Any, loss: torch.Tensor) -> None:
+    """Backward, clip at 1.0, step the optimizer and the schedule, drop the gradients."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def curve(variant: str) -> dict[str, Any]:
     """bf16 or fp8 (the trainer's own apply_fp8 and compile_layers): the loss of each of
     CURVE_STEPS optimizer steps from the same initial weights on the same batches."""
@@ -217,11 +226,7 @@ def curve(variant: str) -> dict[str, Any]:
     for step in range(CURVE_STEPS):
         ids, pos = learnable_batch(step)
         loss = model(input_ids=ids, labels=ids, **packed(pos)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, optimizer, schedule, loss)
         losses.append(loss.detach())
     values = [float(x) for x in torch.stack(losses).cpu()]
     return {"variant": f"curve-{variant}", "converted": converted, "losses": [round(v, 4) for v in values]}
@@ -305,11 +310,7 @@ def text_curve(variant: str, train: list[Any], held: list[Any]) -> dict[str, Any
     losses, evals = [], [held_out()]
     for step, batch in enumerate(train):
         loss = loss_of(batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(model, optimizer, schedule, loss)
         losses.append(loss.detach())
         if (step + 1) % TEXT_EVAL_EVERY == 0:
             evals.append(held_out())

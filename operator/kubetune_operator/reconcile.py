@@ -280,6 +280,14 @@ def _follow_alias(
     return Outcome(phase=done.phase, waiting=transition.waiting)
 
 
+def _parsed(obj: dict[str, Any]) -> api.FineTuneJob | None:
+    """The FineTuneJob's typed form; None when its spec does not validate (the decisions then leave it be)."""
+    try:
+        return api.parse_job(obj)
+    except ValidationError:
+        return None
+
+
 def _trained(ctx: Context, job: api.FineTuneJob, previous: api.FineTuneJobStatus) -> bool:
     """Whether training finished: the status says so (the pass then never creates the PyTorchJob
     again, see ``_pass``), or the job's PyTorchJob is there and Succeeded. A pass that registers
@@ -295,11 +303,7 @@ def _trained(ctx: Context, job: api.FineTuneJob, previous: api.FineTuneJobStatus
 def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
     """``enabled``: the job succeeded with registration off and ``registration.enabled`` is now
     true, and training is known to have finished (``_trained``); the pass registers. None otherwise."""
-    if not state.finished_without_registration(previous):
-        return None
-    try:
-        job = api.parse_job(obj)
-    except ValidationError:
+    if not state.finished_without_registration(previous) or (job := _parsed(obj)) is None:
         return None
     return "enabled" if job.spec.registration.enabled and _trained(ctx, job, previous) else None
 
@@ -315,11 +319,7 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTun
     the job stays as it is (not a registration failure, its Job is still the failed one, or
     training is not known to have finished, ``_trained``: a retry never trains again).
     """
-    if not state.failed_in_registration(previous):
-        return None
-    try:
-        job = api.parse_job(obj)
-    except ValidationError:
+    if not state.failed_in_registration(previous) or (job := _parsed(obj)) is None:
         return None
     if not _trained(ctx, job, previous):
         return None

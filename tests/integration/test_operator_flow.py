@@ -118,6 +118,27 @@ def _set_registration(kube: Any, namespace: str, name: str, enabled: bool) -> di
     )
 
 
+def _registers_without_training(
+    kube: Any, namespace: str, name: str, training_uid: str, event: str, *, ready: bool = False
+) -> None:
+    """Registering again (its event emitted) with the same PyTorchJob, then Succeeded with the model."""
+    ptj, reg = f"{name}-train", f"{name}-register"
+    obj = wait_phase(kube, namespace, name, "Registering")
+    assert "completionTime" not in obj["status"]
+    # training is not redone: the same PyTorchJob
+    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"] == training_uid
+    wait_for(
+        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == event],
+        what=f"a {event} event",
+    )
+    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
+    obj = wait_phase(kube, namespace, name, "Succeeded")
+    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
+    assert obj["status"].get("completionTime")
+    if ready:
+        assert condition(obj, "Ready")["status"] == "True"
+
+
 def _succeed(kube: Any, namespace: str, name: str) -> dict[str, Any]:
     ptj = f"{name}-train"
     wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
@@ -308,18 +329,7 @@ def test_failed_registration_and_its_retry(
         lambda: (j := kube.get("batch/v1", "Job", namespace, reg)) and j["metadata"]["uid"] != failed_uid,
         what="the registration Job created again",
     )
-    obj = wait_phase(kube, namespace, name, "Registering")
-    assert "completionTime" not in obj["status"]
-    # training is not redone: the same PyTorchJob
-    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"] == training_uid
-    wait_for(
-        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationRetried"],
-        what="a RegistrationRetried event",
-    )
-    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
-    obj = wait_phase(kube, namespace, name, "Succeeded")
-    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
-    assert condition(obj, "Ready")["status"] == "True" and obj["status"].get("completionTime")
+    _registers_without_training(kube, namespace, name, training_uid, "RegistrationRetried", ready=True)
 
 
 def test_registration_turned_off_while_its_job_runs(
@@ -389,17 +399,7 @@ def test_registration_turned_on_after_training_without_it(kube: Any, namespace: 
     # turned on later: the trained model is registered, without training again
     _set_registration(kube, namespace, name, enabled=True)
     wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
-    obj = wait_phase(kube, namespace, name, "Registering")
-    assert "completionTime" not in obj["status"]
-    assert kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"] == training_uid
-    wait_for(
-        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationEnabled"],
-        what="a RegistrationEnabled event",
-    )
-    finish_registration_job(kube, namespace, reg, message=json.dumps(RESULT))
-    obj = wait_phase(kube, namespace, name, "Succeeded")
-    assert obj["status"]["registeredModel"]["version"] == RESULT["version"]
-    assert obj["status"].get("completionTime")
+    _registers_without_training(kube, namespace, name, training_uid, "RegistrationEnabled")
 
 
 def test_a_pytorchjob_deleted_after_it_succeeded_is_not_created_again(
