@@ -346,7 +346,9 @@ class TrainingSpec(_Model):
     )
     gradient_checkpointing: Toggle = Field(
         default=Toggle.AUTO,
-        description="Recompute activations to save memory: auto (only when the memory plan needs it), always, never.",
+        description="Recompute activations to save memory: auto (when the memory plan needs it: the whole step "
+        "does not fit, and recomputing in bigger micro-steps is estimated faster than more, smaller ones without), "
+        "always, never.",
     )
     liger: bool = Field(
         default=True, description="Use Liger fused kernels (RMSNorm, RoPE, SwiGLU, fused CE)."
@@ -357,8 +359,8 @@ class TrainingSpec(_Model):
     )
     torch_compile: Toggle = Field(
         default=Toggle.AUTO,
-        description="torch.compile of the decoder layers: auto (on a GPU with packing and no gradient "
-        "checkpointing), always or never.",
+        description="torch.compile of the decoder layers: auto (on a GPU with packing and the varlen kernel), "
+        "always or never.",
     )
     assistant_only_loss: bool = Field(default=False, description="Train only on assistant turns (chat data).")
     logging_steps: Annotated[int, Field(ge=1, le=1_000_000)] = Field(

@@ -160,6 +160,36 @@ for step in "$@"; do
       timeout 200 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/nbs-notebooks.log 2>&1
       grep -h "^\[bench\]" /tmp/nbs-*.log; cp /tmp/nbs-*.log /tmp/nbs/; snap
       grep -ihE "error|Traceback" /tmp/nbs/*.log | sort | uniq -c | sort -rn | head -8; cat /tmp/nbs/bench.md ;;
+    nbmem)
+      # kubetune's defaults on the whole GPU and held to each notebook's own peak memory
+      # (--notebook-memory: the notebooks run first, into the same folder), beside the notebooks;
+      # five warm-up and six measured steps; the folder is re-archived after each phase
+      B="python3 -m kubetune_trainer.bench --out /tmp/nbm --warmup 5 --steps 6"
+      snap() { $B --report-only > /dev/null 2>&1; tar czf "$OUT/nbm.tar.gz" -C /tmp nbm; }
+      timeout 150 $B --cases qwen2-0.5b:notebook-a,qwen3-4b:notebook-b > /tmp/nbm-notebooks.log 2>&1; snap
+      timeout 170 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune --gpus 0 --notebook-memory > /tmp/nbm-capped.log 2>&1; snap
+      timeout 170 $B --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune > /tmp/nbm-whole.log 2>&1
+      grep -h "^\[bench\]" /tmp/nbm-*.log | cut -c1-300; cp /tmp/nbm-*.log /tmp/nbm/; snap
+      grep -ihE "error|Traceback|out of memory" /tmp/nbm/*.log | grep -v Backend | sort | uniq -c | sort -rn | head -8 | cut -c1-300; cat /tmp/nbm/bench.md
+      python3 -c "import json,sys; [print(r['case'], r.get('memory_cap_gib'), {k: r['plan'].get(k) for k in ('per_device_batch_size','gradient_accumulation_steps','gradient_checkpointing','torch_compile','loss_chunk_factor')}, r.get('step_times'), r.get('packing_check')) for r in json.load(open(sys.argv[1]))['results']]" /tmp/nbm/bench.json ;;
+    capx)
+      # the plan's choices under small memory budgets against the alternatives, each variant
+      # "case|bench flags" in turn (four warm-up and four measured steps: coarse). The notebooks'
+      # results (for --notebook-memory) come from an earlier call, carried in .nbm/
+      mkdir -p /tmp/capx; cp .nbm/*.json /tmp/capx/ 2>/dev/null
+      B="python3 -m kubetune_trainer.bench --out /tmp/capx --warmup 4 --steps 4 --gpus 0"
+      RC="--training gradientCheckpointing=always --training torchCompile=always"
+      V=("qwen2-0.5b:kubetune|--notebook-memory" "qwen2-0.5b:kubetune|--notebook-memory $RC --training tokensPerStep=8192"
+         "qwen3-4b:kubetune|--notebook-memory" "qwen3-4b:kubetune|--notebook-memory --training torchCompile=always"
+         "qwen3-4b:kubetune|--memory-cap-gib 48" "qwen3-4b:kubetune|--memory-cap-gib 48 $RC --training tokensPerStep=8192"
+         "qwen2-0.5b:kubetune|--notebook-memory $RC --training tokensPerStep=16384")
+      for v in "${V[@]}"; do
+        IFS='|' read -r case flags <<< "$v"
+        timeout ${CAPX_TIMEOUT:-75} $B --cases $case $flags >> /tmp/capx/run.log 2>&1
+        $B --report-only > /dev/null 2>&1; tar czf "$OUT/capx.tar.gz" -C /tmp capx
+      done
+      grep -h "^\[bench\]" /tmp/capx/run.log | cut -c1-400; cat /tmp/capx/bench.md
+      python3 -c "import json,sys; [print(r['case'], r.get('memory_cap_gib'), {k: r['plan'].get(k) for k in ('per_device_batch_size','gradient_accumulation_steps','gradient_checkpointing','torch_compile')}, r.get('step_times')) for r in json.load(open(sys.argv[1]))['results']]" /tmp/capx/bench.json ;;
     idle)
       # where the GPU waits for the host: torch.profiler over four measured steps after six warm-up
       # steps, both models on one GPU; the summary gives each idle gap to the host events in flight

@@ -77,3 +77,82 @@ def test_the_notebook_s_step_in_packed_rows() -> None:
     assert notebook_step_rows("kubetune-full", [16] * 5) == 1
     # notebook A: 8 x 4 sequences
     assert notebook_step_rows("kubetune-lora", [1024, 512]) == 24
+
+
+def _jobs(*argv: str) -> list[Job]:
+    from kubetune_trainer.bench import build_parser, parse_training_overrides, plan_jobs
+
+    args = build_parser().parse_args(list(argv))
+    return plan_jobs(args, args.cases.split(","), parse_training_overrides(args.training))
+
+
+def test_notebook_memory_runs_come_after_the_notebooks_and_name_their_settings() -> None:
+    jobs = _jobs(
+        "--cases",
+        "qwen2-0.5b:notebook-a,qwen2-0.5b:kubetune",
+        "--notebook-memory",
+        "--training",
+        "gradientCheckpointing=always",
+    )
+    assert [j.stem for j in jobs] == [
+        "qwen2-0.5b_notebook-a",  # a notebook runs as its notebook sets it
+        "qwen2-0.5b_kubetune_gradientCheckpointing-always",
+        "qwen2-0.5b_kubetune_nbmem_gradientCheckpointing-always",
+    ]
+    # --gpus 0: only the capped runs (their notebooks' results already in --out)
+    only = _jobs("--cases", "qwen3-4b:kubetune", "--gpus", "0", "--notebook-memory")
+    assert [(j.stem, j.notebook_memory) for j in only] == [("qwen3-4b_kubetune_nbmem", True)]
+
+
+def test_a_notebook_memory_job_is_capped_at_its_notebook_s_peak_or_fails_without_it(tmp_path: Any) -> None:
+    import json
+
+    from kubetune_trainer.bench import notebook_of, notebook_peak_gib, run_job
+
+    assert notebook_of("qwen3-4b:kubetune") == "qwen3-4b:notebook-b"
+    assert notebook_peak_gib(tmp_path, "qwen3-4b:kubetune") is None
+    failed = run_job(
+        Job("qwen3-4b:kubetune", notebook_memory=True), tmp_path, warmup=1, steps=1, rows=10, extra=[]
+    )
+    assert "no qwen3-4b:notebook-b result" in failed["error"]
+    assert not (tmp_path / "qwen3-4b_kubetune_nbmem.json").exists()
+    (tmp_path / "qwen3-4b_notebook-b.json").write_text(json.dumps({"peak_memory_gib": 32.7}))
+    assert notebook_peak_gib(tmp_path, "qwen3-4b:kubetune") == 32.7
+
+
+def test_training_overrides_are_checked_like_the_spec() -> None:
+    import pytest
+
+    from kubetune_api.spec import Toggle, TrainingSpec
+    from kubetune_trainer.bench import apply_training_overrides, parse_training_overrides
+
+    base = TrainingSpec(max_steps=10)
+    pairs = parse_training_overrides(["gradientCheckpointing=always", "tokensPerStep=8192"])
+    changed = apply_training_overrides(base, pairs)
+    assert changed.gradient_checkpointing == Toggle.ALWAYS and changed.tokens_per_step == 8192
+    assert base.gradient_checkpointing != Toggle.ALWAYS  # the example's spec is not changed in place
+    with pytest.raises(ValueError, match="no field 'gradientCheckpoint'"):
+        parse_training_overrides(["gradientCheckpoint=always"])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_training_overrides(["tokensPerStep"])
+    with pytest.raises(ValueError, match="gradientCheckpointing"):
+        apply_training_overrides(base, parse_training_overrides(["gradientCheckpointing=sometimes"]))
+
+
+def test_a_row_with_training_overrides_is_compared_but_is_nobody_s_baseline() -> None:
+    rows = _ratio_rows(
+        [
+            _row(
+                "qwen3-4b:kubetune (gradientCheckpointing=always)",
+                "kubetune-full",
+                15_000.0,
+                training_overrides={"gradientCheckpointing": "always"},
+            ),
+            _row("qwen3-4b:notebook-b", "notebook-b", 2_000.0),
+            _row("qwen3-4b:kubetune", "kubetune-full", 20_000.0),
+            _row("qwen3-4b:kubetune x2 GPUs", "kubetune-full", 38_000.0, gpus=2),
+        ]
+    )
+    by_case = {r["case"]: r for r in rows}
+    assert by_case["qwen3-4b:kubetune (gradientCheckpointing=always)"]["speedup"] == 7.5
+    assert by_case["qwen3-4b:kubetune x2 GPUs"]["scaling"] == 1.9

@@ -3,6 +3,7 @@
     kubetune bench --out bench-out                     # on a GPU: Qwen2-0.5B LoRA and Qwen3-4B full
     kubetune bench --smoke --out bench-out             # CPU smoke: the tiny model, a few steps
     kubetune bench --cases qwen3-4b:kubetune --memory-cap-gib 80
+    kubetune bench --cases qwen2-0.5b:notebook-a,qwen2-0.5b:kubetune --notebook-memory  # + held to A's memory
 
 Each case trains the same model (built from its published config with random weights: nothing
 is downloaded) on the same synthetic chat data for a few optimizer steps and measures the steps
@@ -44,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,8 @@ class CaseResult:
     # packed rows a step when a kubetune case was given its notebook's tokens a step (--notebook-steps)
     # instead of its example's batch; such a row is compared with its notebook, never a baseline
     notebook_step_rows: int | None = None
+    # spec.training fields the call set (--training): such a row is compared with its notebook, never a baseline
+    training_overrides: dict[str, str] = field(default_factory=dict)
     compile_error: str | None = None
     step_times: list[float] = field(default_factory=list)
     # graphs dynamo compiled in the process (compiled layers: 1 forward graph when nothing recompiles)
@@ -419,6 +422,7 @@ def run_case(
     peak_tflops: float | None,
     profile_path: Path | None = None,
     notebook_steps: bool = False,
+    training_overrides: tuple[tuple[str, str], ...] = (),
 ) -> CaseResult:
     import torch
     import transformers
@@ -516,6 +520,7 @@ def run_case(
             )
             if epoch_tokens:
                 tcfg.spec.training.max_steps, tcfg.spec.training.epochs = None, 1
+            tcfg.spec.training = apply_training_overrides(tcfg.spec.training, training_overrides)
             if compile_model:
                 tcfg.spec.training.torch_compile = Toggle.ALWAYS
             if no_compile:
@@ -537,7 +542,9 @@ def run_case(
                 plan=plan,
             )
             plan_info = plan.as_dict()
-            if cuda and world == 1 and not epoch_tokens:
+            # (the check's unpacked forward holds all 16 examples' logits at once: a capped case
+            # leaves it to its uncapped row, which checks the same packing)
+            if cuda and world == 1 and not epoch_tokens and not memory_cap_gib:
                 from .fast import check_packing_exact
 
                 packing_check = check_packing_exact(trainer.model, dataset[:16]["input_ids"])
@@ -589,6 +596,8 @@ def run_case(
             label += " (no compile)"
         if step_rows:
             label += f" (notebook's step: {step_rows} rows)"
+        if training_overrides and kind.startswith("kubetune"):
+            label += " (" + ", ".join(f"{k}={v}" for k, v in training_overrides) + ")"
         fp8 = str(plan_info.get("fp8", "off"))
         if fp8 != "off":
             label += f" (fp8 {fp8})"
@@ -616,6 +625,7 @@ def run_case(
             gpus=world,
             sharding=str(plan_info.get("sharding", "none")),
             fp8=fp8,
+            training_overrides=dict(training_overrides) if kind.startswith("kubetune") else {},
             step_times=timing.step_times(),
             compiled_graphs=_compiled_graphs(),
             **_compile_diagnostics(),
@@ -773,6 +783,7 @@ def _ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and not r.get("memory_cap_gib")
             and r.get("fp8", "off") == "off"
             and not r.get("notebook_step_rows")
+            and not r.get("training_overrides")
         )
 
     rows = []
@@ -876,16 +887,71 @@ class Job:
     sharding: str | None = None  # forced (KUBETUNE_SHARDING) instead of the plan's choice
     fp8: bool = False  # KUBETUNE_FP8=tensorwise (opt-in float8 products)
     notebook_steps: bool = False  # the notebook's tokens an optimizer step (notebook_step_rows)
+    # capped at the peak memory its notebook case reached in the same output folder
+    notebook_memory: bool = False
+    # spec.training fields set for a kubetune case (camelCase name, value), e.g. gradientCheckpointing
+    training: tuple[tuple[str, str], ...] = ()
 
     @property
     def stem(self) -> str:
         name = self.case.replace(":", "_")
-        name += "_cap" if self.cap else ""
+        name += "_nbmem" if self.notebook_memory else ("_cap" if self.cap else "")
         name += f"_x{self.gpus}" if self.gpus > 1 else ""
         name += f"_{self.sharding}" if self.sharding else ""
         name += "_fp8" if self.fp8 else ""
         name += "_nbsteps" if self.notebook_steps else ""
+        name += "".join(f"_{key}-{value}" for key, value in self.training)
         return name + ("_epoch" if self.epoch_tokens else "")
+
+
+def notebook_of(case: str) -> str:
+    """The notebook case a kubetune case is compared with: ``qwen3-4b:kubetune`` -> ``qwen3-4b:notebook-b``."""
+    model, kind = CASES[case]
+    return next(c for c, (m, k) in CASES.items() if m == model and k == BASELINE[kind])
+
+
+def notebook_peak_gib(out: Path, case: str) -> float | None:
+    """The peak GPU memory (GiB) the case's notebook reached in ``out`` (its JSON), or None."""
+    path = out / f"{notebook_of(case).replace(':', '_')}.json"
+    if not path.exists():
+        return None
+    peak = json.loads(path.read_text()).get("peak_memory_gib")
+    return float(peak) if peak else None
+
+
+def parse_training_overrides(items: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``--training KEY=VALUE`` items, each checked against the FineTuneJob's ``spec.training`` fields.
+
+    >>> parse_training_overrides(["gradientCheckpointing=always", "tokensPerStep=32768"])
+    (('gradientCheckpointing', 'always'), ('tokensPerStep', '32768'))
+    >>> parse_training_overrides(["batch=3"])
+    Traceback (most recent call last):
+    ...
+    ValueError: --training batch=3: spec.training has no field 'batch'
+    """
+    from kubetune_api.spec import TrainingSpec
+
+    fields = {f.alias or name for name, f in TrainingSpec.model_fields.items()}
+    pairs = []
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise ValueError(f"--training {item}: expected KEY=VALUE (a spec.training field, camelCase)")
+        if key not in fields:
+            raise ValueError(f"--training {item}: spec.training has no field {key!r}")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def apply_training_overrides(training: Any, pairs: tuple[tuple[str, str], ...]) -> Any:
+    """A copy of ``training`` (a TrainingSpec) with the pairs set, validated as the API server would."""
+    from kubetune_api.spec import TrainingSpec
+
+    if not pairs:
+        return training
+    data = training.model_dump(by_alias=True, exclude_none=True)
+    data.update(dict(pairs))
+    return TrainingSpec.model_validate(data)
 
 
 def free_port() -> int:
@@ -906,6 +972,8 @@ def _command(job: Job, target: Path, *, warmup: int, steps: int, rows: int, extr
         one += ["--epoch-tokens", str(job.epoch_tokens)]
     if job.notebook_steps:
         one += ["--notebook-steps"]
+    for key, value in job.training:
+        one += ["--training", f"{key}={value}"]
     if job.gpus == 1:
         return [sys.executable, "-m", "kubetune_trainer.bench", *one]
     # exactly as a PyTorchJob pod starts the trainer: the launcher (torchrun in process)
@@ -939,6 +1007,13 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
     log_path = out / f"{job.stem}.log"
     print(f"[bench] {job.stem}", flush=True)
     started = time.monotonic()
+    if job.notebook_memory:
+        cap = notebook_peak_gib(out, job.case)
+        if cap is None:
+            failure = f"no {notebook_of(job.case)} result with a peak memory in {out}: run that case first"
+            print(f"[bench] {job.stem} failed ({failure})", flush=True)
+            return {"case": job.stem, "error": failure, "memory_cap_gib": None}
+        job = replace(job, cap=cap)
     attempts = [extra]
     # (uncompiled, a float8 case would run without float8: the plan needs compiled layers)
     if CASES[job.case][1].startswith("kubetune") and "--compile" not in extra and not job.fp8:
@@ -962,6 +1037,8 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
         tail = log_path.read_text().strip().splitlines()[-3:]
         failure = f"exit {proc.returncode}: " + " | ".join(tail)
         print(f"[bench] {job.stem} failed ({failure})", flush=True)
+        if "OutOfMemoryError" in failure:
+            break  # memory, not compilation: uncompiled it would not fit either
     return {"case": job.stem, "error": failure, "memory_cap_gib": job.cap}
 
 
@@ -1032,7 +1109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="1",
         help="comma-separated GPU counts to run the cases on (kubetune cases on N > 1 GPUs go through the "
         "PyTorchJob's torchrun launcher; notebook cases run on 1); 0: only the --memory-cap-gib runs (in "
-        "float8 too with --fp8) and the --epoch-tokens run",
+        "float8 too with --fp8), the --notebook-memory runs and the --epoch-tokens run",
     )
     p.add_argument(
         "--epoch-tokens",
@@ -1060,6 +1137,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "packed rows as the notebook's unpacked sequences fill (the examples' batch counts packed rows)",
     )
     p.add_argument(
+        "--notebook-memory",
+        action="store_true",
+        help="also run each kubetune case (one GPU) with the GPU capped at the peak memory its notebook case "
+        "reached in --out (run the notebook cases first, in this call or an earlier one into the same --out)",
+    )
+    p.add_argument(
+        "--training",
+        action="append",
+        metavar="KEY=VALUE",
+        help="set a spec.training field (camelCase) in every kubetune case of this call, e.g. "
+        "gradientCheckpointing=always or tokensPerStep=32768 (repeatable; the rows are named after them)",
+    )
+    p.add_argument(
         "--profile",
         action="store_true",
         help="write <case>.profile.txt per case (and rank): torch.profiler over the measured steps",
@@ -1071,6 +1161,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return run_from_args(args)
+
+
+def plan_jobs(args: argparse.Namespace, cases: list[str], training: tuple[tuple[str, str], ...]) -> list[Job]:
+    """The processes a ``kubetune bench`` call runs, in order (notebook cases before the kubetune
+    cases capped at their memory, when both are asked in one call and listed in that order)."""
+    kubetune = [c for c in cases if CASES[c][1].startswith("kubetune")]
+
+    def job(case: str, **kw: Any) -> Job:
+        # the overrides are kubetune settings: a notebook case runs as its notebook sets it
+        return Job(case, training=training if case in kubetune else (), **kw)
+
+    counts = sorted({int(n) for n in str(args.gpus).split(",") if n.strip()})
+    jobs = [job(c) for c in cases] if 1 in counts else []
+    jobs += [job(c, gpus=n, sharding=args.sharding) for n in counts if n > 1 for c in kubetune]
+    full = [c for c in kubetune if CASES[c][1] == "kubetune-full"]
+    if args.memory_cap_gib:
+        jobs += [job(c, cap=args.memory_cap_gib) for c in full]
+    if args.fp8:
+        jobs += [job(c, fp8=True) for c in full if 1 in counts]
+        jobs += [job(c, cap=args.memory_cap_gib, fp8=True) for c in full if args.memory_cap_gib]
+    if args.notebook_steps:
+        jobs += [job(c, notebook_steps=True) for c in kubetune if 1 in counts]
+    if args.notebook_memory:
+        jobs += [job(c, notebook_memory=True) for c in kubetune]
+    if args.epoch_tokens:
+        jobs += [job(c, epoch_tokens=args.epoch_tokens) for c in kubetune if CASES[c][1] == "kubetune-lora"]
+    return jobs
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -1093,6 +1210,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             if args.profile
             else None,
             notebook_steps=args.notebook_steps,
+            training_overrides=parse_training_overrides(args.training),
         )
         if int(os.environ.get("RANK", "0")) == 0:
             args.json.write_text(json.dumps(asdict(result), indent=2))
@@ -1111,20 +1229,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if smoke else 2)
     steps = args.steps if args.steps is not None else (2 if smoke else 4)
     rows = args.rows if args.rows is not None else (300 if smoke else 1500)
-    kubetune = [c for c in cases if CASES[c][1].startswith("kubetune")]
-    counts = sorted({int(n) for n in str(args.gpus).split(",") if n.strip()})
-    jobs = [Job(c) for c in cases] if 1 in counts else []
-    jobs += [Job(c, gpus=n, sharding=args.sharding) for n in counts if n > 1 for c in kubetune]
-    full = [c for c in kubetune if CASES[c][1] == "kubetune-full"]
-    if args.memory_cap_gib:
-        jobs += [Job(c, cap=args.memory_cap_gib) for c in full]
-    if args.fp8:
-        jobs += [Job(c, fp8=True) for c in full if 1 in counts]
-        jobs += [Job(c, cap=args.memory_cap_gib, fp8=True) for c in full if args.memory_cap_gib]
-    if args.notebook_steps:
-        jobs += [Job(c, notebook_steps=True) for c in kubetune if 1 in counts]
-    if args.epoch_tokens:
-        jobs += [Job(c, epoch_tokens=args.epoch_tokens) for c in kubetune if CASES[c][1] == "kubetune-lora"]
+    try:
+        training = parse_training_overrides(args.training)
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    jobs = plan_jobs(args, cases, training)
     results = run_all(
         jobs,
         args.out,

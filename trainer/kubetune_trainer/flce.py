@@ -145,6 +145,8 @@ def _function() -> Any:
                     grad_w.addmm_(logits.t().to(grad_w.dtype), x_c.to(grad_w.dtype))
                 if grad_b is not None:
                     grad_b += logits.sum(0).to(grad_b.dtype)
+                # freed before the next chunk's product is allocated: one chunk alive, not two
+                del logits
             loss = losses.sum()
             if reduction == "mean":
                 # the count stays on the device: no wait for the GPU

@@ -33,9 +33,48 @@ DATALOADER_WORKERS_ENV = "KUBETUNE_DATALOADER_WORKERS"
 # to tokens x hidden, which cuts a 152k vocabulary into chunks of ~256 tokens: dozens of small
 # matrix products per micro-step (and a narrow one accumulating the LM head's gradient per chunk).
 LOSS_CHUNK_ELEMENTS = 2**29
+# and at least this many (128 MiB in bf16), also when the memory plan leaves nothing spare
+MIN_LOSS_CHUNK_ELEMENTS = 2**26
 
 # Fraction of GPU memory the plan may fill before it turns gradient checkpointing on (auto).
 MEMORY_HEADROOM = 0.85
+
+# The step-time model that picks micro-steps and recomputation when the whole step does not fit
+# (measured on an H200, docs/benchmarks.md "Small memory budgets"): every micro-step costs at least
+# MICRO_STEP_SECONDS of host work (the training loop and the launch of its kernels; 0.12 s for
+# Qwen2-0.5B LoRA with 1-row micro-steps and for Qwen3-4B full with 2-row ones, compiled), and
+# otherwise 6 x parameters x tokens FLOPs at SUSTAINED_FRACTION of the GPU's dense bf16 peak
+# (Qwen3-4B full: ~500 of 989 TFLOP/s), RECOMPUTE_COST times that with gradient checkpointing
+# (one more forward pass).
+MICRO_STEP_SECONDS = 0.12
+SUSTAINED_FRACTION = 0.5
+RECOMPUTE_COST = 4 / 3
+
+# Dense bf16 (= fp16) tensor FLOP/s by GPU name (vendor datasheets; SXM parts where there are two);
+# the longest matching name wins ("L40S" before "L4"). A GPU not listed plans with an A100's.
+PEAK_BF16_FLOPS = {
+    "H100": 989.4e12,
+    "H200": 989.4e12,
+    "H20": 148e12,
+    "B200": 2250e12,
+    "A100": 312e12,
+    "A10": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+}
+DEFAULT_PEAK_FLOPS = 312e12
+
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name, or None when it is not listed.
+
+    >>> peak_bf16_flops("NVIDIA H200"), peak_bf16_flops("NVIDIA L40S"), peak_bf16_flops("NVIDIA L4")
+    (989400000000000.0, 362000000000000.0, 121000000000000.0)
+    >>> peak_bf16_flops("NVIDIA A100-SXM4-80GB"), peak_bf16_flops("Quadro RTX 8000") is None
+    (312000000000000.0, True)
+    """
+    matches = [key for key in PEAK_BF16_FLOPS if key in device_name]
+    return PEAK_BF16_FLOPS[max(matches, key=len)] if matches else None
 
 
 @dataclass(frozen=True)
@@ -51,6 +90,8 @@ class Hardware:
     varlen: bool = False
     # float8 matrix products: a GPU with fp8 tensor cores (compute capability 8.9+) and torchao
     fp8: bool = False
+    # the GPU's dense bf16 peak (PEAK_BF16_FLOPS), for the step-time model; None: not listed
+    peak_flops: float | None = None
 
     @staticmethod
     def detect() -> Hardware:
@@ -73,6 +114,7 @@ class Hardware:
                 varlen=_has_module("torch.nn.attention.varlen"),
                 # the package is found, not imported (importing torchao takes seconds)
                 fp8=torch.cuda.get_device_capability(0) >= (8, 9) and _has_module("torchao"),
+                peak_flops=peak_bf16_flops(torch.cuda.get_device_name(0)),
             )
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
 
@@ -210,9 +252,31 @@ def estimate_training_bytes(
         # a layer's full bf16 weights exist only while it runs
         weights = 16 * shape.params // max(1, world_size) + 2 * shape.params // max(1, shape.num_layers)
         optimizer = 0
-    per_layer = 2 if checkpointing else (70 if lora else 36)
-    activations = tokens * shape.hidden_size * shape.num_layers * per_layer
+    full_layer = 70 if lora else 36
+    if checkpointing:
+        # each layer's input kept, and one layer's activations while its backward recomputes it
+        activations = tokens * shape.hidden_size * (2 * shape.num_layers + full_layer)
+    else:
+        activations = tokens * shape.hidden_size * shape.num_layers * full_layer
     return weights + optimizer + activations
+
+
+def estimate_step_seconds(
+    shape: ModelShape, *, tokens: int, micro_steps: int, checkpointing: bool, peak_flops: float | None
+) -> float:
+    """The step-time model (MICRO_STEP_SECONDS, SUSTAINED_FRACTION, RECOMPUTE_COST) of one optimizer step.
+
+    It only ranks the micro-step layouts that fit; measured on an H200: Qwen2-0.5B LoRA, 32 rows of
+    1,024 tokens in 1-row micro-steps, 3.9 s a step (the model: 3.84 s); Qwen3-4B full, 8 rows
+    without recomputation in 2-row micro-steps 0.45 s (0.48 s), in one with recomputation 0.50 s (0.53 s).
+
+    >>> qwen3 = ModelShape(params=4_020_000_000, hidden_size=2560, num_layers=36, vocab_size=151_936)
+    >>> round(estimate_step_seconds(qwen3, tokens=2048, micro_steps=4, checkpointing=False, peak_flops=989.4e12), 2)
+    0.48
+    """
+    rate = SUSTAINED_FRACTION * (peak_flops or DEFAULT_PEAK_FLOPS)
+    compute = 6 * shape.params * tokens / rate * (RECOMPUTE_COST if checkpointing else 1.0)
+    return micro_steps * max(MICRO_STEP_SECONDS, compute)
 
 
 def make_plan(
@@ -275,6 +339,7 @@ def make_plan(
     rows_per_step = training.batch_size * training.gradient_accumulation_steps
     batch, accumulation = training.batch_size, training.gradient_accumulation_steps
     budget = int(hw.gpu_memory_bytes * MEMORY_HEADROOM) if hw.gpu_memory_bytes else None
+    planned_recompute: bool | None = None  # set when the memory plan chose the micro-steps
 
     sharding = _sharding(hw, shape, lora=lora, param_bytes=param_bytes, budget=budget, reasons=reasons)
 
@@ -285,6 +350,7 @@ def make_plan(
             lora=lora,
             tokens=rows * training.max_length,
             checkpointing=recompute,
+            param_bytes=param_bytes,
             sharding=sharding,
             world_size=hw.world_size,
         )
@@ -298,16 +364,50 @@ def make_plan(
             f"x {accumulation} micro-steps"
         )
     elif packing and hw.cuda and shape is not None and budget is not None and toggle != Toggle.ALWAYS:
+        # Every layout of the step's rows into equal micro-steps that fits, without recomputation
+        # and (auto) with it; the one the step-time model makes fastest. The whole step in one
+        # micro-step without recomputation, where it fits, is always that one.
         divisors = [r for r in range(rows_per_step, 0, -1) if rows_per_step % r == 0]
-        chosen = next((r for r in divisors if fits(r, recompute=False)), None)
-        if chosen is None and toggle == Toggle.AUTO:
-            chosen = next((r for r in divisors if fits(r, recompute=True)), 1)
-        if chosen is not None:
-            batch, accumulation = chosen, rows_per_step // chosen
+        options = [(r, False) for r in divisors if fits(r, recompute=False)]
+        if toggle == Toggle.AUTO:
+            options += [(r, True) for r in divisors if fits(r, recompute=True)]
+
+        def seconds(option: tuple[int, bool]) -> float:
+            assert shape is not None
+            rows, recompute = option
+            return estimate_step_seconds(
+                shape,
+                tokens=rows * training.max_length,
+                micro_steps=rows_per_step // rows,
+                checkpointing=recompute,
+                peak_flops=hw.peak_flops,
+            )
+
+        step = (
+            f"(= batchSize {training.batch_size} x gradientAccumulationSteps "
+            f"{training.gradient_accumulation_steps} packed rows per step) in a {budget / 2**30:.0f} GiB budget"
+        )
+        if options:
+            # ties: no recomputation, then the bigger micro-step
+            best = min(options, key=lambda o: (round(seconds(o), 4), o[1], -o[0]))
+            batch, accumulation, planned_recompute = best[0], rows_per_step // best[0], best[1]
             reasons["batch"] = (
                 f"memory plan: {batch} packed rows of {training.max_length} tokens x {accumulation} micro-steps "
-                f"(= batchSize {training.batch_size} x gradientAccumulationSteps "
-                f"{training.gradient_accumulation_steps} packed rows per step) in a {budget / 2**30:.0f} GiB budget"
+                f"{'with' if planned_recompute else 'without'} recomputation {step}"
+            )
+            if len(options) > 1:
+                runner_up = min((o for o in options if o != best), key=seconds)
+                reasons["batch"] += (
+                    f"; estimated {seconds(best):.2f} s a step against {seconds(runner_up):.2f} s for "
+                    f"{runner_up[0]} rows x {rows_per_step // runner_up[0]} "
+                    f"{'with' if runner_up[1] else 'without'} recomputation"
+                )
+        elif toggle == Toggle.AUTO:
+            batch, accumulation, planned_recompute = 1, rows_per_step, True
+            reasons["batch"] = (
+                f"memory plan: not even 1 packed row of {training.max_length} tokens fits by the estimate "
+                f"(~{estimate_training_bytes(shape, lora=lora, tokens=training.max_length, checkpointing=True, sharding=sharding, world_size=hw.world_size) / 2**30:.1f} GiB) "
+                f"{step}: 1 row x {accumulation} micro-steps with recomputation, the leanest layout"
             )
     tokens = batch * training.max_length
 
@@ -324,6 +424,9 @@ def make_plan(
     elif shape is None or budget is None:
         checkpointing = True
         reasons["gradient_checkpointing"] = "auto without a memory estimate: on (safe)"
+    elif planned_recompute is not None:
+        checkpointing = planned_recompute
+        reasons["gradient_checkpointing"] = f"auto: {'on' if checkpointing else 'off'}, by the memory plan"
     else:
         need = estimate_training_bytes(
             shape,
@@ -353,19 +456,33 @@ def make_plan(
             False,
             "auto on CPU: off (compilation would outlast the run)",
         )
-    elif attn != VARLEN or checkpointing:
+    elif attn != VARLEN:
         torch_compile = False
-        reasons["torch_compile"] = (
-            "auto: off (measured only with the varlen kernel and no gradient checkpointing)"
-        )
+        reasons["torch_compile"] = "auto: off (measured only with the varlen kernel)"
     else:
+        # with recomputation too: measured working on an H200 (Qwen2-0.5B LoRA held to 3.6 GiB,
+        # Qwen3-4B full at 32.7 and 48 GiB; docs/benchmarks.md), where its fused element-wise
+        # kernels run twice; not yet timed side by side against uncompiled recomputation
         torch_compile = True
-        reasons["torch_compile"] = "auto: decoder layers compiled (GPU, varlen attention, no checkpointing)"
+        reasons["torch_compile"] = "auto: decoder layers compiled (GPU, varlen attention)"
 
     # The fused loss head's chunks: ~1 GiB of logits at a time instead of Liger's tokens x hidden.
     loss_chunk_factor = 1
     if liger and shape is not None and shape.hidden_size and budget is not None:
-        loss_chunk_factor = max(1, LOSS_CHUNK_ELEMENTS // (tokens * shape.hidden_size))
+        # within what the micro-step leaves of the budget: a chunk of n elements can take ~4n bytes
+        # (bf16, rounded up to a power of two of rows); MIN_LOSS_CHUNK_ELEMENTS at the least, so
+        # that a squeezed plan does not split its LM head into dozens of thin products
+        spare = budget - estimate_training_bytes(
+            shape,
+            lora=lora,
+            tokens=tokens,
+            checkpointing=checkpointing,
+            param_bytes=param_bytes,
+            sharding=sharding,
+            world_size=hw.world_size,
+        )
+        elements = min(LOSS_CHUNK_ELEMENTS, max(MIN_LOSS_CHUNK_ELEMENTS, spare // 4))
+        loss_chunk_factor = max(1, elements // (tokens * shape.hidden_size))
         reasons["loss_chunks"] = (
             f"fused linear cross-entropy holds up to {loss_chunk_factor} x tokens x hidden logits at once "
             f"(~{min(loss_chunk_factor * tokens * shape.hidden_size, LOSS_CHUNK_ELEMENTS) * 2 / 2**30:.1f} GiB): "
