@@ -28,6 +28,9 @@ KIND = "FineTuneJob"
 PLURAL = "finetunejobs"
 SINGULAR = "finetunejob"
 SHORT_NAMES = ("ftj",)
+# Set (to any new value, e.g. a timestamp) on a FineTuneJob that failed in registration: the
+# operator registers the trained model again (status.registrationRetry records the value acted on)
+RETRY_REGISTRATION_ANNOTATION = f"{GROUP}/retry-registration"
 
 # The longest child name suffix is the PyTorchJob worker Service "<job>-train-worker-<i>"; Services
 # are DNS-1035 labels (<= 63 characters, starting with a letter). 40 leaves room for 999 workers.
@@ -769,6 +772,11 @@ class FineTuneJobStatus(_Model):
     start_time: str | None = Field(default=None, description="When training started (RFC 3339).")
     completion_time: str | None = Field(
         default=None, description="When the job succeeded or failed (RFC 3339)."
+    )
+    registration_retry: str | None = Field(
+        default=None,
+        description="The kubetune.io/retry-registration annotation's value last acted on: a failed "
+        "registration was retried (or, with registration turned off, finished without registering).",
     )
 
 

@@ -101,23 +101,33 @@ def finetunejob_changed(memo: Any, logger: Any, namespace: str | None, name: str
 def finetunejob_unobserved(
     body: Any, memo: Any, logger: Any, namespace: str | None, name: str, type: str | None, **_: Any
 ) -> None:
-    """Level-triggered guard: a spec generation no reconcile pass has observed yet is reconciled now.
+    """Level-triggered guard: a spec generation no reconcile pass has observed yet is reconciled now,
+    and so is a retry the ``kubetune.io/retry-registration`` annotation asks for.
 
     kopf detects updates by diffing the spec against the last one it handled. A change made while an
     earlier one's handler waits for its retry, and that returns the spec to the last handled one
     (alias production, then back to champion), leaves kopf no diff and nothing to run: the change
-    would wait for the slow re-sync. The generation says it was never observed.
+    would wait for the slow re-sync. The generation says it was never observed. kopf's diff leaves
+    out annotations under ``kubetune.io/`` (its own storage's prefix), so a new retry value is
+    compared with the one the status records as acted on.
     """
     if type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
         return
-    generation = (body.get("metadata") or {}).get("generation")
-    observed = (body.get("status") or {}).get("observedGeneration")
-    if generation is None or observed is None or generation == observed:
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    retry = (meta.get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)
+    asked = (
+        status.get("phase") == api.Phase.FAILED.value and retry and retry != status.get("registrationRetry")
+    )
+    generation = meta.get("generation")
+    observed = status.get("observedGeneration")
+    if not asked and (generation is None or observed is None or generation == observed):
         return  # new objects are the create handler's; observed ones have nothing new
     try:
         reconcile(_context(memo, logger), namespace or "default", name)
     except (ApiError, StatusConflictError) as e:
-        logger.info(f"spec generation {generation} not reconciled yet ({e}); the next event or re-sync will")
+        logger.info(
+            f"spec generation {generation} (or a retry) not reconciled yet ({e}); the next event or re-sync will"
+        )
 
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=_RESYNC_SECONDS, initial_delay=_RESYNC_SECONDS)

@@ -120,6 +120,23 @@ class Kube:
         path = collection_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta["namespace"])
         return self.request("POST", path, manifest, query=[("dryRun", "All")] if dry_run else None)
 
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, *, uid: str) -> bool:
+        """Delete one object, only if it is still the one with ``uid`` (a precondition); its dependents
+        go in the background. False when it was already gone (or is another object by now)."""
+        body: dict[str, Any] = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "propagationPolicy": "Background",
+            "preconditions": {"uid": uid},
+        }
+        try:
+            self.request("DELETE", f"{collection_path(api_version, PLURALS[kind], namespace)}/{name}", body)
+        except ApiError as e:
+            if e.not_found or e.conflict:
+                return False
+            raise
+        return True
+
     def patch(
         self,
         api_version: str,

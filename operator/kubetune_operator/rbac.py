@@ -11,13 +11,15 @@ Why each rule:
   progress annotations. finetunejobs/status (get/patch): the operator's status writes. The per-job
   trainer Role grants patch on the status too, and RBAC lets only a holder grant a permission.
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
-- jobs (get/list/watch/create): the registration Job. pods (list/watch): its termination message.
+- jobs (get/list/watch/create/delete): the registration Job; a failed one is deleted when the user
+  asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by its
+  uid). pods (list/watch): its termination message.
 - persistentvolumeclaims (get/create): the checkpoint volume. configmaps (get/create/patch): the
   trainer config, patched when a mutable field (suspend, registration.alias) changes.
 - serviceaccounts, roles, rolebindings (get/create): the per-job trainer identity (not needed when
   ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount).
 
-Nothing is deleted: children go with their FineTuneJob through owner references.
+Nothing else is deleted: children go with their FineTuneJob through owner references.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["pytorchjobs"],
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create"]},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},

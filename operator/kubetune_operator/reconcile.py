@@ -98,7 +98,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         retry = _registration_retry(ctx, obj, previous)
         if retry is None:
             return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
-        # the user deleted the failed registration Job (as its message says): register again
+        # the user asked for a retry (the annotation its message names): register again
         previous = previous.model_copy(update={"phase": api.Phase.REGISTERING.value})
 
     try:
@@ -185,6 +185,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         registration=registration,
         children=children,
         namespace=ns,
+        job_name=name,
         pytorchjob_name=builders.pytorchjob_name(job),
         registration_job_name=builders.registration_job_name(job),
         checkpoint_claim=builders.checkpoint_claim(job),
@@ -192,14 +193,19 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     transition = state.advance(previous, obs)
     if retry is not None:
         transition.status.setdefault("completionTime", None)  # merge patch: no longer complete
-    if retry == "deleted":
+    requested = retry_requested(obj, previous) if retry in ("requested", "disabled", "running") else None
+    if requested is not None:
+        transition.status["registrationRetry"] = requested  # acted on once, whatever the outcome
+    # the pass that records the request says so; also when an earlier pass created the Job but lost
+    # its status write (a race): this one finds that Job running and the request not yet recorded
+    if retry == "requested" or (retry == "running" and requested is not None):
         transition.events.insert(
             0,
             state.Event(
                 "Normal",
                 state.REGISTRATION_RETRIED,
-                f"registration Job {builders.registration_job_name(job)} was deleted after it failed: "
-                "registering the trained model again",
+                f"{api.RETRY_REGISTRATION_ANNOTATION}={requested}: registering the trained model again "
+                f"(registration Job {builders.registration_job_name(job)} created anew, training not repeated)",
             ),
         )
     if retry == "enabled":
@@ -308,29 +314,48 @@ def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: api.Fin
     return "enabled" if job.spec.registration.enabled and _trained(ctx, job, previous) else None
 
 
-def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
-    """Whether a job that failed in registration is being registered again, and how.
+def retry_requested(obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+    """The ``kubetune.io/retry-registration`` annotation's value when no pass has acted on it yet
+    (``status.registrationRetry``); None otherwise."""
+    value = ((obj.get("metadata") or {}).get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)
+    return value if value and value != previous.registration_retry else None
 
-    ``deleted``: the failed registration Job is gone (the user deleted it, as the status says to):
-    the pass creates it again. ``running``: a registration Job exists that has not failed (created
-    by an earlier retry whose status write lost a race, or by an operator before a restart): the
-    pass follows it. ``disabled``: the failed Job is gone and ``registration.enabled`` is now false:
-    the pass finds training finished with registration off (Succeeded, nothing registered). None:
-    the job stays as it is (not a registration failure, its Job is still the failed one, or
-    training is not known to have finished, ``_trained``: a retry never trains again).
+
+def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+    """Whether a job that failed in registration is registered again now, and how.
+
+    Only the user's request retries: the ``kubetune.io/retry-registration`` annotation set to a
+    value not acted on yet (``retry_requested``). A failed Job that merely disappears (deleted by
+    hand, or by a TTL that an admission policy gives every Job) leaves the job Failed: were its
+    deletion the trigger, such a policy would retry a failed registration forever.
+
+    ``requested``: asked, and the failed Job is gone: the pass creates it again. A failed Job still
+    there is deleted first (by its uid), and the pass its deletion brings goes on. ``disabled``:
+    asked while ``registration.enabled`` is false: the pass finds training finished with
+    registration off (Succeeded, nothing registered). ``running``: a registration Job exists that
+    has not failed (created by a retry whose status write lost a race, or before an operator
+    restart): the pass follows it. None: the job stays as it is (not a registration failure, no new
+    request, or training not known to have finished, ``_trained``: a retry never trains again).
     """
     if not state.failed_in_registration(previous) or (job := _parsed(obj)) is None:
         return None
     if not _trained(ctx, job, previous):
         return None
-    live = ctx.kube.get("batch/v1", "Job", job.metadata.namespace, builders.registration_job_name(job))
-    if live is None:
-        return "deleted" if job.spec.registration.enabled else "disabled"
-    if (live.get("metadata") or {}).get("deletionTimestamp") or not job.spec.registration.enabled:
-        return None  # still going: its deletion is the next event (off: the failed Job stays the answer)
-    observed = state.registration_observation(live, [], builders.REGISTER_CONTAINER)
-    # the failed Job (or one that ended without registering) is still the answer: stays Failed
-    return None if observed.state in ("Failed", "Skipped") else "running"
+    ns, reg = job.metadata.namespace, builders.registration_job_name(job)
+    live = ctx.kube.get("batch/v1", "Job", ns, reg)
+    if live is not None and (live.get("metadata") or {}).get("deletionTimestamp"):
+        return None  # still going: its deletion is the next event
+    if live is not None and job.spec.registration.enabled:
+        observed = state.registration_observation(live, [], builders.REGISTER_CONTAINER)
+        if observed.state not in ("Failed", "Skipped"):
+            return "running"
+    if retry_requested(obj, previous) is None:
+        return None
+    if live is not None:
+        if is_ours(live, job):
+            ctx.kube.delete("batch/v1", "Job", ns, reg, uid=live["metadata"]["uid"])
+        return None  # the Job's deletion brings the pass that registers (or a stranger's Job stays)
+    return "requested" if job.spec.registration.enabled else "disabled"
 
 
 def _observed(ctx: Context, obj: dict[str, Any], outcome: Outcome, generation: int) -> Outcome:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubetune_api.spec import (
+    RETRY_REGISTRATION_ANNOTATION,
     Condition,
     FineTuneJobStatus,
     Phase,
@@ -87,9 +88,9 @@ FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 def failed_in_registration(status: FineTuneJobStatus) -> bool:
     """Failed after training finished, in registration: the one final phase that can be left.
 
-    The status message tells the user to delete the failed registration Job once the tracking URI or
-    credentials are fixed; the next pass then registers again (the registration is idempotent: a
-    version of this run and config already in MLflow is found, not registered twice).
+    The status message tells the user to set the ``kubetune.io/retry-registration`` annotation once
+    the tracking URI or credentials are fixed; the operator then registers again (the registration
+    is idempotent: a version of this run and config already in MLflow is found, not registered twice).
     """
     if status.phase != Phase.FAILED.value:
         return False
@@ -157,6 +158,7 @@ class Observation:
     children: dict[str, str] = field(default_factory=dict)
     # For actionable messages.
     namespace: str = "default"
+    job_name: str = ""
     pytorchjob_name: str = ""
     registration_job_name: str = ""
     checkpoint_claim: str = ""
@@ -386,7 +388,10 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     if tr.condition == "Succeeded":
         out["training"] = (False, TRAINING_SUCCEEDED, tr.message or "training finished")
         job = f"registration Job {obs.registration_job_name}"
-        delete = f"the Job (kubectl delete job -n {obs.namespace} {obs.registration_job_name})"
+        retry = (
+            f"kubectl annotate ftj -n {obs.namespace} {obs.job_name} "
+            f'{RETRY_REGISTRATION_ANNOTATION}="$(date +%s)" --overwrite'
+        )
         kept = "the trained model stays on the checkpoint volume."
         disabled = None  # Succeeded with nothing registered, and why
         if not obs.registration_enabled and not reg.exists:
@@ -401,17 +406,18 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         if reg.state == "Skipped":
             failed = (
                 f"{job} ended without registering: its pod read registration.enabled false (turned off, "
-                f"then on again, while it ran). Delete {delete} to register; {kept}"
+                f"then on again, while it ran). To register: {retry}; {kept}"
             )
         elif reg.state == "Failed" and not obs.registration_enabled:
             failed = (
-                f"{job} failed: {reg.message}. spec.registration.enabled is now false: delete {delete} to finish "
-                f"without registering; {kept}"
+                f"{job} failed: {reg.message}. spec.registration.enabled is now false: to finish without "
+                f"registering: {retry}; {kept}"
             )
         elif reg.state == "Failed":
             failed = (
                 f"{job} failed: {reg.message}. Check the MLflow tracking URI and credentials "
-                f"(spec.registration, spec.secrets), then delete {delete} to retry; {kept}"
+                f"(spec.registration, spec.secrets), then retry (the operator deletes the failed Job and "
+                f"creates it again): {retry}; {kept}"
             )
         if failed is not None:
             out["registered"] = (False, REGISTRATION_FAILED, failed)

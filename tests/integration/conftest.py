@@ -231,7 +231,7 @@ def finish_registration_job(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": f"{job_name}-abcde",
+            "name": f"{job_name}-{job['metadata']['uid'][:5]}",  # one pod per Job, also for a Job created anew
             "namespace": namespace,
             "labels": {**template["metadata"]["labels"], "batch.kubernetes.io/job-name": job_name},
             "ownerReferences": [

@@ -19,6 +19,8 @@ from tests.integration.conftest import (
     wait_phase,
 )
 
+from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION as RETRY
+
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 RESULT = {
@@ -108,14 +110,19 @@ def _trained(kube: Any, namespace: str, name: str) -> tuple[str, str]:
     return ptj, reg
 
 
-def _set_registration(kube: Any, namespace: str, name: str, enabled: bool) -> dict[str, Any]:
-    """spec.registration.enabled changed, and the change observed; the FineTuneJob then."""
-    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": {"enabled": enabled}}})
+def _registration_changed(kube: Any, namespace: str, name: str, **fields: Any) -> dict[str, Any]:
+    """spec.registration fields changed, and the change observed (so a pass ran after whatever the
+    test did before); the FineTuneJob then."""
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": fields}})
     generation = get_job(kube, namespace, name)["metadata"]["generation"]
     return wait_for(
         lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == generation and o,
         what="the change observed",
     )
+
+
+def _set_registration(kube: Any, namespace: str, name: str, enabled: bool) -> dict[str, Any]:
+    return _registration_changed(kube, namespace, name, enabled=enabled)
 
 
 def _registers_without_training(
@@ -318,18 +325,49 @@ def test_failed_registration_and_its_retry(
         lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationFailed"],
         what="a RegistrationFailed event",
     )
-    # The status's remedy: credentials fixed, the failed Job deleted (the garbage collector takes its
-    # pod); the operator, which watches its Jobs, registers the trained model again at once.
+    assert f"{RETRY}=" in ready["message"]
     reg = f"{name}-register"
     failed_uid = kube.get("batch/v1", "Job", namespace, reg)["metadata"]["uid"]
     training_uid = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)["metadata"]["uid"]
-    control_plane.kubectl("delete", "job", "-n", namespace, reg, "--wait=false")
-    control_plane.kubectl("delete", "pod", "-n", namespace, f"{reg}-abcde", "--wait=false")
+    # The status's remedy: credentials fixed, the annotation set; the operator deletes the failed
+    # Job itself and registers the trained model again, without training.
+    _ask_retry(kube, namespace, name, "1")
     wait_for(
         lambda: (j := kube.get("batch/v1", "Job", namespace, reg)) and j["metadata"]["uid"] != failed_uid,
-        what="the registration Job created again",
+        what="the registration Job created anew",
     )
     _registers_without_training(kube, namespace, name, training_uid, "RegistrationRetried", ready=True)
+    assert get_job(kube, namespace, name)["status"]["registrationRetry"] == "1"
+
+
+def _ask_retry(kube: Any, namespace: str, name: str, value: str) -> None:
+    kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"metadata": {"annotations": {RETRY: value}}})
+
+
+def test_a_failed_registration_job_deleted_by_a_ttl_is_not_retried(
+    kube: Any, namespace: str, operator: Any, control_plane: Any
+) -> None:
+    """An admission policy that gives every Job a TTL deletes the failed Job: were that the retry,
+    a failed registration would be retried forever. Only the annotation retries."""
+    name = _start(kube, namespace)
+    _, reg = _trained(kube, namespace, name)
+    finish_registration_job(kube, namespace, reg, exit_code=1, message="MlflowException: 401 Unauthorized")
+    wait_phase(kube, namespace, name, "Failed")
+    control_plane.kubectl("delete", "job", "-n", namespace, reg, "--wait=false")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg) is None, what="the failed Job gone")
+    obj = _registration_changed(kube, namespace, name, alias="candidate")
+    assert obj["status"]["phase"] == "Failed" and condition(obj, "Ready")["reason"] == "RegistrationFailed"
+    assert kube.get("batch/v1", "Job", namespace, reg) is None  # not created again
+    # asked: the Job is created again; a value already acted on asks nothing
+    _ask_retry(kube, namespace, name, "2026-12-02T06:30:00Z")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job created again")
+    finish_registration_job(kube, namespace, reg, exit_code=1, message="MlflowException: 401 Unauthorized")
+    obj = wait_phase(kube, namespace, name, "Failed")
+    assert obj["status"]["registrationRetry"] == "2026-12-02T06:30:00Z"
+    control_plane.kubectl("delete", "job", "-n", namespace, reg, "--wait=false")
+    wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg) is None, what="the failed Job gone again")
+    obj = _registration_changed(kube, namespace, name, alias="champion")
+    assert obj["status"]["phase"] == "Failed" and kube.get("batch/v1", "Job", namespace, reg) is None
 
 
 def test_registration_turned_off_while_its_job_runs(
@@ -370,9 +408,9 @@ def test_registration_turned_off_then_failed_finishes_without_registering(
     finish_registration_job(kube, namespace, reg, exit_code=1, message="MlflowException: 401 Unauthorized")
     obj = wait_phase(kube, namespace, name, "Failed")
     assert "to finish without registering" in condition(obj, "Ready")["message"]
-    # the remedy: delete the failed Job; with registration off nothing is registered or retried
-    control_plane.kubectl("delete", "job", "-n", namespace, reg, "--wait=false")
-    control_plane.kubectl("delete", "pod", "-n", namespace, f"{reg}-abcde", "--wait=false")
+    # the remedy: the annotation; with registration off the operator deletes the failed Job, and
+    # nothing is registered or retried
+    _ask_retry(kube, namespace, name, "1")
     obj = wait_phase(kube, namespace, name, "Succeeded")
     assert condition(obj, "Registered")["reason"] == "RegistrationDisabled"
     assert "registeredModel" not in obj["status"] and obj["status"].get("completionTime")

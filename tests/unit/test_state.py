@@ -20,6 +20,7 @@ def obs(**kw: Any) -> Observation:
         "generation": 1,
         "now": T0,
         "namespace": "ml",
+        "job_name": "j",
         "pytorchjob_name": "j-train",
         "registration_job_name": "j-register",
         "checkpoint_claim": "j-ckpt",
@@ -153,7 +154,11 @@ def test_registration_failed_is_actionable() -> None:
     ready = cond(t, "Ready")
     assert ready["reason"] == state.REGISTRATION_FAILED
     assert "401" in ready["message"]
-    assert "kubectl delete job -n ml j-register" in ready["message"]
+    # the remedy names the annotation that retries (deleting the Job alone does not)
+    assert (
+        'kubectl annotate ftj -n ml j kubetune.io/retry-registration="$(date +%s)" --overwrite'
+        in ready["message"]
+    )
 
 
 def test_registration_disabled_succeeds_after_training() -> None:
@@ -299,10 +304,13 @@ def test_a_registration_job_whose_pod_skipped() -> None:
     assert t.phase == "Succeeded" and "registeredModel" not in t.status
     assert cond(t, "Registered")["reason"] == state.REGISTRATION_DISABLED
     assert "ended without registering" in cond(t, "Registered")["message"]
-    # turned on again while that pod ran: nothing is registered, and deleting the Job retries
+    # turned on again while that pod ran: nothing is registered, and the annotation retries
     t = state.advance(None, obs(**done))
     assert t.phase == "Failed" and cond(t, "Ready")["reason"] == state.REGISTRATION_FAILED
-    assert "to register" in cond(t, "Ready")["message"]
+    assert (
+        "To register: kubectl annotate ftj -n ml j kubetune.io/retry-registration"
+        in cond(t, "Ready")["message"]
+    )
 
 
 def test_registration_failure_json_becomes_the_message() -> None:

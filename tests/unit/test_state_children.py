@@ -38,6 +38,13 @@ class MemoryKube:
         self.objects[key] = copy.deepcopy(manifest)
         return copy.deepcopy(manifest)
 
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, *, uid: str) -> bool:
+        obj = self.objects.get((kind, name))
+        if obj is None or obj["metadata"].get("uid") != uid:
+            return False
+        del self.objects[(kind, name)]
+        return True
+
     def patch(
         self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
     ) -> dict[str, Any]:
@@ -142,9 +149,10 @@ def _failed_status(reason: str) -> Any:
     )
 
 
-def test_a_failed_registration_is_retried_once_its_job_is_deleted() -> None:
+def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> None:
     import yaml
 
+    from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION as RETRY
     from kubetune_operator.reconcile import Context, _registration_retry
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
@@ -154,25 +162,47 @@ def test_a_failed_registration_is_retried_once_its_job_is_deleted() -> None:
     failed = _failed_status("RegistrationFailed")
     reg = f"{obj['metadata']['name']}-register"
     ptj = f"{obj['metadata']['name']}-train"
+    ours = {"metadata": {"name": reg, "uid": "j1", "labels": {"kubetune.io/job-uid": UID}}}
+    ours["metadata"]["ownerReferences"] = [
+        {"uid": UID, "kind": "FineTuneJob", "name": obj["metadata"]["name"]}
+    ]
 
+    obj["metadata"]["annotations"] = {RETRY: "1"}
     assert _registration_retry(ctx, obj, failed) is None  # no PyTorchJob: a retry would train again
     kube.objects[("PyTorchJob", ptj)] = {
         "metadata": {"name": ptj},
         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
     }
-    assert _registration_retry(ctx, obj, failed) == "deleted"  # the user deleted the failed Job
+    assert _registration_retry(ctx, obj, failed) == "requested"  # asked, the failed Job gone
     assert _registration_retry(ctx, obj, _failed_status("TrainingFailed")) is None  # training failed: final
+    # the same value again (acted on already), or none: the failed Job's absence alone is no request
+    assert _registration_retry(ctx, obj, failed.model_copy(update={"registration_retry": "1"})) is None
+    obj["metadata"]["annotations"] = {}
+    assert _registration_retry(ctx, obj, failed) is None
 
-    kube.objects[("Job", reg)] = {"metadata": {"name": reg, "uid": "j1"}, "status": {}}
+    kube.objects[("Job", reg)] = {**ours, "status": {}}
     # a Job that has not failed: a retry whose status write lost a race, followed to its end
     assert _registration_retry(ctx, obj, failed) == "running"
     kube.objects[("Job", reg)]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
-    assert _registration_retry(ctx, obj, failed) is None  # still the failed one: stays Failed
+    assert _registration_retry(ctx, obj, failed) is None  # still the failed one, nobody asked: Failed
     kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    obj["metadata"]["annotations"] = {RETRY: "2"}
     assert _registration_retry(ctx, obj, failed) is None  # being deleted: its deletion is the next event
+    assert ("Job", reg) in kube.objects
+    del kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"]
+    # asked while the failed Job is there: the operator deletes that Job (by uid); its deletion's
+    # pass goes on
+    assert _registration_retry(ctx, obj, failed) is None and ("Job", reg) not in kube.objects
+    assert _registration_retry(ctx, obj, failed) == "requested"
+    # a stranger's Job of that name is never deleted
+    kube.objects[("Job", reg)] = {
+        "metadata": {"name": reg, "uid": "x"},
+        "status": {"conditions": [{"type": "Failed", "status": "True"}]},
+    }
+    assert _registration_retry(ctx, obj, failed) is None and ("Job", reg) in kube.objects
     del kube.objects[("Job", reg)]
     obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
-    # turned off, the failed Job deleted: the job finishes without registering (no new Job)
+    # turned off, then asked: the job finishes without registering (no new Job)
     assert _registration_retry(ctx, obj, failed) == "disabled"
 
 
@@ -241,5 +271,8 @@ def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
         {"type": "Registered", "status": "False", "reason": "RegistrationDisabled", "lastTransitionTime": T0},
     )
     # no PyTorchJob at all (deleted after it succeeded): both still register, since no pass re-creates it
-    assert _registration_retry(ctx, obj, failed) == "deleted"
+    from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
+
+    obj["metadata"]["annotations"] = {RETRY_REGISTRATION_ANNOTATION: "t1"}
+    assert _registration_retry(ctx, obj, failed) == "requested"
     assert _registration_turned_on(ctx, obj, off) == "enabled"

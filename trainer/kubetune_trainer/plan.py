@@ -343,18 +343,21 @@ def make_plan(
 
     sharding = _sharding(hw, shape, lora=lora, param_bytes=param_bytes, budget=budget, reasons=reasons)
 
-    def fits(rows: int, recompute: bool) -> bool:
-        assert shape is not None and budget is not None
-        need = estimate_training_bytes(
+    def need(tokens: int, recompute: bool) -> int:
+        assert shape is not None
+        return estimate_training_bytes(
             shape,
             lora=lora,
-            tokens=rows * training.max_length,
+            tokens=tokens,
             checkpointing=recompute,
             param_bytes=param_bytes,
             sharding=sharding,
             world_size=hw.world_size,
         )
-        return need <= budget
+
+    def fits(rows: int, recompute: bool) -> bool:
+        assert budget is not None
+        return need(rows * training.max_length, recompute) <= budget
 
     if packing and training.tokens_per_step:
         batch = max(1, training.tokens_per_step // training.max_length)
@@ -406,7 +409,7 @@ def make_plan(
             batch, accumulation, planned_recompute = 1, rows_per_step, True
             reasons["batch"] = (
                 f"memory plan: not even 1 packed row of {training.max_length} tokens fits by the estimate "
-                f"(~{estimate_training_bytes(shape, lora=lora, tokens=training.max_length, checkpointing=True, sharding=sharding, world_size=hw.world_size) / 2**30:.1f} GiB) "
+                f"(~{need(training.max_length, True) / 2**30:.1f} GiB) "
                 f"{step}: 1 row x {accumulation} micro-steps with recomputation, the leanest layout"
             )
     tokens = batch * training.max_length
@@ -428,18 +431,10 @@ def make_plan(
         checkpointing = planned_recompute
         reasons["gradient_checkpointing"] = f"auto: {'on' if checkpointing else 'off'}, by the memory plan"
     else:
-        need = estimate_training_bytes(
-            shape,
-            lora=lora,
-            tokens=tokens,
-            checkpointing=False,
-            param_bytes=param_bytes,
-            sharding=sharding,
-            world_size=hw.world_size,
-        )
-        checkpointing = need > budget
+        without = need(tokens, False)
+        checkpointing = without > budget
         reasons["gradient_checkpointing"] = (
-            f"auto: ~{need / 2**30:.1f} GiB needed without it vs {budget / 2**30:.1f} GiB budget: "
+            f"auto: ~{without / 2**30:.1f} GiB needed without it vs {budget / 2**30:.1f} GiB budget: "
             + ("on" if checkpointing else "off")
         )
 
@@ -472,15 +467,7 @@ def make_plan(
         # within what the micro-step leaves of the budget: a chunk of n elements can take ~4n bytes
         # (bf16, rounded up to a power of two of rows); MIN_LOSS_CHUNK_ELEMENTS at the least, so
         # that a squeezed plan does not split its LM head into dozens of thin products
-        spare = budget - estimate_training_bytes(
-            shape,
-            lora=lora,
-            tokens=tokens,
-            checkpointing=checkpointing,
-            param_bytes=param_bytes,
-            sharding=sharding,
-            world_size=hw.world_size,
-        )
+        spare = budget - need(tokens, checkpointing)
         elements = min(LOSS_CHUNK_ELEMENTS, max(MIN_LOSS_CHUNK_ELEMENTS, spare // 4))
         loss_chunk_factor = max(1, elements // (tokens * shape.hidden_size))
         reasons["loss_chunks"] = (
