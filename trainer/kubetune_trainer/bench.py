@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV
+from .plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV, peak_bf16_flops
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -146,8 +146,6 @@ SMOKE_CASES = ["tiny:notebook-a", "tiny:kubetune-lora", "tiny:notebook-b", "tiny
 # Which case each kubetune case is compared with.
 BASELINE = {"kubetune-lora": "notebook-a", "kubetune-full": "notebook-b"}
 
-# Peak dense bf16 (= fp16) tensor FLOP/s by GPU name (vendor datasheets, SXM parts).
-PEAK_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "B200": 2250e12}
 
 MAX_LENGTH = 1024
 
@@ -261,12 +259,10 @@ def flops_per_token(cfg: dict[str, Any], *, lora: bool, mean_context: float) -> 
 
 
 def peak_flops(device_name: str, override: float | None) -> float | None:
+    """The MFU denominator: ``--peak-tflops``, else the plan's table of dense bf16 peaks by GPU name."""
     if override:
         return override * 1e12
-    for key, value in PEAK_FLOPS.items():
-        if key in device_name:
-            return value
-    return None
+    return peak_bf16_flops(device_name)
 
 
 # --- one case (in its own process) -----------------------------------------------------------------
