@@ -268,9 +268,27 @@ def container_security_context(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _env(job: api.FineTuneJob) -> list[dict[str, Any]]:
+# Variables the Kubeflow Training Operator appends to every PyTorchJob container, whatever is
+# already there (v1.9 pytorch/envvar.go): setting one of them too defines it twice, which the API
+# server only warns about ("hides previous definition") and server-side apply may drop.
+TRAINING_OPERATOR_ENV = (
+    "PYTHONUNBUFFERED",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_NNODES",
+)
+
+
+def _env(job: api.FineTuneJob, *, training: bool = False) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # the Training Operator sets it in training pods (TRAINING_OPERATOR_ENV)
+        *([] if training else [{"name": "PYTHONUNBUFFERED", "value": "1"}]),
         # Caches go to the writable emptyDir: the root filesystem is read-only.
         {"name": "HOME", "value": CACHE_MOUNT},  # exists (the mount point); some tools write to ~
         {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
@@ -429,7 +447,7 @@ def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[s
         "command": train_command(),
         "workingDir": CACHE_MOUNT,
         "env": [
-            *_env(job),
+            *_env(job, training=True),
             {"name": "KUBETUNE_SHUTDOWN_GRACE_S", "value": str(shutdown_grace_seconds(settings))},
             *_cpus_env(job),
         ],
@@ -562,6 +580,10 @@ def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str
         "spec": {
             "backoffLimit": settings.register_backoff_limit,
             "activeDeadlineSeconds": settings.register_deadline_seconds,
+            # A retry's pod starts only once the previous one has ended, not while it is still
+            # terminating (the default, TerminatingOrFailed, would run both: two registrations at
+            # once). batch/v1 field, on by default since Kubernetes 1.29, GA in 1.34.
+            "podReplacementPolicy": "Failed",
             "template": {
                 "metadata": {
                     "labels": {

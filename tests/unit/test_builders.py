@@ -407,3 +407,16 @@ def test_the_variables_refused_in_spec_env_are_the_ones_the_operator_sets() -> N
     ptj = builders.build_pytorchjob(example("qwen2-0.5b-lora-8gpu.yaml"), SETTINGS)
     names = {e["name"] for e in _master(ptj)["containers"][0]["env"]}
     assert {n for n in names if n.startswith("KUBETUNE_")} == set(OPERATOR_ENV)
+
+
+def test_training_pods_leave_the_training_operators_own_variables_to_it() -> None:
+    """The Training Operator appends PYTHONUNBUFFERED, MASTER_ADDR, WORLD_SIZE... to every
+    container, whatever is there: set here too, the pod would define them twice (seen through the
+    real Training Operator: the API server warns "hides previous definition")."""
+    ptj = builders.build_pytorchjob(example("multinode-lora.yaml"), SETTINGS)
+    for replica in ptj["spec"]["pytorchReplicaSpecs"].values():
+        names = [e["name"] for e in replica["template"]["spec"]["containers"][0]["env"]]
+        assert not set(names) & set(builders.TRAINING_OPERATOR_ENV), names
+    registration = builders.build_registration_job(example("multinode-lora.yaml"), SETTINGS)
+    env = registration["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "PYTHONUNBUFFERED", "value": "1"} in env  # a plain Job: nobody else sets it
