@@ -1,0 +1,321 @@
+"""The Argo CD health check (deploy/argocd/health/finetunejob.lua) on statuses as they really are: the
+operator's own state machine (``state.advance``, ``state.alias_transition``) makes them from
+observations of the children, and they are merge-patched through the status subresource of a
+FineTuneJob on the real API server (the trainer's progress too) and read back from it. The script runs
+in gopher-lua with Argo CD's default libraries and with open libraries (tests/support/lua.py); the
+verdict must be the same under both. Then the argocd-cm patch and the Applications.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.support.controlplane import REPO, ControlPlane
+from tests.support.lua import run_health
+
+from kubetune_api import spec as api
+from kubetune_operator import state
+from kubetune_operator.kube import Kube
+
+pytestmark = pytest.mark.integration
+
+ARGOCD = REPO / "deploy" / "argocd"
+SCRIPT_PATH = ARGOCD / "health" / "finetunejob.lua"
+SCRIPT = SCRIPT_PATH.read_text()
+HEALTH_KEY = "resource.customizations.health.kubetune.io_FineTuneJob"
+NOW = "2026-11-30T10:00:00Z"
+INT64_MAX = 2**63 - 1
+RESULT = {
+    "name": "qwen3_4b_assistant",
+    "version": "3",
+    "uri": "models:/qwen3_4b_assistant/3",
+    "run_id": "abc",
+}
+REGISTERED_MESSAGE = "Registered model qwen3_4b_assistant version 3"
+PROGRESS = {"step": 25, "totalSteps": 50, "percent": 50, "loss": 1.5, "etaSeconds": 600}
+
+
+def health(obj: dict[str, Any]) -> dict[str, str]:
+    """Argo CD's verdict, the same with its default libraries and with open libraries."""
+    default = run_health(SCRIPT_PATH, obj)
+    assert run_health(SCRIPT_PATH, obj, open_libs=True) == default
+    return default
+
+
+# --- observations, as the operator makes them from the children -----------------------------------------
+
+
+def _obs(generation: int = 1, **kw: Any) -> state.Observation:
+    return state.Observation(
+        generation=generation,
+        now=NOW,
+        namespace="ns",
+        pytorchjob_name="job-train",
+        registration_job_name="job-register",
+        checkpoint_claim="job-ckpt",
+        children={"checkpointClaim": "job-ckpt", "configMap": "job-config", "pytorchJob": "job-train"},
+        **kw,
+    )
+
+
+def _training(condition: str | None, message: str = "") -> state.TrainingObservation:
+    return state.TrainingObservation(
+        exists=True, condition=condition, reason=f"PyTorchJob{condition}", message=message
+    )
+
+
+@dataclass(frozen=True)
+class Alias:
+    """The operator's status write for a Succeeded job whose registration.alias changed."""
+
+    wanted: str
+    job: state.RegistrationObservation
+    generation: int = 2
+
+
+PENDING = _obs(training=_training(None))
+CREATED = _obs(training=_training("Created"))
+RUNNING = _obs(training=_training("Running"))
+TRAINED = _training("Succeeded", "PyTorchJob job-train is successfully completed.")
+REGISTERING = _obs(training=TRAINED, registration=state.RegistrationObservation(True, "Running"))
+REGISTERED = _obs(
+    training=TRAINED, registration=state.RegistrationObservation(True, "Complete", "", dict(RESULT))
+)
+TRAINING_FAILED = _obs(
+    training=_training("Failed", "PyTorchJob job-train has failed because 1 Master replica(s) failed.")
+)
+REGISTRATION_FAILED = _obs(
+    training=TRAINED,
+    registration=state.RegistrationObservation(True, "Failed", "BackoffLimitExceeded: 401 Unauthorized"),
+)
+SUSPENDED = _obs(generation=2, suspend=True, training=_training("Suspended"))
+CONFLICT = _obs(conflict="PersistentVolumeClaim job-ckpt already exists and is not owned by this FineTuneJob")
+ALIAS_MOVING = Alias("challenger", state.RegistrationObservation(True, "Running"))
+ALIAS_FAILED = Alias(
+    "challenger", state.RegistrationObservation(True, "Failed", "BackoffLimitExceeded: 401 Unauthorized")
+)
+
+Step = state.Observation | Alias | dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def kube(api_client: Any) -> Kube:
+    return Kube(api_client)
+
+
+@pytest.fixture
+def new_job(kube: Kube, namespace: str) -> Callable[[str], str]:
+    def create(name: str) -> str:
+        doc = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
+        doc["metadata"] = {"name": name, "namespace": namespace}
+        kube.create(doc)
+        return name
+
+    return create
+
+
+def drive(kube: Kube, namespace: str, name: str, *steps: Step) -> dict[str, Any]:
+    """Apply each step to the stored FineTuneJob (an observation or an alias Job: the operator's status
+    write; a dict: the trainer's progress report), then read the object back."""
+    for step in steps:
+        obj = kube.get(api.API_VERSION, api.KIND, namespace, name)
+        assert obj is not None
+        previous = api.FineTuneJobStatus.model_validate(obj.get("status") or {})
+        if isinstance(step, dict):
+            status = step
+        elif isinstance(step, Alias):
+            status = state.alias_transition(
+                previous, step.wanted, step.job, now=NOW, generation=step.generation
+            ).status
+        else:
+            status = state.advance(previous, step).status
+        kube.patch(api.API_VERSION, api.KIND, namespace, name, {"status": status}, subresource="status")
+    stored = kube.get(api.API_VERSION, api.KIND, namespace, name)
+    assert stored is not None
+    return stored
+
+
+def said_by(ctype: str) -> Callable[[dict[str, Any]], str]:
+    """The expected message is the stored condition's message (the operator's words, not the script's)."""
+
+    def message(obj: dict[str, Any]) -> str:
+        (c,) = [c for c in obj["status"]["conditions"] if c["type"] == ctype]
+        assert c["message"], c
+        return str(c["message"])
+
+    return message
+
+
+def registered_and(ctype: str) -> Callable[[dict[str, Any]], str]:
+    return lambda obj: f"{REGISTERED_MESSAGE}; {said_by(ctype)(obj)}"
+
+
+# name: (steps, phase stored, health status, health message: literal, or made from the stored object)
+SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]], str]]] = {
+    "pending": ([PENDING], "Pending", "Progressing", said_by("Training")),
+    "created": ([PENDING, CREATED], "Pending", "Progressing", said_by("Training")),
+    "training": ([PENDING, RUNNING], "Training", "Progressing", said_by("Training")),
+    "training-with-progress": (
+        [PENDING, RUNNING, {"progress": PROGRESS}],
+        "Training",
+        "Progressing",
+        "step 25/50 (50%), loss 1.5000, ETA 10 min",
+    ),
+    "training-large-numbers": (
+        [
+            PENDING,
+            RUNNING,
+            {
+                "progress": {
+                    "step": INT64_MAX,
+                    "totalSteps": INT64_MAX,
+                    "percent": 100,
+                    "loss": 1e30,
+                    "etaSeconds": INT64_MAX,
+                }
+            },
+        ],
+        "Training",
+        "Progressing",
+        "step 9.223e+18/9.223e+18 (100%), loss 1.000e+30, ETA 2562047788015215 h",
+    ),
+    "registering": ([PENDING, RUNNING, REGISTERING], "Registering", "Progressing", said_by("Registered")),
+    "succeeded": ([PENDING, RUNNING, REGISTERING, REGISTERED], "Succeeded", "Healthy", REGISTERED_MESSAGE),
+    "alias-moving": (
+        [PENDING, RUNNING, REGISTERING, REGISTERED, ALIAS_MOVING],
+        "Succeeded",
+        "Healthy",
+        registered_and("AliasSynced"),
+    ),
+    "alias-failed-to-move": (
+        [PENDING, RUNNING, REGISTERING, REGISTERED, ALIAS_FAILED],
+        "Succeeded",
+        "Degraded",
+        registered_and("AliasSynced"),
+    ),
+    "training-failed": ([PENDING, RUNNING, TRAINING_FAILED], "Failed", "Degraded", said_by("Ready")),
+    "registration-failed": ([PENDING, RUNNING, REGISTRATION_FAILED], "Failed", "Degraded", said_by("Ready")),
+    "suspended": ([PENDING, RUNNING, SUSPENDED], "Suspended", "Suspended", said_by("Suspended")),
+    "child-conflict": ([CONFLICT], "Pending", "Degraded", said_by("ChildrenReady")),
+}
+
+
+def test_health_of_statuses_the_operator_writes(
+    kube: Kube, namespace: str, new_job: Callable[[str], str]
+) -> None:
+    for scenario, (steps, phase, expected, message) in SCENARIOS.items():
+        obj = drive(kube, namespace, new_job(scenario), *steps)
+        assert obj["status"]["phase"] == phase, (scenario, obj["status"])
+        text = message(obj) if callable(message) else message
+        assert health(obj) == {"status": expected, "message": text}, (scenario, obj["status"])
+    assert {phase for _, phase, _, _ in SCENARIOS.values()} == {p.value for p in api.Phase}
+
+
+def test_the_alias_messages_say_what_happened(
+    kube: Kube, namespace: str, new_job: Callable[[str], str]
+) -> None:
+    """The operator's words for the alias, spelled out once (the scenarios above take them as stored)."""
+    obj = drive(kube, namespace, new_job("alias"), PENDING, RUNNING, REGISTERING, REGISTERED, ALIAS_FAILED)
+    assert health(obj) == {
+        "status": "Degraded",
+        "message": f"{REGISTERED_MESSAGE}; moving the alias to 'challenger' failed: "
+        "BackoffLimitExceeded: 401 Unauthorized",
+    }
+
+
+def test_new_job_without_status_is_progressing(
+    kube: Kube, namespace: str, new_job: Callable[[str], str]
+) -> None:
+    name = new_job("fresh")
+    obj = kube.get(api.API_VERSION, api.KIND, namespace, name)
+    assert obj is not None and "status" not in obj
+    assert health(obj) == {
+        "status": "Progressing",
+        "message": "Waiting for the kubetune operator to pick up the FineTuneJob",
+    }
+
+
+def test_spec_change_not_yet_acted_on_is_progressing(
+    kube: Kube, namespace: str, new_job: Callable[[str], str]
+) -> None:
+    name = new_job("stale")
+    drive(kube, namespace, name, PENDING, RUNNING, {"progress": PROGRESS})
+    kube.patch(api.API_VERSION, api.KIND, namespace, name, {"spec": {"suspend": True}})
+    obj = kube.get(api.API_VERSION, api.KIND, namespace, name)
+    assert obj is not None and obj["metadata"]["generation"] == 2 and obj["status"]["observedGeneration"] == 1
+    assert health(obj) == {
+        "status": "Progressing",
+        "message": "Waiting for the operator to act on generation 2",
+    }
+
+
+def test_succeeded_job_stays_healthy_when_its_alias_changes(
+    kube: Kube, namespace: str, new_job: Callable[[str], str]
+) -> None:
+    name = new_job("realias")
+    drive(kube, namespace, name, PENDING, RUNNING, REGISTERING, REGISTERED)
+    kube.patch(
+        api.API_VERSION, api.KIND, namespace, name, {"spec": {"registration": {"alias": "challenger"}}}
+    )
+    obj = kube.get(api.API_VERSION, api.KIND, namespace, name)
+    assert obj is not None and obj["metadata"]["generation"] == 2
+    assert health(obj) == {"status": "Healthy", "message": REGISTERED_MESSAGE}
+
+
+# --- install instructions -------------------------------------------------------------------------------
+
+
+def test_argocd_cm_patch_carries_the_script_and_applies(control_plane: ControlPlane, namespace: str) -> None:
+    patch_file = ARGOCD / "argocd-cm-health.yaml"
+    control_plane.kubectl(
+        "create", "configmap", "argocd-cm", "-n", namespace, "--from-literal=url=https://argocd.example.com"
+    )
+    control_plane.kubectl(
+        "patch", "configmap", "argocd-cm", "-n", namespace, "--type", "merge", "--patch-file", str(patch_file)
+    )
+    data = json.loads(
+        control_plane.kubectl("get", "configmap", "argocd-cm", "-n", namespace, "-o", "json").stdout
+    )["data"]
+    assert data[HEALTH_KEY] == SCRIPT
+    assert data["url"] == "https://argocd.example.com"
+    # the default library set is enough: no useOpenLibs key is shipped
+    assert not [key for key in data if key.startswith("resource.customizations.useOpenLibs")]
+
+
+def _applications() -> dict[str, dict[str, Any]]:
+    return {
+        p.name: yaml.safe_load(p.read_text())
+        for p in sorted(ARGOCD.glob("*.yaml"))
+        if "argocd-cm" not in p.name
+    }
+
+
+def test_argocd_applications_have_the_sync_options_crds_need() -> None:
+    apps = _applications()
+    assert set(apps) == {"kubetune.yaml", "finetunejobs.yaml"}
+    for name, app in apps.items():
+        assert app["apiVersion"] == "argoproj.io/v1alpha1" and app["kind"] == "Application", name
+        options = app["spec"]["syncPolicy"]["syncOptions"]
+        assert "ServerSideApply=true" in options, name
+    assert (
+        "SkipDryRunOnMissingResource=true" in apps["finetunejobs.yaml"]["spec"]["syncPolicy"]["syncOptions"]
+    )
+    assert apps["finetunejobs.yaml"]["spec"]["syncPolicy"]["automated"]["prune"] is False
+    source = apps["kubetune.yaml"]["spec"]["source"]
+    assert (REPO / source["path"] / "Chart.yaml").exists()
+
+
+def test_argocd_chart_values_pass_the_charts_schema(tmp_path: Path) -> None:
+    from tests.unit.test_chart import CHART, helm
+
+    values = copy.deepcopy(_applications()["kubetune.yaml"]["spec"]["source"]["helm"]["valuesObject"])
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    result = helm("template", "kubetune", str(CHART), "-f", str(tmp_path / "values.yaml"), check=False)
+    assert result.returncode == 0, result.stderr
