@@ -25,7 +25,9 @@ export GOPATH="${GOPATH:-$HOME/go}"
 if [ ! -x "$BIN" ]; then
   echo "[build-lua] building luahealth with gopher-lua $GOPHER_LUA_VERSION into $ASSETS" >&2
   mkdir -p "$ASSETS"
-  (cd "$SRC" && go build -trimpath -ldflags "-s -w" -o "$BIN.tmp" .)
-  mv "$BIN.tmp" "$BIN"   # a build cut short never leaves a binary that looks finished
+  # a build of its own name, then renamed: one cut short never leaves a binary that looks finished,
+  # and two test processes building at once do not write the same file
+  (cd "$SRC" && go build -trimpath -ldflags "-s -w" -o "$BIN.$$" .)
+  mv -f "$BIN.$$" "$BIN"
 fi
 echo "$BIN"
