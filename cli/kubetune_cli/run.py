@@ -17,9 +17,16 @@ What happens:
    the manifest's folder.
 3. Training writes checkpoints (``<output-dir>/checkpoints``, default output dir ``./runs/<name>``);
    run the same command again after an interruption and it resumes from the newest complete one.
-4. MLflow: the manifest's ``registration.trackingUri``, ``--tracking-uri``, or a local sqlite store
-   in the output folder. The trained model is registered there (``kubetune_trainer.register``).
+4. MLflow: ``--tracking-uri``, the manifest's ``registration.trackingUri``, ``MLFLOW_TRACKING_URI``,
+   or a local sqlite store in the output folder, in that order. The trained model is registered
+   there (``kubetune_trainer.register``). A tracking URI with credentials (``user:password@``),
+   wherever it comes from, is refused: they go in ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``.
 5. It prints where everything is, and how to look at it (``mlflow ui ...``).
+
+Bad input (a manifest that is not a FineTuneJob, a field misspelt, data that cannot train: an
+empty file, a malformed line, a row without the format's column, an unknown chat role) ends the run
+before anything is built or written, with one message naming the file, the line and the field, and
+exit code 2 (``--debug`` adds the traceback). See :mod:`kubetune_trainer.data_check`.
 """
 
 from __future__ import annotations
@@ -28,10 +35,11 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import FineTuneJob
+from kubetune_api.spec import FineTuneJob, registration_error
 from kubetune_api.trainer_config import (
     CHECKPOINTS_DIR,
     EXIT_PREEMPTED,
@@ -43,6 +51,8 @@ from kubetune_api.trainer_config import (
     load_manifest,
     resolve,
 )
+from kubetune_trainer.data_check import EXIT_BAD_INPUT, BadInputError, validation_lines
+from kubetune_trainer.mlflow_client import redact
 
 TINY_ROOT = "/opt/kubetune/tiny"  # kubetune_trainer.tiny.TINY_ROOT (kept import-free here)
 CONFIG_FILE = "config.yaml"
@@ -71,6 +81,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--progress-bar", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar"
+    )
+    p.add_argument(
+        "--debug", action="store_true", help="show the traceback of a bad-input error (manifest, data)"
     )
     p.set_defaults(func=_run)
 
@@ -107,15 +120,61 @@ def localize(job: FineTuneJob, *, manifest_dir: Path, cache_dir: Path) -> tuple[
     return job.model_copy(update={"spec": spec}), tiny_model or tiny_data
 
 
+TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+CREDENTIALS_REMEDY = (
+    "give the URI without them, and the user and password in the environment variables "
+    "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a token in MLFLOW_TRACKING_TOKEN)"
+)
+
+
+def tracking_uri_error(uri: str | None, source: str) -> str | None:
+    """The manifest's credential check (:func:`kubetune_api.spec.registration_error`) for a tracking
+    URI given another way; the message names ``source`` and never repeats the URI."""
+    if not uri or registration_error(None, uri) is None:
+        return None
+    return f"{source} must not carry credentials (user:password@): {CREDENTIALS_REMEDY}"
+
+
+def read_manifest(manifest: Path) -> FineTuneJob:
+    """The FineTuneJob in ``manifest``; :class:`BadInputError` naming the file, line or field otherwise."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        return load_manifest(manifest)
+    except OSError as e:
+        raise BadInputError(f"{manifest}: cannot read it ({e.strerror or e})") from e
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        raise BadInputError(f"{manifest}{where}: not valid YAML ({e.problem or e.context})") from e
+    except yaml.YAMLError as e:
+        raise BadInputError(f"{manifest}: not valid YAML ({' '.join(str(e).split())})") from e
+    except ValidationError as e:
+        raise BadInputError("\n".join(f"{manifest}: {line}" for line in validation_lines(e))) from e
+
+
 def local_config(
     manifest: Path, *, output_dir: Path | None, cache_dir: Path | None, tracking_uri: str | None
 ) -> tuple[TrainerConfig, bool, Path]:
-    """The trainer config of a local run (not yet written), whether it needs the tiny assets, and the cache."""
-    job = load_manifest(manifest)
+    """The trainer config of a local run (not yet written), whether it needs the tiny assets, and the cache.
+
+    Every tracking URI offered (the flag, the manifest, ``MLFLOW_TRACKING_URI``) goes through the same
+    credential check, used or not: :class:`BadInputError` names the one that carries credentials.
+    """
+    job = read_manifest(manifest)
+    from_env = os.environ.get(TRACKING_URI_ENV) or None
+    for uri, source in (
+        (tracking_uri, "--tracking-uri"),
+        (from_env, f"the environment variable {TRACKING_URI_ENV}"),
+    ):
+        error = tracking_uri_error(uri, source)
+        if error:
+            raise BadInputError(error)
     cache = (cache_dir or default_cache_dir()).resolve()
     job, tiny = localize(job, manifest_dir=manifest.resolve().parent, cache_dir=cache)
     out = (output_dir or Path("runs") / job.metadata.name).resolve()
-    default_uri = tracking_uri or f"sqlite:///{out / 'mlflow.db'}"
+    default_uri = from_env or f"sqlite:///{out / 'mlflow.db'}"
     cfg = resolve(job, default_tracking_uri=default_uri, output_dir=str(out), report_progress=False)
     if tracking_uri:
         cfg = cfg.model_copy(update={"tracking_uri": tracking_uri})
@@ -144,9 +203,12 @@ def summary(cfg: TrainerConfig, *, registered: bool) -> str:
     reg = _read_json(out / REGISTER_RESULT_FILE) if registered else {}
     uri = cfg.tracking_uri or ""
     lines = ["", f"kubetune: {cfg.job.name} trained locally", ""]
-    first, final = result.get("first_loss"), result.get("final_loss")
-    if first is not None and final is not None:
-        lines.append(f"  loss            {first:.3f} -> {final:.3f} in {result.get('global_step')} steps")
+    # the whole run, across attempts: the first attempt's first loss, the steps of all of them
+    first, final, steps = result.get("first_loss"), result.get("final_loss"), result.get("global_step")
+    if first is not None and final is not None and steps is not None:
+        resumed = result.get("resumed_from_step")
+        note = f" (this attempt resumed at step {resumed})" if resumed else ""
+        lines.append(f"  loss            {first:.3f} -> {final:.3f} in {steps} steps{note}")
     lines += [
         f"  run folder      {out}",
         f"  checkpoints     {out / CHECKPOINTS_DIR}",
@@ -175,7 +237,8 @@ def summary(cfg: TrainerConfig, *, registered: bool) -> str:
             f"  load it:        python -c \"import mlflow; mlflow.set_tracking_uri('{uri}'); "
             f"m = mlflow.transformers.load_model('{reg['uri']}'); print(m)\""
         )
-    return "\n".join(lines) + "\n"
+    # the tracking URI and any credential from the environment never reach the terminal
+    return redact("\n".join(lines) + "\n")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -186,9 +249,25 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        return _run_local(args)
+    except BadInputError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"kubetune: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from kubetune_trainer import train
+
     cfg, tiny, cache = local_config(
         args.manifest, output_dir=args.output_dir, cache_dir=args.cache_dir, tracking_uri=args.tracking_uri
     )
+    data_path = cfg.spec.dataset.path
+    tiny_data = data_path is not None and Path(data_path).is_relative_to(cache)
+    # The data first: bad data ends the run before anything is built, written or loaded.
+    checked = None if tiny_data else train.check_data(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / CONFIG_FILE
@@ -199,12 +278,13 @@ def _run(args: argparse.Namespace) -> int:
 
         print(f"kubetune: tiny model and data in {cache} (built on first use, no download)", file=sys.stderr)
         ensure_tiny_assets(cache)
-
-    from kubetune_trainer import train
+    checked = checked or train.check_data(cfg)
 
     print(f"kubetune: training {cfg.job.name} into {out}", file=sys.stderr)
     print("kubetune: Ctrl-C saves a checkpoint and stops (twice: stop now)", file=sys.stderr)
-    outcome = train.run(cfg, progress_bar=args.progress_bar, ctrl_c_saves=True)
+    outcome = train.run(
+        cfg, progress_bar=args.progress_bar, ctrl_c_saves=True, checked=checked, debug=args.debug
+    )
     if outcome.exit_code != 0:
         if outcome.status == "refused":
             print(f"kubetune: {outcome.result.get('error')}", file=sys.stderr)

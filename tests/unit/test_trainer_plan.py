@@ -121,7 +121,7 @@ def test_memory_estimate_grows_with_full_fine_tuning_and_shrinks_with_checkpoint
 
 
 def test_detect_format_from_columns_and_declared_formats() -> None:
-    from kubetune_trainer.train import detect_format
+    from kubetune_trainer.data_check import detect_format
 
     assert detect_format(["messages", "source"], "auto") == "messages"
     assert detect_format(["prompt", "completion"], "auto") == "promptCompletion"
@@ -134,7 +134,7 @@ def test_detect_format_from_columns_and_declared_formats() -> None:
 
 
 def test_data_files_for_a_file_and_a_folder_of_splits(tmp_path: Path) -> None:
-    from kubetune_trainer.train import _data_files
+    from kubetune_trainer.data_check import data_files as _data_files
 
     (tmp_path / "train.jsonl").write_text("{}\n")
     (tmp_path / "test.jsonl").write_text("{}\n")

@@ -32,7 +32,9 @@ from .tracking import MlflowTracker
 log = logging.getLogger(__name__)
 
 # Test-only fault injection: "kill-before-mark:<step>" makes the process SIGKILL itself after the
-# checkpoint of <step> is written and before it is marked COMPLETE, i.e. a save cut short.
+# checkpoint of <step> is written and before it is marked COMPLETE, i.e. a save cut short;
+# "kill-after-mark:<step>" right after the marker (a crash between a save and the next step, or,
+# at the last step, before the final model is written).
 FAULT_ENV = "KUBETUNE_FAULT_INJECT"
 
 
@@ -191,10 +193,13 @@ class RunCallback(TrainerCallback):
         is_rank0: bool,
         world_size: int,
         earlier_losses: list[tuple[int, float]] | None = None,
+        earlier_eval_losses: list[tuple[int, float]] | None = None,
         training_hash: str | None = None,
+        data_hash: str | None = None,
     ) -> None:
         self.root = checkpoints_root
         self.training_hash = training_hash
+        self.data_hash = data_hash
         self.keep = save_total_limit
         self.guard = guard
         self.tracker = tracker
@@ -203,7 +208,7 @@ class RunCallback(TrainerCallback):
         self.world_size = world_size
         # The whole run's loss curve: what earlier attempts logged up to the resumed checkpoint, then ours.
         self.losses: list[tuple[int, float]] = list(earlier_losses or [])
-        self.eval_losses: list[tuple[int, float]] = []
+        self.eval_losses: list[tuple[int, float]] = list(earlier_eval_losses or [])
         self.saved: list[int] = []
         self.preempted_at_step: int | None = None
         self._tokens_mark: tuple[float, float] | None = None  # (time, num_tokens) at the last log
@@ -236,7 +241,12 @@ class RunCallback(TrainerCallback):
             info: dict[str, object] = {"step": step, "world_size": self.world_size}
             if self.training_hash:
                 info["training_hash"] = self.training_hash
+            if self.data_hash:
+                info["data_hash"] = self.data_hash
             checkpoints.mark_complete(path, info)
+            if fault == f"kill-after-mark:{step}":
+                log.error("fault injection: SIGKILL after marking %s complete", path)
+                os.kill(os.getpid(), signal.SIGKILL)
             deleted = checkpoints.prune(self.root, self.keep)
             kept = checkpoints.complete_checkpoints(self.root)
             log.info(

@@ -37,6 +37,7 @@ from kubetune_api.trainer_config import CHECKPOINTS_DIR, COMPLETE_MARKER
 log = logging.getLogger(__name__)
 
 PREFIX = "checkpoint-"
+TRAINER_STATE = "trainer_state.json"  # written by transformers' Trainer into every checkpoint
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
 
 
@@ -105,14 +106,44 @@ def fsync_tree(path: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
+def _marker_field(path: Path, name: str) -> str | None:
+    try:
+        value = json.loads((path / COMPLETE_MARKER).read_text()).get(name)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(value) if value else None
+
+
 def marked_training(path: Path) -> str | None:
     """The training hash the COMPLETE marker of ``path`` records; None without a marker or a hash
     (markers written before kubetune recorded it)."""
+    return _marker_field(path, "training_hash")
+
+
+def marked_data(path: Path) -> str | None:
+    """The data hash (content of the data files, or a Hub commit) the COMPLETE marker of ``path``
+    records; None without a marker or a data hash (markers written before kubetune recorded it, or a
+    Hub data set whose commit could not be resolved)."""
+    return _marker_field(path, "data_hash")
+
+
+def marker_step(path: Path) -> int | None:
+    """The step the COMPLETE marker of ``path`` records (None without one)."""
+    step = _marker_field(path, "step")
+    return int(step) if step is not None and step.isdigit() else None
+
+
+def checkpoint_history(path: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]] | None:
+    """The (step, loss) and (step, eval loss) the run logged up to the checkpoint ``path``: the
+    Trainer keeps its whole log history in ``trainer_state.json``, carried from checkpoint to
+    checkpoint across attempts. None when the file is missing or unreadable."""
     try:
-        written = json.loads((path / COMPLETE_MARKER).read_text()).get("training_hash")
-    except (OSError, ValueError, AttributeError):
+        history = json.loads((path / TRAINER_STATE).read_text())["log_history"]
+        losses = [(int(e["step"]), float(e["loss"])) for e in history if "loss" in e]
+        evals = [(int(e["step"]), float(e["eval_loss"])) for e in history if "eval_loss" in e]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return str(written) if written else None
+    return losses, evals
 
 
 def mark_complete(path: Path, info: dict[str, object] | None = None) -> Path:

@@ -12,7 +12,8 @@ result says ``ok = False`` with the reason (it goes into ``train-result.json``).
 
 Params are the resolved spec, flattened, without ``secrets`` and ``env`` (only references there,
 but nothing credential-shaped is ever logged); the whole trainer config (which holds no secret)
-is logged as an artifact.
+is logged as an artifact. Both go through :func:`kubetune_trainer.mlflow_client.redact` first
+(``user:password@`` in URIs, the values of the credential variables in the environment).
 
 >>> flatten_params({"training": {"learningRate": 0.001, "seed": 1}, "method": "lora"})
 {'training.learningRate': '0.001', 'training.seed': '1', 'method': 'lora'}
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kubetune_api.trainer_config import MLFLOW_RUN_FILE, TrainerConfig, dump_json
+
+from .mlflow_client import redact
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,8 @@ def spec_params(cfg: TrainerConfig) -> dict[str, str]:
     wire = cfg.spec.wire()
     for section in _NOT_PARAMS:
         wire.pop(section, None)
-    params = flatten_params(wire)
+    # credentials never reach MLflow, whatever slipped past the checks (mlflow_client.redact)
+    params = {name: redact(value) for name, value in flatten_params(wire).items()}
     params["kubetune.configHash"] = cfg.config_hash()
     return params
 
@@ -257,7 +261,7 @@ class MlflowTracker:
             fresh = [Param(k, v) for k, v in self._pending_params.items() if k not in logged]
             for i in range(0, len(fresh), 100):
                 client.log_batch(run_id, params=fresh[i : i + 100])
-            client.log_text(run_id, self.cfg.to_yaml(), CONFIG_ARTIFACT)
+            client.log_text(run_id, redact(self.cfg.to_yaml()), CONFIG_ARTIFACT)
             return True
 
         if self._call("log params", log_params):

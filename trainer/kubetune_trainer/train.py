@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,17 @@ from kubetune_api.trainer_config import (
     dump_json,
 )
 
-from . import checkpoints
+from . import checkpoints, data_check
+from .data_check import (
+    COLUMNS,
+    EXIT_BAD_INPUT,
+    BadInputError,
+    DataCheck,
+    DataError,
+)
+from .data_check import data_files as _data_files
 
 log = logging.getLogger("kubetune_trainer.train")
-
-DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
 
 # --- process / distributed environment -------------------------------------------------------------
 
@@ -170,46 +176,32 @@ def build_peft_config(cfg: TrainerConfig) -> Any:
 # --- data ------------------------------------------------------------------------------------------
 
 
-def _data_files(path: Path) -> tuple[str, dict[str, list[str]] | list[str]]:
-    """The datasets builder and data_files for a file, or a folder of files (named by split or not)."""
-    if path.is_file():
-        builder = DATA_SUFFIXES.get(path.suffix)
-        if builder is None:
-            raise ValueError(f"{path}: unsupported file type (use .jsonl, .json or .parquet)")
-        return builder, [str(path)]
-    if not path.is_dir():
-        raise FileNotFoundError(f"dataset path {path} does not exist")
-    files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
-    if not files:
-        raise ValueError(f"{path}: no .jsonl, .json or .parquet files in this folder")
-    builders = {DATA_SUFFIXES[p.suffix] for p in files}
-    if len(builders) > 1:
-        raise ValueError(f"{path}: mixes JSON and Parquet files; keep one kind per folder")
-    # Files named after splits (train.jsonl, test.jsonl) become those splits; otherwise all is "train".
-    by_split: dict[str, list[str]] = {}
-    for p in files:
-        by_split.setdefault(p.stem.split("-")[0], []).append(str(p))
-    if "train" in by_split:
-        return builders.pop(), by_split
-    return builders.pop(), {"train": [str(p) for p in files]}
+def load_splits(src: DatasetSource, *, revision: str | None = None) -> tuple[Any, Any]:
+    """(train, eval or None) as the spec says: a split, an eval split, or an eval fraction.
 
-
-def load_splits(src: DatasetSource) -> tuple[Any, Any]:
-    """(train, eval or None) as the spec says: a split, an eval split, or an eval fraction."""
+    ``revision``: the Hub commit the data check resolved (what is hashed is what trains).
+    """
     from datasets import load_dataset
 
     if src.path:
         builder, files = _data_files(Path(src.path))
-        data = load_dataset(builder, data_files=files)
+        try:
+            data = load_dataset(builder, data_files=files)
+        except Exception as e:  # the check read every row; what is left is the library's own verdict
+            cause = e.__cause__ or e
+            raise DataError(
+                f"{src.path}: the datasets library could not read it: {type(cause).__name__}: "
+                + " ".join(str(cause).split())[:500]
+            ) from e
     else:
-        data = load_dataset(src.name, src.subset, revision=src.revision, token=hf_token())
+        data = load_dataset(src.name, src.subset, revision=revision or src.revision, token=hf_token())
     if src.split not in data:
-        raise ValueError(f"dataset has no split {src.split!r} (it has {sorted(data)})")
+        raise DataError(f"dataset has no split {src.split!r} (it has {sorted(data)})")
     train = data[src.split]
     evaluation = None
     if src.eval_split:
         if src.eval_split not in data:
-            raise ValueError(f"dataset has no eval split {src.eval_split!r} (it has {sorted(data)})")
+            raise DataError(f"dataset has no eval split {src.eval_split!r} (it has {sorted(data)})")
         evaluation = data[src.eval_split]
     elif src.eval_fraction:
         # The fixed seed makes every rank and every restart hold out the same rows.
@@ -218,48 +210,33 @@ def load_splits(src: DatasetSource) -> tuple[Any, Any]:
     return train, evaluation
 
 
-def detect_format(columns: list[str], declared: str) -> str:
-    """The row format: as declared, or from the columns (messages > prompt/completion > text)."""
-    if declared != DatasetFormat.AUTO:
-        needed = {
-            DatasetFormat.MESSAGES: ["messages"],
-            DatasetFormat.PROMPT_COMPLETION: ["prompt", "completion"],
-            DatasetFormat.TEXT: ["text"],
-        }[DatasetFormat(declared)]
-        missing = [c for c in needed if c not in columns]
-        if missing:
-            raise ValueError(f"dataset format {declared} needs column(s) {missing}; the data has {columns}")
-        return declared
-    if "messages" in columns:
-        return DatasetFormat.MESSAGES
-    if "prompt" in columns and "completion" in columns:
-        return DatasetFormat.PROMPT_COMPLETION
-    if "text" in columns:
-        return DatasetFormat.TEXT
-    raise ValueError(
-        f"cannot tell the dataset format from its columns {columns}: expected 'messages', "
-        "'prompt' + 'completion', or 'text' (or set spec.dataset.format)"
-    )
-
-
 def keep_columns(dataset: Any, fmt: str) -> Any:
     """Only the columns TRL should see: extra ones confuse its format detection."""
     if dataset is None:
         return None
-    wanted = {
-        DatasetFormat.MESSAGES: {"messages"},
-        DatasetFormat.PROMPT_COMPLETION: {"prompt", "completion"},
-        DatasetFormat.TEXT: {"text"},
-    }[DatasetFormat(fmt)]
+    wanted = set(COLUMNS[DatasetFormat(fmt)])
     extra = [c for c in dataset.column_names if c not in wanted]
     return dataset.remove_columns(extra) if extra else dataset
 
 
-def build_datasets(cfg: TrainerConfig) -> tuple[Any, Any, str]:
-    train, evaluation = load_splits(cfg.spec.dataset)
-    fmt = detect_format(list(train.column_names), str(cfg.spec.dataset.format))
-    if cfg.spec.training.assistant_only_loss and fmt != DatasetFormat.MESSAGES:
-        raise ValueError("spec.training.assistantOnlyLoss needs chat data (a 'messages' column)")
+def check_data(cfg: TrainerConfig) -> DataCheck:
+    """The data pre-check (:mod:`kubetune_trainer.data_check`): before anything is loaded."""
+    return data_check.check(
+        cfg.spec.dataset, assistant_only_loss=cfg.spec.training.assistant_only_loss, token=hf_token()
+    )
+
+
+def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tuple[Any, Any, str]:
+    """The training and eval splits, with only their format's columns, and the format."""
+    src = cfg.spec.dataset
+    checked = checked or check_data(cfg)
+    train, evaluation = load_splits(src, revision=checked.revision)
+    if checked.format is not None:
+        fmt = checked.format  # every row was read and checked already
+    else:
+        fmt = data_check.check_loaded(
+            train, evaluation, src, assistant_only_loss=cfg.spec.training.assistant_only_loss
+        )
     return keep_columns(train, fmt), keep_columns(evaluation, fmt), fmt
 
 
@@ -481,24 +458,38 @@ def build_trainer(
 # --- the run ---------------------------------------------------------------------------------------
 
 
-# The output folder holds a complete checkpoint or final model of another training
-EXIT_OTHER_TRAINING = 2
+# The output folder holds a complete checkpoint or final model of another training (or of other data)
+EXIT_OTHER_TRAINING = EXIT_BAD_INPUT
 
 
-def other_training(path: Path | None, cfg: TrainerConfig) -> str | None:
+def other_training(path: Path | None, cfg: TrainerConfig, data_hash: str | None = None) -> str | None:
     """Why ``path`` (a final model or checkpoint folder) must not be resumed or taken as this run's
-    result: its COMPLETE marker names another training. None: the same training, no marker, or a
-    marker older than the check (no ``training_hash``: kept working as before)."""
-    written = checkpoints.marked_training(path) if path is not None else None
-    ours = cfg.training_hash()
-    if not written or written == ours:
+    result: its COMPLETE marker names another training, or the same training on other data. None:
+    the same training on the same data, no marker, or a marker older than the check (no
+    ``training_hash`` or no ``data_hash``: kept working as before)."""
+    if path is None:
         return None
-    return (
-        f"{path} was written by another training (model, data, method or hyperparameters differ: "
-        f"training hash {written}, this run's {ours}); resuming from it, or taking it as "
-        f"this run's result, would mix the two. Use a new output folder (kubetune run --output-dir, or a "
-        f"new storage claim in a cluster), or delete {cfg.output_dir} to start over."
+    written = checkpoints.marked_training(path)
+    ours = cfg.training_hash()
+    fix = (
+        f"Use a new output folder (kubetune run --output-dir, or a new storage claim in a cluster), "
+        f"or delete {cfg.output_dir} to start over."
     )
+    if written and written != ours:
+        return (
+            f"{path} was written by another training (model, data, method or hyperparameters differ: "
+            f"training hash {written}, this run's {ours}); resuming from it, or taking it as "
+            f"this run's result, would mix the two. {fix}"
+        )
+    written_data = checkpoints.marked_data(path)
+    if written and written_data and data_hash and written_data != data_hash:
+        src = cfg.spec.dataset
+        return (
+            f"{path} was written by this training on other data: the content of {src.path or src.name} "
+            f"changed since (data hash {written_data}, now {data_hash}); resuming from it, or taking it "
+            f"as this run's result, would mix the two. {fix}"
+        )
+    return None
 
 
 @dataclass
@@ -534,21 +525,111 @@ def _first_last(losses: list[tuple[int, float]]) -> tuple[float | None, float | 
     return (losses[0][1], losses[-1][1]) if losses else (None, None)
 
 
-def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: bool = False) -> Outcome:
+def mean_loss(losses: list[tuple[int, float]]) -> float | None:
+    """The run's mean training loss from its logged (step, loss) pairs: each logged loss is the mean
+    over the steps since the previous log, so it weighs as many steps as it covers.
+
+    >>> mean_loss([(1, 4.0), (3, 1.0)])  # step 1: 4.0; steps 2-3: 1.0 each
+    2.0
+    """
+    total, previous = 0.0, 0
+    for step, loss in losses:
+        total += loss * (step - previous)
+        previous = step
+    return total / previous if previous > 0 else None
+
+
+def earlier_history(
+    resume: Any, result_path: Path
+) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """What earlier attempts logged up to the checkpoint this attempt resumes from: the checkpoint's
+    own log history (a killed attempt wrote no train-result.json, but its checkpoints hold it), or
+    for a checkpoint without one, the losses of the last ``train-result.json``."""
+    if resume is None:
+        return [], []
+    history = checkpoints.checkpoint_history(resume.path)
+    if history is not None:
+        losses, evals = history
+        return [x for x in losses if x[0] <= resume.step], [x for x in evals if x[0] <= resume.step]
+    try:
+        earlier = json.loads(result_path.read_text())
+        pairs = [(int(s), float(v)) for s, v in earlier.get("losses") or []]
+        eval_pairs = [(int(s), float(v)) for s, v in earlier.get("eval_losses") or []]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return [], []
+    return [x for x in pairs if x[0] <= resume.step], [x for x in eval_pairs if x[0] <= resume.step]
+
+
+def _refuse(message: str, guard: Any, *, debug: bool = False) -> Outcome:
+    log.error("%s", message, exc_info=debug)
+    guard.uninstall()
+    return Outcome("refused", EXIT_BAD_INPUT, {"error": message})
+
+
+def _finished_earlier(final_dir: Path, root: Path, result_path: Path) -> dict[str, Any]:
+    """train-result.json of a training whose final model an earlier attempt wrote: kept when that
+    attempt wrote it; else (it died in between) told from the newest checkpoint's history."""
+    try:
+        result = json.loads(result_path.read_text())
+        if isinstance(result, dict) and result.get("status") == "succeeded":
+            return result
+    except (OSError, ValueError):
+        pass
+    newest = checkpoints.latest_complete(root)
+    losses, evals = earlier_history(newest, result_path)
+    first, last = _first_last(losses)
+    step = checkpoints.marker_step(final_dir)
+    result = {
+        "status": "succeeded",
+        "global_step": step if step is not None else (newest.step if newest else None),
+        "first_loss": first,
+        "final_loss": last,
+        "train_loss": mean_loss(losses),
+        "losses": losses,
+        "eval_losses": evals,
+        "final_dir": str(final_dir),
+        "checkpoints": [str(c.path) for c in checkpoints.complete_checkpoints(root)],
+    }
+    dump_json(result, result_path)
+    return result
+
+
+def run(
+    cfg: TrainerConfig,
+    *,
+    progress_bar: bool | None = None,
+    ctrl_c_saves: bool = False,
+    checked: DataCheck | None = None,
+    debug: bool = False,
+) -> Outcome:
     """Train as ``cfg`` says; the caller turns the outcome into the exit code.
 
     ``ctrl_c_saves``: treat Ctrl-C (SIGINT) like SIGTERM: checkpoint, stop (for local runs).
+    ``checked``: the data pre-check's result when the caller ran it (``kubetune run --local`` does,
+    before it builds anything). Bad data or a folder of another training: status ``refused``, exit
+    code 2, the message in ``result["error"]`` (and logged; with its traceback when ``debug``).
     """
+    from .mlflow_client import install_log_redaction
+
+    dist = Dist.from_env()
+    setup_logging(dist)
+    install_log_redaction()
+    started = time.monotonic()
+    try:
+        # before anything is written or loaded (torch and transformers included): every row of
+        # local data, and the data's identity
+        checked = checked or check_data(cfg)
+    except BadInputError as e:
+        log.error("%s", e, exc_info=debug)
+        return Outcome("refused", EXIT_BAD_INPUT, {"error": str(e)})
+
     from .callbacks import PreemptionGuard, RunCallback
     from .chat import ensure_chat_format
     from .plan import GPU_MEMORY_ENV, Hardware, limit_gpu_memory, make_plan
     from .progress import ProgressReporter, in_cluster_patcher
     from .tracking import MlflowTracker
 
-    dist = Dist.from_env()
-    setup_logging(dist)
     guard = PreemptionGuard(ctrl_c=ctrl_c_saves).install()
-    started = time.monotonic()
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     final_dir = output_dir / FINAL_DIR
@@ -556,26 +637,52 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
     result_path = output_dir / TRAIN_RESULT_FILE
 
     newest = checkpoints.latest_complete(root)
-    foreign = other_training(final_dir, cfg) or other_training(newest.path if newest else None, cfg)
+    foreign = other_training(final_dir, cfg, checked.data_hash) or other_training(
+        newest.path if newest else None, cfg, checked.data_hash
+    )
     if foreign:
-        log.error("%s", foreign)
-        guard.uninstall()
-        return Outcome("refused", EXIT_OTHER_TRAINING, {"error": foreign})
+        return _refuse(foreign, guard)
 
     if (final_dir / COMPLETE_MARKER).is_file():
         # Training finished in an earlier attempt (which died before it could exit 0).
         log.info("%s is complete: nothing to train", final_dir)
         guard.uninstall()
-        return Outcome("already-complete", 0, {"final_dir": str(final_dir)})
+        result = _finished_earlier(final_dir, root, result_path) if dist.is_rank0 else {}
+        return Outcome("already-complete", 0, {**result, "final_dir": str(final_dir)})
 
     if dist.is_rank0:
         checkpoints.remove_incomplete(root)
     resume = checkpoints.latest_complete(root)
-    earlier_losses = _losses_before(result_path, resume.step) if resume else []
+    earlier_losses, earlier_evals = earlier_history(resume, result_path)
+
+    if progress_bar is None:
+        progress_bar = sys.stderr.isatty()
+    if not progress_bar:
+        # In a pod the bars are noise in the logs; the per-step log lines tell the story.
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+    try:
+        # the data before the model: a Hub data set's rows are checked as they load
+        train_ds, eval_ds, fmt = build_datasets(cfg, checked)
+    except BadInputError as e:
+        return _refuse(str(e), guard, debug=debug)
+    log.info(
+        "data: %d training rows, %s eval rows, format %s, data hash %s",
+        len(train_ds),
+        len(eval_ds) if eval_ds is not None else "no",
+        fmt,
+        checked.data_hash or "unknown",
+    )
 
     tracker = MlflowTracker(cfg, output_dir) if dist.is_rank0 else None
     if tracker is not None:
-        tracker.start({"kubetune.worldSize": str(dist.world_size)})
+        extra = {"kubetune.worldSize": str(dist.world_size)}
+        if checked.data_hash:
+            extra["kubetune.dataHash"] = checked.data_hash
+        tracker.start(extra)
 
     status = "FAILED"
     try:
@@ -587,25 +694,9 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
         for what, why in plan.reasons.items():
             log.info("plan: %s: %s", what, why)
 
-        if progress_bar is None:
-            progress_bar = sys.stderr.isatty()
-        if not progress_bar:
-            # In a pod the bars are noise in the logs; the per-step log lines tell the story.
-            import datasets
-            import transformers
-
-            datasets.disable_progress_bars()
-            transformers.utils.logging.disable_progress_bar()
         tokenizer = build_tokenizer(cfg)
         model = build_model(cfg, plan)
         ensure_chat_format(model, tokenizer)
-        train_ds, eval_ds, fmt = build_datasets(cfg)
-        log.info(
-            "data: %d training rows, %s eval rows, format %s",
-            len(train_ds),
-            len(eval_ds) if eval_ds is not None else "no",
-            fmt,
-        )
 
         args = build_sft_config(cfg, plan, has_eval=eval_ds is not None, progress_bar=progress_bar)
         patcher = None
@@ -621,6 +712,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
         )
         callback = RunCallback(
             earlier_losses=earlier_losses,
+            earlier_eval_losses=earlier_evals,
             checkpoints_root=root,
             save_total_limit=cfg.spec.training.save_total_limit,
             guard=guard,
@@ -629,6 +721,7 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
             is_rank0=dist.is_rank0,
             world_size=dist.world_size,
             training_hash=cfg.training_hash(),
+            data_hash=checked.data_hash,
         )
         trainer = build_trainer(
             model,
@@ -668,27 +761,27 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
             status = "KILLED"
             return preempted()
 
-        write_final(
-            trainer,
-            tokenizer,
-            final_dir,
-            dist,
-            {
-                "step": trainer.state.global_step,
-                "method": str(cfg.spec.method),
-                "config_hash": cfg.config_hash(),
-                "training_hash": cfg.training_hash(),
-            },
-        )
+        final_info: dict[str, Any] = {
+            "step": trainer.state.global_step,
+            "method": str(cfg.spec.method),
+            "config_hash": cfg.config_hash(),
+            "training_hash": cfg.training_hash(),
+        }
+        if checked.data_hash:
+            final_info["data_hash"] = checked.data_hash
+        write_final(trainer, tokenizer, final_dir, dist, final_info)
         first, last = _first_last(callback.losses)
+        # transformers' training_loss divides this attempt's losses by every attempt's steps
+        train_loss = train_output.training_loss if resume is None else mean_loss(callback.losses)
         result = {
             "status": "succeeded",
             "global_step": trainer.state.global_step,
             "planned_steps": trainer.state.max_steps,
+            "steps_this_attempt": trainer.state.global_step - (resume.step if resume else 0),
             "epoch": trainer.state.epoch,
             "first_loss": first,
             "final_loss": last,
-            "train_loss": train_output.training_loss,
+            "train_loss": train_loss,
             "losses": callback.losses,
             "eval_losses": callback.eval_losses,
             "resumed_from": str(resume.path) if resume else None,
@@ -698,11 +791,13 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
             "world_size": dist.world_size,
             "plan": plan.as_dict(),
             "data_format": fmt,
+            "data_hash": checked.data_hash,
             "tokens_per_second": callback.tokens_per_second,
             "seconds": round(time.monotonic() - started, 1),
         }
+        if tracker is not None and train_loss is not None:
+            tracker.log_metrics({"final_train_loss": train_loss}, trainer.state.global_step)
         if tracker is not None:
-            tracker.log_metrics({"final_train_loss": train_output.training_loss}, trainer.state.global_step)
             tracker.set_tags({"kubetune.final_dir": str(final_dir)})
         status = "FINISHED"
         if dist.is_rank0:
@@ -720,16 +815,6 @@ def run(cfg: TrainerConfig, *, progress_bar: bool | None = None, ctrl_c_saves: b
         guard.uninstall()
         if tracker is not None:
             tracker.finish(status)
-
-
-def _losses_before(result_path: Path, step: int) -> list[tuple[int, float]]:
-    """The losses an earlier attempt logged up to ``step`` (where this attempt resumes)."""
-
-    try:
-        earlier = json.loads(result_path.read_text()).get("losses") or []
-    except (OSError, ValueError):
-        return []
-    return [(int(s), float(v)) for s, v in earlier if int(s) <= step]
 
 
 def _planned_steps(trainer: Any) -> int:
@@ -761,6 +846,8 @@ def _finish_preempted(
     result = {
         "status": "preempted",
         "preempted_at_step": callback.preempted_at_step,
+        # the run so far, across attempts: where the next attempt resumes
+        "global_step": latest.step if latest else None,
         "latest_checkpoint": str(latest.path) if latest else None,
         "latest_checkpoint_step": latest.step if latest else None,
         "resumed_from": str(resume.path) if resume else None,
@@ -768,6 +855,7 @@ def _finish_preempted(
         "first_loss": first,
         "final_loss": last,
         "losses": callback.losses,
+        "eval_losses": callback.eval_losses,
         "world_size": dist.world_size,
         "plan": plan.as_dict(),
         "seconds": round(time.monotonic() - started, 1),
@@ -792,13 +880,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="show a progress bar (default: when stderr is a terminal)",
     )
+    p.add_argument(
+        "--debug", action="store_true", help="show the traceback of a bad-input error (bad data, bad config)"
+    )
     return p
+
+
+def load_config(path: Path) -> TrainerConfig:
+    """The trainer config; :class:`BadInputError` naming the file and the field when it is not one."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        return TrainerConfig.load(path)
+    except OSError as e:
+        raise BadInputError(f"{path}: cannot read the trainer config ({e.strerror or e})") from e
+    except yaml.YAMLError as e:
+        raise BadInputError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
+    except ValidationError as e:
+        raise BadInputError("\n".join(f"{path}: {line}" for line in data_check.validation_lines(e))) from e
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = TrainerConfig.load(args.config)
-    outcome = run(cfg, progress_bar=args.progress_bar)
+    try:
+        cfg = load_config(args.config)
+    except BadInputError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"kubetune trainer: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    outcome = run(cfg, progress_bar=args.progress_bar, debug=args.debug)
     if outcome.status == "preempted":
         # no collective goodbye: another rank may already be gone
         sys.stderr.flush()
