@@ -3,10 +3,15 @@
 A child is ours when it has an owner reference with the FineTuneJob's uid, or, lacking any owner
 reference (a PVC kept on delete), the ``kubetune.io/job-uid`` label with that uid. "Already exists"
 is success only then; otherwise the step reports a conflict and leaves the object alone.
+
+Any other refusal from the API server leaves a step as ``ChildApiError``: which child, what the
+operator was doing with it, and the API server's answer (``state.ChildError`` decides what it means).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +19,26 @@ from kubetune_api import spec as api
 
 from . import builders
 from .kube import ApiError, Kube
+
+
+class ChildApiError(Exception):
+    """The API server refused (or did not answer) a request about one child."""
+
+    def __init__(self, verb: str, kind: str, name: str, error: ApiError) -> None:
+        super().__init__(f"{verb} {kind} {name}: {error}")
+        self.verb = verb
+        self.kind = kind
+        self.name = name
+        self.error = error
+
+
+@contextlib.contextmanager
+def about_child(verb: str, kind: str, name: str) -> Iterator[None]:
+    """Requests inside name the child they are about when the API server refuses them."""
+    try:
+        yield
+    except ApiError as e:
+        raise ChildApiError(verb, kind, name, e) from e
 
 
 @dataclass(frozen=True)
@@ -45,17 +70,19 @@ def conflict_message(obj: dict[str, Any], kind: str, name: str) -> str:
 def ensure(kube: Kube, manifest: dict[str, Any], job: api.FineTuneJob) -> Ensured:
     kind, name = manifest["kind"], manifest["metadata"]["name"]
     ns = manifest["metadata"]["namespace"]
-    existing = kube.get(manifest["apiVersion"], kind, ns, name)
+    with about_child("get", kind, name):
+        existing = kube.get(manifest["apiVersion"], kind, ns, name)
     if existing is None:
         try:
             return Ensured(kube.create(manifest), created=True)
         except ApiError as e:
             if not e.conflict:
-                raise
+                raise ChildApiError("create", kind, name, e) from e
             # Someone (another reconcile of the same job, or a stranger) was faster.
-            existing = kube.get(manifest["apiVersion"], kind, ns, name)
+            with about_child("get", kind, name):
+                existing = kube.get(manifest["apiVersion"], kind, ns, name)
             if existing is None:
-                raise
+                raise ChildApiError("create", kind, name, e) from e
     if is_ours(existing, job):
         return Ensured(existing)
     return Ensured(existing, conflict=conflict_message(existing, kind, name))
@@ -83,7 +110,8 @@ def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -
         }
     if patch is None:
         return pytorchjob
-    return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
+    with about_child("update", "PyTorchJob", meta["name"]):
+        return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
 
 
 def sync_config(kube: Kube, live: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
@@ -96,4 +124,5 @@ def sync_config(kube: Kube, live: dict[str, Any], manifest: dict[str, Any]) -> d
     if live.get("data") == manifest["data"]:
         return live
     meta = live["metadata"]
-    return kube.patch("v1", "ConfigMap", meta["namespace"], meta["name"], {"data": manifest["data"]})
+    with about_child("update", "ConfigMap", meta["name"]):
+        return kube.patch("v1", "ConfigMap", meta["namespace"], meta["name"], {"data": manifest["data"]})

@@ -87,7 +87,8 @@ def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
     if outcome.invalid:
         raise kopf.PermanentError(outcome.message)
     if outcome.waiting:
-        raise kopf.TemporaryError(outcome.message or "waiting", delay=memo.settings.retry_seconds)
+        delay = outcome.retry_in or memo.settings.retry_seconds
+        raise kopf.TemporaryError(outcome.message or "waiting", delay=delay)
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
@@ -132,7 +133,10 @@ def finetunejob_unobserved(
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=_RESYNC_SECONDS, initial_delay=_RESYNC_SECONDS)
 def resync(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
-    reconcile(_context(memo, logger), namespace or "default", name)
+    outcome = reconcile(_context(memo, logger), namespace or "default", name)
+    if outcome is not None and outcome.retry_in is not None:
+        # a refused child request (403, 5xx...): the timer retries with backoff, not a re-sync later
+        raise kopf.TemporaryError(outcome.message, delay=outcome.retry_in)
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)

@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -17,11 +18,30 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class ApiError(Exception):
+    """The API server's refusal (``status`` is its HTTP status), or no answer at all (status 0)."""
+
     def __init__(self, status: int, reason: str, body: str) -> None:
         super().__init__(f"{status} {reason}: {body[:500]}")
         self.status = status
         self.reason = reason
         self.body = body
+
+    @property
+    def status_reason(self) -> str:
+        """The ``Status`` object's reason (``Invalid``, ``Forbidden``, ...), else the HTTP reason."""
+        return str(self._status_object().get("reason") or self.reason)
+
+    @property
+    def message(self) -> str:
+        """The ``Status`` object's message (what the API server says was wrong), else the body."""
+        return str(self._status_object().get("message") or self.body or self.reason)[:2000]
+
+    def _status_object(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.body)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) and data.get("kind") == "Status" else {}
 
     @property
     def not_found(self) -> bool:
@@ -92,6 +112,8 @@ class Kube:
             data = resp.read()
         except ApiException as e:  # transport-level errors surface this way too
             raise ApiError(int(e.status or 0), str(e.reason), str(e.body or "")) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # no answer: refused, reset, timed out
+            raise ApiError(0, "NoResponse", f"{type(e).__name__}: {e}") from e
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if not 200 <= resp.status < 300:
             raise ApiError(resp.status, str(resp.reason), text)

@@ -6,6 +6,11 @@ say it is. Passes for the same job are serialised in-process, and the status is 
 object's resourceVersion as a precondition, so a pass that acted on stale data retries instead of
 overwriting newer news. Only the fields the operator owns are written: ``progress`` and
 ``checkpoints`` belong to the trainer and are never touched.
+
+A request about a child that the API server refuses ends the pass there, and the refusal goes into
+the status like any other observation (``state.ChildError``): the job fails at once when the
+object built from the spec is invalid, and shows a condition and retries with backoff otherwise
+(``Outcome.retry_in``; the attempts in a row are counted here, in memory).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pydantic import ValidationError
 from kubetune_api import spec as api
 
 from . import builders, state
-from .children import ensure, is_ours, sync_config, sync_suspend
+from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
 
@@ -36,6 +41,11 @@ _locks_guard = threading.Lock()
 def _lock(namespace: str, name: str) -> threading.Lock:
     with _locks_guard:
         return _locks[(namespace, name)]
+
+
+# Passes in a row, per job, that a refusal other than "invalid" stopped (read and written under the
+# job's lock). Lost on restart: a condition already shown stays until a pass gets through.
+_failed_passes: dict[tuple[str, str], int] = {}
 
 
 def now() -> str:
@@ -58,6 +68,8 @@ class Outcome:
     waiting: bool = False
     invalid: bool = False
     message: str = ""
+    # a child request was refused in a way that may pass: try again in this many seconds (backoff)
+    retry_in: float | None = None
 
 
 class StatusConflictError(Exception):
@@ -94,7 +106,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             return _follow_alias(ctx, obj, previous, generation)
         # trained with registration off, now turned on: register the trained model
         previous = previous.model_copy(update={"phase": api.Phase.REGISTERING.value})
-    elif previous.phase in state.FINAL_PHASES:
+    elif previous.phase in state.FINAL_PHASES and not state.reopens(previous, generation):
         retry = _registration_retry(ctx, obj, previous)
         if retry is None:
             return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
@@ -110,69 +122,35 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         _write_status(ctx, obj, transition)
         return Outcome(phase=transition.phase, invalid=True, message=message)
 
-    settings = ctx.settings
     created: list[dict[str, Any]] = []
+    children: dict[str, str] = {
+        "checkpointClaim": builders.checkpoint_claim(job),
+        "configMap": builders.config_map_name(job),
+        "pytorchJob": builders.pytorchjob_name(job),
+    }
     conflict: str | None = None
-    children: dict[str, str] = {}
-
-    # Creation order: identity, volume and config before the PyTorchJob whose pods need them.
-    # Stop at the first conflict: a PyTorchJob must never mount a stranger's volume.
-    wanted: list[dict[str, Any]] = [*builders.build_trainer_identity(job, settings)]
-    pvc = builders.build_pvc(job, settings)
-    if pvc is not None:
-        wanted.append(pvc)
-    wanted.append(builders.build_config_map(job, settings))
-    # Training that the status says succeeded is never started again: a PyTorchJob deleted since (by
-    # hand, or by a TTL) is not created anew while the model registers; training stays Succeeded.
-    finished = None
-    if state.training_succeeded(previous):
-        ptj_name = builders.pytorchjob_name(job)
-        if ctx.kube.get("kubeflow.org/v1", "PyTorchJob", ns, ptj_name) is None:
-            finished = state.TrainingObservation(
-                condition="Succeeded",
-                message=f"training finished (PyTorchJob {ptj_name} has been deleted since)",
-            )
-    if finished is None:
-        wanted.append(builders.build_pytorchjob(job, settings))
-    pytorchjob: dict[str, Any] | None = None
-    for manifest in wanted:
-        result = ensure(ctx.kube, manifest, job)
-        if result.conflict:
-            conflict = result.conflict
-            break
-        if result.created:
-            created.append(manifest)
-        elif manifest["kind"] == "ConfigMap":
-            sync_config(ctx.kube, result.obj, manifest)
-        if manifest["kind"] == "PyTorchJob":
-            pytorchjob = result.obj
-
-    children["checkpointClaim"] = builders.checkpoint_claim(job)
-    children["configMap"] = builders.config_map_name(job)
-    children["pytorchJob"] = builders.pytorchjob_name(job)
-
-    training = finished or state.training_observation(pytorchjob)
-    if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
-        pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
-
+    training = state.TrainingObservation()
     registration = state.RegistrationObservation()
-    if conflict is None and training.condition == "Succeeded" and job.spec.registration.enabled:
-        manifest = builders.build_registration_job(job, settings)
-        result = ensure(ctx.kube, manifest, job)
-        if result.conflict:
-            conflict = result.conflict
-        else:
-            if result.created:
-                created.append(manifest)
-            children["registrationJob"] = builders.registration_job_name(job)
-            registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
-    elif conflict is None and training.condition == "Succeeded":
-        # registration turned off after its Job was created: that Job still registers the model, so
-        # it is followed to its end and reported (turning it off only stops one not yet created)
-        live = ctx.kube.get("batch/v1", "Job", ns, builders.registration_job_name(job))
-        if live is not None and is_ours(live, job):
-            children["registrationJob"] = builders.registration_job_name(job)
-            registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
+    child_error: state.ChildError | None = None
+    key = (ns, name)
+    try:
+        conflict, training, registration = _children(ctx, job, previous, created, children)
+        _failed_passes.pop(key, None)
+    except ChildApiError as e:
+        attempts = _failed_passes.get(key, 0) + 1
+        _failed_passes[key] = attempts
+        child_error = state.ChildError(
+            verb=e.verb,
+            kind=e.kind,
+            name=e.name,
+            code=e.error.status,
+            reason=e.error.status_reason,
+            message=e.error.message,
+            attempts=attempts,
+        )
+        if child_error.verdict == "rejected":
+            _failed_passes.pop(key, None)
+        ctx.logger.info("%s/%s: %s", ns, name, child_error.describe())
 
     obs = state.Observation(
         generation=generation,
@@ -181,6 +159,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         registration_enabled=job.spec.registration.enabled,
         queued_by_kueue=job.spec.resources.queue_name is not None,
         conflict=conflict,
+        child_error=child_error,
         training=training,
         registration=registration,
         children=children,
@@ -227,7 +206,88 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         for event in transition.events:
             ctx.emit(obj, event)
     ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
+    if child_error is not None and child_error.verdict != "rejected":
+        settings = ctx.settings
+        delay = state.retry_delay(
+            child_error.attempts, settings.retry_seconds, max(settings.retry_seconds, settings.resync_seconds)
+        )
+        return Outcome(phase=transition.phase, waiting=True, message=child_error.describe(), retry_in=delay)
     return Outcome(phase=transition.phase, waiting=transition.waiting, message=conflict or "")
+
+
+def _children(
+    ctx: Context,
+    job: api.FineTuneJob,
+    previous: api.FineTuneJobStatus,
+    created: list[dict[str, Any]],
+    children: dict[str, str],
+) -> tuple[str | None, state.TrainingObservation, state.RegistrationObservation]:
+    """Ensure the children in order and fold their status: (conflict, training, registration).
+
+    ``created`` and ``children`` are filled as it goes, so a pass stopped by ``ChildApiError`` (a
+    refused request) still reports what it created.
+    """
+    ns, settings = job.metadata.namespace, ctx.settings
+    conflict: str | None = None
+    # Creation order: identity, volume and config before the PyTorchJob whose pods need them.
+    # Stop at the first conflict: a PyTorchJob must never mount a stranger's volume.
+    wanted: list[dict[str, Any]] = [*builders.build_trainer_identity(job, settings)]
+    pvc = builders.build_pvc(job, settings)
+    if pvc is not None:
+        wanted.append(pvc)
+    wanted.append(builders.build_config_map(job, settings))
+    # Training that the status says succeeded is never started again: a PyTorchJob deleted since (by
+    # hand, or by a TTL) is not created anew while the model registers; training stays Succeeded.
+    finished = None
+    if state.training_succeeded(previous):
+        ptj_name = builders.pytorchjob_name(job)
+        with about_child("get", "PyTorchJob", ptj_name):
+            gone = ctx.kube.get("kubeflow.org/v1", "PyTorchJob", ns, ptj_name) is None
+        if gone:
+            finished = state.TrainingObservation(
+                condition="Succeeded",
+                message=f"training finished (PyTorchJob {ptj_name} has been deleted since)",
+            )
+    if finished is None:
+        wanted.append(builders.build_pytorchjob(job, settings))
+    pytorchjob: dict[str, Any] | None = None
+    for manifest in wanted:
+        result = ensure(ctx.kube, manifest, job)
+        if result.conflict:
+            conflict = result.conflict
+            break
+        if result.created:
+            created.append(manifest)
+        elif manifest["kind"] == "ConfigMap":
+            sync_config(ctx.kube, result.obj, manifest)
+        if manifest["kind"] == "PyTorchJob":
+            pytorchjob = result.obj
+
+    training = finished or state.training_observation(pytorchjob)
+    if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
+        pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
+
+    registration = state.RegistrationObservation()
+    if conflict is None and training.condition == "Succeeded" and job.spec.registration.enabled:
+        manifest = builders.build_registration_job(job, settings)
+        result = ensure(ctx.kube, manifest, job)
+        if result.conflict:
+            conflict = result.conflict
+        else:
+            if result.created:
+                created.append(manifest)
+            children["registrationJob"] = builders.registration_job_name(job)
+            registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
+    elif conflict is None and training.condition == "Succeeded":
+        # registration turned off after its Job was created: that Job still registers the model, so
+        # it is followed to its end and reported (turning it off only stops one not yet created)
+        reg_name = builders.registration_job_name(job)
+        with about_child("get", "Job", reg_name):
+            live = ctx.kube.get("batch/v1", "Job", ns, reg_name)
+        if live is not None and is_ours(live, job):
+            children["registrationJob"] = reg_name
+            registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
+    return conflict, training, registration
 
 
 def _follow_alias(
@@ -374,7 +434,9 @@ def _registration_observation(
     ctx: Context, job: api.FineTuneJob, registration_job: dict[str, Any] | None, component: str
 ) -> state.RegistrationObservation:
     """A registration (or alias) Job and its pods, folded into one observation."""
-    pods = ctx.kube.list("v1", "Pod", job.metadata.namespace, _selector(job, component))
+    selector = _selector(job, component)
+    with about_child("list", "Pod", selector):
+        pods = ctx.kube.list("v1", "Pod", job.metadata.namespace, selector)
     return state.registration_observation(registration_job, pods, builders.REGISTER_CONTAINER)
 
 

@@ -5,17 +5,23 @@ Phases::
     Pending ──> Training ──> Registering ──> Succeeded
        │  ^        │  ^           │
        v  │        v  │           v
-      Suspended <──┘  │         Failed  (also from Pending/Training: training failed, bad spec)
-                      └─ (unsuspend)
+      Suspended <──┘  │         Failed  (also from Pending/Training: training failed, bad spec,
+                      └─ (unsuspend)          a child the API server refused)
 
-Succeeded and Failed are final. ``advance(previous status, observation)`` returns the status fields
+Succeeded and Failed are final, with two ways out: a failed registration retried on request
+(``kubetune.io/retry-registration``), and a job failed because the API server refused a child
+(``ChildRejected``), which a new spec generation reopens (``reopens``). ``advance(previous status, observation)`` returns the status fields
 the operator owns (never ``progress``/``checkpoints``, which the trainer reports) and the events to
 emit for the transitions it made.
 
 Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants below):
 
 - ``Ready``: True once the model is trained and registered (phase Succeeded).
-- ``ChildrenReady``: the PVC, ConfigMap and PyTorchJob exist and are ours (False: ``ChildConflict``).
+- ``ChildrenReady``: the PVC, ConfigMap and PyTorchJob exist and are ours. False: ``ChildConflict``
+  (a stranger's object has a child's name), ``ChildRejected`` (the API server refused to create a
+  child as built from this spec: the job is Failed), ``ChildForbidden`` (403: quota, RBAC or an
+  admission policy; retried), ``ChildApiError`` (no answer, 429, 5xx...: retried, shown after
+  ``SHOW_TRANSIENT_AFTER`` attempts in a row).
 - ``Training``: True while the PyTorchJob runs.
 - ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
 - ``Registered``: True once MLflow has the model version.
@@ -52,7 +58,11 @@ CONDITION_TYPES = (READY, CHILDREN_READY, TRAINING, SUSPENDED, REGISTERED)
 # --- reasons ----------------------------------------------------------------------------------------
 
 CHILDREN_CREATED = "ChildrenCreated"
+CREATING_CHILDREN = "CreatingChildren"
 CHILD_CONFLICT = "ChildConflict"
+CHILD_REJECTED = "ChildRejected"
+CHILD_FORBIDDEN = "ChildForbidden"
+CHILD_API_ERROR = "ChildApiError"
 INVALID_SPEC = "InvalidSpec"
 WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
 TRAINING_CREATED = "TrainingCreated"
@@ -81,6 +91,8 @@ FAILED = "Failed"
 
 REGISTRATION_RETRIED = "RegistrationRetried"
 REGISTRATION_ENABLED = "RegistrationEnabled"
+# a new spec generation of a job Failed with ChildRejected: the children are created again
+CHILDREN_RETRIED = "ChildrenRetried"
 
 FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 
@@ -144,6 +156,85 @@ class RegistrationObservation:
     result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
 
 
+# --- the API server refusing a child -------------------------------------------------------------------
+
+# What a refusal means, by what the operator was doing and the API server's HTTP status:
+# - rejected: creating the child was refused as invalid (422 Invalid, 400 BadRequest, 413 too large).
+#   The object is built from the spec alone, so the same spec is refused again every time: the job
+#   is Failed (``ChildRejected``) until a new spec generation reopens it.
+# - forbidden: 403, for any request. A ResourceQuota ("exceeded quota"), the operator's RBAC, a
+#   namespace being deleted or an admission policy that answers Forbidden: all can change without
+#   the spec changing (quota freed, RBAC fixed), so the job is not failed. It shows at once
+#   (``ChildForbidden``, an Event) and is retried with backoff.
+# - transient: anything else (no answer, 429, 5xx, a webhook that cannot be reached, 404 for a
+#   kind whose CRD is missing, an update refused): retried with backoff, shown (``ChildApiError``)
+#   once it has failed SHOW_TRANSIENT_AFTER times in a row. 409 never gets here: ``ensure`` treats
+#   "already exists" as ours or as a ``ChildConflict``.
+Verdict = Literal["rejected", "forbidden", "transient"]
+REJECTED_STATUSES = (400, 413, 422)
+SHOW_TRANSIENT_AFTER = 3
+
+
+def verdict(verb: str, code: int) -> Verdict:
+    """What an API server's ``code`` for a ``verb`` (create, get, list, update) on a child means."""
+    if code == 403:
+        return "forbidden"
+    if verb == "create" and code in REJECTED_STATUSES:
+        return "rejected"
+    return "transient"
+
+
+def retry_delay(attempts: int, base: float, cap: float) -> float:
+    """Seconds before the next try after ``attempts`` failed passes in a row: doubling from ``base``."""
+    return float(min(cap, base * 2 ** min(max(attempts - 1, 0), 16)))
+
+
+@dataclass(frozen=True)
+class ChildError:
+    """The API server's answer to a request about one child (HTTP ``code`` 0: no answer at all)."""
+
+    verb: str  # create, get, list, update
+    kind: str
+    name: str
+    code: int
+    reason: str  # the Status' reason (Invalid, Forbidden, ...) or the HTTP reason
+    message: str  # what the API server said, verbatim
+    attempts: int = 1  # passes in a row that met an error (this one included)
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict(self.verb, self.code)
+
+    def describe(self) -> str:
+        """``creating PyTorchJob j-train: 422 Invalid: <the API server's message>``."""
+        doing = {"create": "creating", "get": "reading", "list": "listing", "update": "updating"}
+        answer = (
+            f"{self.code} {self.reason}" if self.code else f"no answer from the API server ({self.reason})"
+        )
+        return f"{doing.get(self.verb, self.verb)} {self.kind} {self.name}: {answer}: {self.message}"
+
+
+def rejected_child(status: FineTuneJobStatus) -> bool:
+    """Failed because the API server refused to create a child as this spec builds it."""
+    if status.phase != Phase.FAILED.value:
+        return False
+    ready = next((c for c in status.conditions or [] if c.type == READY), None)
+    return ready is not None and ready.reason == CHILD_REJECTED
+
+
+def reopens(status: FineTuneJobStatus, generation: int) -> bool:
+    """A job Failed with ``ChildRejected`` whose spec changed since: it starts over from Pending.
+
+    The refused object was built from the spec, so only a new spec can be accepted (or the same
+    one, once an admission policy was changed: any accepted spec change retries). Children created
+    before the refusal are ours and are kept; the pass creates the missing ones.
+    """
+    if not rejected_child(status):
+        return False
+    ready = next(c for c in status.conditions or [] if c.type == READY)
+    return (ready.observed_generation or 0) < generation
+
+
 @dataclass(frozen=True)
 class Observation:
     generation: int
@@ -153,6 +244,7 @@ class Observation:
     queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
     invalid_spec: str | None = None
     conflict: str | None = None  # message naming the foreign object, if any
+    child_error: ChildError | None = None  # the pass stopped at a request the API server refused
     training: TrainingObservation = field(default_factory=TrainingObservation)
     registration: RegistrationObservation = field(default_factory=RegistrationObservation)
     children: dict[str, str] = field(default_factory=dict)
@@ -314,11 +406,30 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
     prev_phase = prev.phase or Phase.PENDING.value
     prev_conditions = {c.type: c for c in prev.conditions or []}
 
-    if prev.phase in FINAL_PHASES:
+    reopened = reopens(prev, obs.generation)
+    if prev.phase in FINAL_PHASES and not reopened:
         # Final: nothing more happens. Keep what is there (observedGeneration follows the spec).
         kept = prev.model_dump(by_alias=True, exclude_none=True, mode="json", include={"phase", "conditions"})
         kept["observedGeneration"] = obs.generation
         return Transition(status=kept, events=[], phase=str(prev.phase))
+    opening: list[Event] = []
+    if reopened:
+        # The spec changed since a child was refused: start over, as a new job would (its events too).
+        prev_phase = Phase.PENDING.value
+        opening.append(
+            Event(
+                "Normal",
+                CHILDREN_RETRIED,
+                f"spec generation {obs.generation}: creating the children the API server refused again",
+            )
+        )
+
+    if obs.child_error is not None and obs.child_error.verdict != "rejected":
+        transition = _held(prev, prev_phase, obs, prev_conditions)
+        transition.events[:0] = opening
+        if reopened:
+            transition.status["completionTime"] = None  # merge patch: no longer complete
+        return transition
 
     phase, reasons = _decide(obs)
     conditions = _conditions(phase, reasons, obs, prev_conditions)
@@ -333,6 +444,8 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         status["startTime"] = obs.now
     if phase in FINAL_PHASES:
         status["completionTime"] = obs.now
+    elif reopened:
+        status["completionTime"] = None  # merge patch: no longer complete
     result = obs.registration.result
     if phase == Phase.SUCCEEDED.value and result is not None:
         status["registeredModel"] = RegisteredModelStatus(
@@ -344,9 +457,59 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         if result.get("run_id"):
             status["mlflow"] = {"runId": str(result["run_id"])}
 
-    events = _events(prev_phase, phase, reasons, prev_conditions)
+    events = opening + _events(prev_phase, phase, reasons, prev_conditions)
     waiting = reasons.get("waiting", False) is True
     return Transition(status=status, events=events, phase=phase, waiting=waiting)
+
+
+def _held(
+    prev: FineTuneJobStatus, prev_phase: str, obs: Observation, prev_conditions: dict[str, Condition]
+) -> Transition:
+    """A pass stopped by a refusal that can go away without a spec change (403, transient).
+
+    The phase stays where it was (Pending for a new or reopened job): what the pass could not read
+    is not news. ``ChildrenReady`` says what fails, at once for 403 and after
+    ``SHOW_TRANSIENT_AFTER`` attempts in a row otherwise (until then the job keeps what it showed),
+    and so does ``Ready`` while Pending. The operator retries with backoff (``waiting``).
+    """
+    err = obs.child_error
+    assert err is not None
+    phase = (
+        prev_phase if prev_phase in (Phase.TRAINING, Phase.SUSPENDED, Phase.REGISTERING) else Phase.PENDING
+    )
+    reasons: dict[str, Any] = {}
+    forbidden = err.verdict == "forbidden"
+    if forbidden or err.attempts >= SHOW_TRANSIENT_AFTER:
+        if forbidden:
+            reason = CHILD_FORBIDDEN
+            msg = (
+                f"{err.describe()}. A ResourceQuota, the operator's RBAC or an admission policy forbids it; "
+                f"retrying with backoff (attempt {err.attempts}) until it is allowed"
+            )
+        else:
+            reason = CHILD_API_ERROR
+            msg = f"{err.describe()}. Retrying with backoff ({err.attempts} attempts in a row failed)"
+            if err.kind == "PyTorchJob" and err.code == 404:
+                msg += "; is the Kubeflow Training Operator (its PyTorchJob CRD) installed?"
+        reasons["children"] = (False, reason, msg)
+        if phase == Phase.PENDING:
+            reasons["ready"] = (False, reason, msg)
+    elif CHILDREN_READY not in prev_conditions:
+        reasons["children"] = (
+            False,
+            CREATING_CHILDREN,
+            "creating the checkpoint volume, trainer config and PyTorchJob",
+        )
+        reasons["ready"] = (False, NOT_READY, "creating the children")
+    conditions = _conditions(str(phase), reasons, obs, prev_conditions)
+    status: dict[str, Any] = {
+        "phase": str(phase),
+        "observedGeneration": obs.generation,
+        "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
+        "children": obs.children,
+    }
+    events = _events(prev_phase, str(phase), reasons, prev_conditions)
+    return Transition(status=status, events=events, phase=str(phase), waiting=True)
 
 
 def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
@@ -358,6 +521,18 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     if obs.invalid_spec:
         out["children"] = (False, INVALID_SPEC, obs.invalid_spec)
         out["ready"] = (False, INVALID_SPEC, obs.invalid_spec)
+        return Phase.FAILED.value, out
+
+    if obs.child_error is not None:  # rejected (``advance`` holds the others)
+        msg = (
+            f"the API server refused the object this spec builds: {obs.child_error.describe()}. The same "
+            "spec is refused again, so nothing is retried until it changes: fix the manifest and re-create "
+            "the FineTuneJob (kubectl replace --force -f FILE; most of the spec cannot change once created). "
+            "When an admission policy refused it, any accepted change of the spec makes the operator try "
+            "again once the policy allows the object"
+        )
+        out["children"] = (False, CHILD_REJECTED, msg)
+        out["ready"] = (False, CHILD_REJECTED, msg)
         return Phase.FAILED.value, out
 
     if obs.conflict:
@@ -536,10 +711,11 @@ def _conditions(
 def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
     events: list[Event] = []
     children = reasons.get("children")
-    if children and children[1] == CHILD_CONFLICT:
+    # a child that cannot be had: once when it starts (ChildRejected is the Failed event below)
+    if children and children[1] in (CHILD_CONFLICT, CHILD_FORBIDDEN, CHILD_API_ERROR):
         old = prev.get(CHILDREN_READY)
-        if old is None or old.reason != CHILD_CONFLICT:
-            events.append(Event("Warning", CHILD_CONFLICT, children[2]))
+        if old is None or old.reason != children[1]:
+            events.append(Event("Warning", children[1], children[2]))
     training = reasons.get("training")
     if training and training[1] == TRAINING_RESTARTING:
         old = prev.get(TRAINING)
