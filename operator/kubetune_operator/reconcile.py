@@ -82,6 +82,7 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
         for _ in range(attempts):
             obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
             if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                _failed_passes.pop((namespace, name), None)
                 return None
             try:
                 return _pass(ctx, obj)

@@ -501,6 +501,12 @@ def _held(
             "creating the checkpoint volume, trainer config and PyTorchJob",
         )
         reasons["ready"] = (False, NOT_READY, "creating the children")
+    # Training has not started because of it: say so there too (what `kubectl describe` and Argo CD
+    # show first while Pending), unless the Training condition already knows the PyTorchJob.
+    training = prev_conditions.get(TRAINING)
+    held = (CREATING_CHILDREN, CHILD_FORBIDDEN, CHILD_API_ERROR)
+    if phase == Phase.PENDING and "children" in reasons and (training is None or training.reason in held):
+        reasons["training"] = reasons["children"]
     conditions = _conditions(str(phase), reasons, obs, prev_conditions)
     status: dict[str, Any] = {
         "phase": str(phase),

@@ -10,7 +10,7 @@ import pytest
 
 from kubetune_api.spec import FineTuneJobStatus
 from kubetune_operator import state
-from kubetune_operator.kube import ApiError
+from kubetune_operator.kube import ApiError, Kube
 from kubetune_operator.state import ChildError, Observation, TrainingObservation
 
 T0 = "2026-01-01T00:00:00Z"
@@ -117,6 +117,19 @@ def test_api_error_reads_the_status_objects_reason_and_message() -> None:
     assert (plain.status_reason, plain.message) == ("Bad Gateway", "<html>upstream down</html>")
 
 
+def test_no_answer_from_the_api_server_is_an_api_error_with_status_0() -> None:
+    from kubernetes import client
+    from tests.support.controlplane import free_port
+
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cfg.retries = 0
+    with pytest.raises(ApiError) as e:
+        Kube(client.ApiClient(cfg), timeout=5).get("v1", "ConfigMap", "ml", "j-config")
+    assert e.value.status == 0 and e.value.status_reason == "NoResponse"
+    assert state.verdict("create", e.value.status) == "transient"
+
+
 def test_describe_names_the_request_the_child_and_the_answer() -> None:
     assert rejected().describe() == f"creating PyTorchJob j-train: 422 Invalid: {INVALID}"
     silent = ChildError("get", "ConfigMap", "j-config", 0, "NoResponse", "ConnectionRefusedError: refused")
@@ -165,6 +178,7 @@ def test_a_forbidden_child_shows_at_once_and_keeps_the_job_pending() -> None:
         assert (c["status"], c["reason"]) == ("False", "ChildForbidden")
         assert f"creating PersistentVolumeClaim j-ckpt: 403 Forbidden: {QUOTA}" in c["message"]
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildForbidden")]
+    assert cond(t.status, state.TRAINING)["reason"] == "ChildForbidden"
     # the next refused pass says the attempt, and emits no second event
     again = state.advance(then(t), obs(now=T1, child_error=forbidden(2)))
     assert again.phase == "Pending" and again.events == []
@@ -189,6 +203,8 @@ def test_a_transient_error_is_shown_after_a_few_attempts_without_failing() -> No
     assert "500 InternalError" in children["message"] and "failed calling webhook" in children["message"]
     assert f"{state.SHOW_TRANSIENT_AFTER} attempts in a row" in children["message"]
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildApiError")]
+    # Training has not started because of it, and says so (not "waiting for the Training Operator")
+    assert cond(t.status, state.TRAINING)["reason"] == "ChildApiError"
 
 
 def test_a_missing_pytorchjob_kind_hints_at_the_training_operator() -> None:
