@@ -8,11 +8,12 @@ Phases::
       Suspended <──┘  │         Failed  (also from Pending/Training: training failed, bad spec,
                       └─ (unsuspend)          a child the API server refused)
 
-Succeeded and Failed are final, with two ways out: a failed registration retried on request
-(``kubetune.io/retry-registration``), and a job failed because the API server refused a child
-(``ChildRejected``), which a new spec generation reopens (``reopens``). ``advance(previous status, observation)`` returns the status fields
-the operator owns (never ``progress``/``checkpoints``, which the trainer reports) and the events to
-emit for the transitions it made.
+Succeeded and Failed are final. ``advance`` itself leaves Failed only for a job failed because the
+API server refused a child (``ChildRejected``) whose spec changed since (``reopens``); registering a
+final job again (on request, or once registration is turned on) is decided before it is called.
+``advance(previous status, observation)`` returns the status fields the operator owns (never
+``progress``/``checkpoints``, which the trainer reports) and the events to emit for the
+transitions it made.
 
 Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants below):
 
