@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from . import rules
 from .crd import generated_file_main, openapi_schema
 
 
@@ -24,6 +25,10 @@ def _type(node: dict[str, Any]) -> str:
     return t
 
 
+def _cell(text: str) -> str:
+    return text.replace("\n", " ").replace("|", "\\|")
+
+
 def _limits(node: dict[str, Any]) -> str:
     parts = []
     lo, hi = node.get("minimum"), node.get("maximum")
@@ -33,7 +38,14 @@ def _limits(node: dict[str, Any]) -> str:
         parts.append(f"{'<' if node.get('exclusiveMaximum') else '≤'} {hi}")
     if "maxItems" in node:
         parts.append(f"≤ {node['maxItems']} items")
-    return ", ".join(parts)
+    if "maxLength" in node:
+        parts.append(f"≤ {node['maxLength']} characters")
+    if "pattern" in node:
+        parts.append(f"matches `{node['pattern']}`")
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict) and "pattern" in extra:
+        parts.append(f"values match `{extra['pattern']}`")
+    return _cell(", ".join(parts))
 
 
 def _rows(node: dict[str, Any], path: str, required: set[str]) -> list[str]:
@@ -58,6 +70,37 @@ def _rows(node: dict[str, Any], path: str, required: set[str]) -> list[str]:
     return rows
 
 
+def _list_types(node: dict[str, Any], path: str) -> list[str]:
+    rows = []
+    kind = node.get("x-kubernetes-list-type")
+    if kind == "set":
+        rows.append(f"| `{path}` | schema (`x-kubernetes-list-type: set`) | each item at most once |")
+    elif kind == "map":
+        keys = ", ".join(node.get("x-kubernetes-list-map-keys", []))
+        rows.append(f"| `{path}` | schema (`x-kubernetes-list-type: map`) | each {keys} at most once |")
+    for name, sub in node.get("properties", {}).items():
+        rows += _list_types(sub, f"{path}.{name}")
+    if "items" in node:
+        rows += _list_types(node["items"], f"{path}[]")
+    return rows
+
+
+def rules_table() -> list[str]:
+    """The validation rules beyond each field's type: one row per place of each rule in
+    :mod:`kubetune_api.rules` (CEL in the CRD, its Python twin in kubetune), then the list types."""
+    lines = [
+        "| where | checked | refused with |",
+        "| --- | --- | --- |",
+    ]
+    for rule in rules.all_rules():
+        for place in rule.places:
+            where = f"{place}{rule.field or ''}" or "metadata.name"
+            kind = "CEL on update (oldSelf)" if rule.old else "CEL"
+            lines.append(f"| `{where}` | {kind} | {_cell(rule.message)} |")
+    lines += _list_types(openapi_schema()["properties"]["spec"], "spec")
+    return lines
+
+
 def render() -> str:
     spec = openapi_schema()["properties"]["spec"]
     lines = [
@@ -69,13 +112,22 @@ def render() -> str:
         "After creation only `spec.suspend` and `spec.registration.alias` may change; every other",
         "field shapes the training and is immutable (the API server refuses the update).",
         "",
-        "Rules across fields:",
+        "## Validation rules",
+        "",
+        "What each field's type says (type, enum, bounds, length, pattern: the *limits* column of the",
+        "field table below) is declared once on the typed models (`api/kubetune_api/spec.py`); every",
+        "other rule is declared once in `api/kubetune_api/rules.py`, which gives both the CRD's CEL rule",
+        "(`x-kubernetes-validations`, with `fieldPath` and this message) and its Python twin. The API",
+        "server applies them on `kubectl apply`; `kubetune render`, `kubetune run --local`, the trainer",
+        "and the operator (for a job that has not started yet) apply the same rules in Python and refuse",
+        "with the same field and message. The CEL stays within Kubernetes 1.30 (quantity library, RE2",
+        "`matches()`, extended strings).",
         "",
     ]
+    lines += rules_table()
     lines += [
-        f"- {v['message']}" for v in spec["x-kubernetes-validations"] if "immutable" not in v["message"]
-    ]
-    lines += [
+        "",
+        "## Fields",
         "",
         "| field | type | required | default | limits | description |",
         "| --- | --- | --- | --- | --- | --- |",

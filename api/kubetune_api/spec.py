@@ -7,8 +7,10 @@ drift. It imports nothing heavy so that the operator, the trainer and the CLI al
 Wire names are camelCase (``gradientAccumulationSteps``); Python names are snake_case. Every model
 is strict about unknown fields, as the API server is (the CRD is a structural schema).
 
-Validation that the API server enforces is declared here as ``cel(...)`` rules (CEL,
-``x-kubernetes-validations``) next to the field they check, with messages that name the field.
+What a field's type says (types, enums, bounds, lengths, patterns) is declared here, on the field;
+every other rule (CEL, ``x-kubernetes-validations``) is declared once in :mod:`kubetune_api.rules`,
+with its Python twin. Validating a ``FineTuneJobSpec`` or ``FineTuneJob`` applies both, unless the
+validation context says the spec was admitted already (:func:`parse_job`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
+
+from . import rules as _rules
 
 GROUP = "kubetune.io"
 VERSION = "v1alpha1"
@@ -37,8 +41,22 @@ RETRY_REGISTRATION_ANNOTATION = f"{GROUP}/retry-registration"
 MAX_NAME_LENGTH = 40
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
-QUANTITY_PATTERN = r"^([+]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# A Kubernetes quantity (resource.Quantity): a number, then a binary or decimal suffix or an exponent.
+# No sign and no bare '.': what the API server takes and the Python twin reads (rules.positive_quantity).
+QUANTITY_PATTERN = r"^[0-9]+([.][0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][-+]?[0-9]{1,2})?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+# Strings that reach other systems (MLflow, the Hub) as names: no control characters, no newlines.
+NO_CONTROL_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+# A Git branch, tag or commit: none of the characters git check-ref-format refuses (the rest of its
+# rules are CEL, rules.BAD_GIT_REF)
+GIT_REF_PATTERN = r"^[^\x00-\x20\x7f~^:?*\[\\]+$"
+# A container image reference: [registry[:port]/]path[:tag][@digest], the path in lowercase
+IMAGE_PATTERN = (
+    r"^([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?([.][A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*(:[0-9]+)?/)?"
+    r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
 # Environment variable names that look like they carry a secret must come from a Secret.
 SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"  # noqa: S105 (a pattern, not a secret)
 
@@ -93,22 +111,6 @@ def tuning_env(name: str) -> str | None:
     if error:
         raise ValueError(error)
     return raw or None
-
-
-def cel(
-    rule: str, message: str, *, field_path: str | None = None, reason: str | None = None
-) -> dict[str, str]:
-    """One CEL validation rule for ``x-kubernetes-validations``."""
-    out = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    if reason:
-        out["reason"] = reason
-    return out
-
-
-def rules(*items: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(items)}
 
 
 class _Model(BaseModel):
@@ -183,21 +185,10 @@ class VolumeSource(_Model):
     claim_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
         description="PersistentVolumeClaim to mount read-only."
     )
-    sub_path: str | None = Field(default=None, max_length=1024, description="Sub-path inside the claim.")
+    sub_path: str | None = Field(
+        default=None, max_length=1024, description="Sub-path inside the claim (relative, without '..')."
+    )
 
-
-_PATH_RULES = (
-    cel(
-        "has(self.name) != has(self.path)",
-        "set exactly one of name (a Hugging Face Hub id) or path (a file or folder on a volume)",
-    ),
-    cel("!has(self.volume) || has(self.path)", "volume is only used with path", field_path=".volume"),
-    cel(
-        "!has(self.path) || self.path.startsWith('/')",
-        "path must be absolute (where the volume is mounted, or a path inside the image)",
-        field_path=".path",
-    ),
-)
 
 HUB_ID_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$"
 
@@ -205,12 +196,10 @@ HUB_ID_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$"
 class ModelSource(_Model):
     """The base model: a Hugging Face Hub id with a revision, or a path on a volume."""
 
-    model_config = ConfigDict(json_schema_extra=rules(*_PATH_RULES))
-
     name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
         default=None, description="Hugging Face Hub model id, e.g. Qwen/Qwen2-0.5B."
     )
-    revision: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+    revision: Annotated[str, Field(min_length=1, max_length=200, pattern=GIT_REF_PATTERN)] = Field(
         default="main", description="Hub revision (branch, tag or commit). Pin a commit for repeatable runs."
     )
     path: Annotated[str, Field(max_length=1024)] | None = Field(
@@ -226,39 +215,28 @@ class ModelSource(_Model):
 class DatasetSource(_Model):
     """The training data: a Hub data set, or a JSONL/Parquet file or folder on a volume."""
 
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            *_PATH_RULES,
-            cel(
-                "!(has(self.evalSplit) && has(self.evalFraction))",
-                "set at most one of evalSplit or evalFraction",
-                field_path=".evalFraction",
-            ),
-        )
-    )
-
     name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
         default=None, description="Hugging Face Hub data set id, e.g. trl-lib/Capybara."
     )
-    revision: Annotated[str, Field(min_length=1, max_length=200)] = Field(
+    revision: Annotated[str, Field(min_length=1, max_length=200, pattern=GIT_REF_PATTERN)] = Field(
         default="main", description="Hub revision of the data set."
     )
-    subset: Annotated[str, Field(max_length=200)] | None = Field(
+    subset: Annotated[str, Field(max_length=200, pattern=NO_CONTROL_PATTERN)] | None = Field(
         default=None, description="Data set configuration (subset) name."
     )
     path: Annotated[str, Field(max_length=1024)] | None = Field(
         default=None, description="Absolute path of a .jsonl/.json/.parquet file or a folder of them."
     )
     volume: VolumeSource | None = Field(default=None, description="Volume that holds path, mounted at path.")
-    split: Annotated[str, Field(min_length=1, max_length=100)] = Field(
+    split: Annotated[str, Field(min_length=1, max_length=100, pattern=NO_CONTROL_PATTERN)] = Field(
         default="train", description="Split to train on."
     )
     format: DatasetFormat = Field(
         default=DatasetFormat.AUTO,
         description="Row format: messages (chat), promptCompletion, text, or auto (detected from columns).",
     )
-    eval_split: Annotated[str, Field(min_length=1, max_length=100)] | None = Field(
-        default=None, description="Split to evaluate on (e.g. test)."
+    eval_split: Annotated[str, Field(min_length=1, max_length=100, pattern=NO_CONTROL_PATTERN)] | None = (
+        Field(default=None, description="Split to evaluate on (e.g. test).")
     )
     eval_fraction: Annotated[float, Field(gt=0, lt=1)] | None = Field(
         default=None, description="Hold out this fraction of the training split for evaluation."
@@ -283,20 +261,6 @@ class LoraSpec(_Model):
 
 class TrainingSpec(_Model):
     """Hyperparameters. Defaults follow the notebooks where they are sane, and are fast."""
-
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            cel(
-                "has(self.epochs) != has(self.maxSteps)",
-                "set exactly one of training.epochs or training.maxSteps",
-            ),
-            cel(
-                "!(has(self.warmupSteps) && has(self.warmupRatio))",
-                "set at most one of training.warmupSteps or training.warmupRatio",
-                field_path=".warmupRatio",
-            ),
-        )
-    )
 
     epochs: Annotated[float, Field(gt=0, le=1000)] | None = Field(
         default=None, description="Passes over the training data (may be fractional)."
@@ -384,9 +348,13 @@ class TrainingSpec(_Model):
 class Toleration(_Model):
     """A pod toleration (same fields as in a Pod spec)."""
 
-    key: Annotated[str, Field(max_length=316)] | None = Field(default=None, description="Taint key.")
+    key: Annotated[str, Field(max_length=317)] | None = Field(
+        default=None, description="Taint key (a label key; empty with operator Exists: every taint)."
+    )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: Annotated[str, Field(max_length=63)] | None = Field(default=None, description="Taint value.")
+    value: Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)] | None = Field(
+        default=None, description="Taint value (a label value; empty with operator Exists)."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to tolerate."
     )
@@ -414,9 +382,12 @@ class ResourcesSpec(_Model):
     shared_memory: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
         default="16Gi", description="Size of the memory-backed /dev/shm (data loaders, NCCL)."
     )
-    node_selector: Annotated[dict[str, Annotated[str, Field(max_length=63)]], Field(max_length=32)] | None = (
-        Field(default=None, description="Node labels the pods must match.")
-    )
+    node_selector: (
+        Annotated[
+            dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]], Field(max_length=32)
+        ]
+        | None
+    ) = Field(default=None, description="Node labels the pods must match.")
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = Field(
         default=None, description="Tolerations for the pods (e.g. for GPU node taints)."
     )
@@ -431,20 +402,10 @@ class ResourcesSpec(_Model):
 class StorageSpec(_Model):
     """The checkpoint volume: a new PVC, or an existing claim."""
 
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            cel(
-                "!has(self.existingClaim) || !has(self.storageClassName)",
-                "storage.storageClassName is only used when kubetune creates the claim (no existingClaim)",
-                field_path=".storageClassName",
-            ),
-        )
-    )
-
     size: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
         default="100Gi", description="Size of the checkpoint PVC kubetune creates."
     )
-    storage_class_name: Annotated[str, Field(max_length=253)] | None = Field(
+    storage_class_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
         default=None, description="StorageClass of the new PVC (cluster default if unset)."
     )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
@@ -461,62 +422,44 @@ class StorageSpec(_Model):
 
 
 # MLflow keeps these alias names for itself: "latest" (any case) and v<number> name versions
-RESERVED_ALIAS_CEL = "self.alias.lowerAscii() != 'latest' && !self.alias.matches('^[vV][0-9]+$')"
 RESERVED_ALIAS_MESSAGE = (
     "spec.registration.alias must not be 'latest' or v<number>: MLflow reserves them for versions"
-)
-# user:password@ in a URL: credentials belong in a Secret (spec.secrets.mlflowTracking*)
-URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
-URI_CREDENTIALS_MESSAGE = (
-    "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret and "
-    "reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or mlflowTrackingToken)"
 )
 
 
 def registration_error(alias: str | None, tracking_uri: str | None) -> str | None:
-    """What the CEL rules of ``spec.registration`` refuse, for manifests no API server admits
-    (``kubetune run --local``). The operator does not apply it when it parses a job: a job admitted
-    before these rules existed keeps running under an upgraded operator.
+    """The first rule of ``spec.registration`` (:mod:`kubetune_api.rules`) that this alias or tracking
+    URI breaks: for a tracking URI given outside a manifest (``kubetune run --local --tracking-uri``).
 
     >>> registration_error("latest", None)
     "spec.registration.alias must not be 'latest' or v<number>: MLflow reserves them for versions"
     >>> registration_error("champion", "https://mlflow.example.com") is None
     True
     """
-    if alias is not None and (alias.lower() == "latest" or re.fullmatch(r"[vV][0-9]+", alias)):
-        return RESERVED_ALIAS_MESSAGE
-    if tracking_uri is not None and re.match(URI_CREDENTIALS, tracking_uri):
-        return URI_CREDENTIALS_MESSAGE
+    wire = {k: v for k, v in (("alias", alias), ("trackingUri", tracking_uri)) if v is not None}
+    for rule in _rules.rules_at("spec.registration"):
+        if not rule.check(wire):
+            return rule.message
     return None
 
 
 class RegistrationSpec(_Model):
     """Registering the trained model in MLflow."""
 
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            cel(f"!has(self.alias) || ({RESERVED_ALIAS_CEL})", RESERVED_ALIAS_MESSAGE, field_path=".alias"),
-            cel(
-                f"!has(self.trackingUri) || !self.trackingUri.matches('{URI_CREDENTIALS}')",
-                URI_CREDENTIALS_MESSAGE,
-                field_path=".trackingUri",
-            ),
-        )
-    )
-
     enabled: bool = Field(default=True, description="Register the model after training.")
     tracking_uri: (
-        Annotated[str, Field(max_length=2048, pattern=r"^(https?|file|databricks)://?.*|^/.*")] | None
+        Annotated[str, Field(max_length=2048, pattern=r"^((https?|file|databricks):/|/)[^\x00-\x20\x7f]*$")]
+        | None
     ) = Field(
         default=None,
         description="MLflow tracking URI (http(s)://...). Unset: the operator's default (Helm value mlflow.trackingUri).",
     )
-    experiment: Annotated[str, Field(min_length=1, max_length=500)] | None = Field(
-        default=None, description="MLflow experiment (default: kubetune/<namespace>)."
+    experiment: Annotated[str, Field(min_length=1, max_length=500, pattern=NO_CONTROL_PATTERN)] | None = (
+        Field(default=None, description="MLflow experiment (default: kubetune/<namespace>).")
     )
-    model_name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^/:%]+$")] | None = Field(
-        default=None, description="Registered model name (default: the FineTuneJob's name)."
-    )
+    model_name: (
+        Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^/:%\x00-\x1f\x7f]+$")] | None
+    ) = Field(default=None, description="Registered model name (default: the FineTuneJob's name).")
     merge_lora: bool = Field(
         default=True, description="Merge the LoRA adapter into the base model before logging."
     )
@@ -552,32 +495,6 @@ class EnvFromSecret(_Model):
 class EnvVar(_Model):
     """An extra environment variable for the trainer (e.g. NCCL settings)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            cel("has(self.value) != has(self.valueFrom)", "set exactly one of value or valueFrom"),
-            cel(
-                f"!has(self.value) || !self.name.matches('{SECRET_LIKE_ENV}')",
-                "secrets must not be inline: use valueFrom.secretKeyRef for a variable whose name "
-                "looks like a credential",
-                field_path=".value",
-            ),
-            cel(
-                f"!(self.name in [{', '.join(repr(n) for n in OPERATOR_ENV)}])",
-                f"{', '.join(OPERATOR_ENV)} are set by the operator",
-                field_path=".name",
-            ),
-            *(
-                cel(
-                    f"self.name != '{name}' || !has(self.value) || self.value == '' || "
-                    f"self.value.matches('{pattern}')",
-                    f"{name} must be {what}",
-                    field_path=".value",
-                )
-                for name, (pattern, what) in TUNING_ENV.items()
-            ),
-        )
-    )
-
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = Field(
         description="Variable name."
     )
@@ -587,31 +504,6 @@ class EnvVar(_Model):
 
 # Fields of the spec that may change after creation; everything else shapes the training.
 MUTABLE_SPEC_FIELDS = ("suspend", "registration")
-
-
-def _immutable_rules() -> list[dict[str, str]]:
-    out = []
-    for field, info in FineTuneJobSpec.model_fields.items():
-        wire = info.alias or to_camel(field)
-        if wire in MUTABLE_SPEC_FIELDS:
-            continue
-        if info.is_required():
-            rule = f"self.{wire} == oldSelf.{wire}"
-        else:
-            rule = f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
-        out.append(cel(rule, f"spec.{wire} is immutable once created", field_path=f".{wire}"))
-    # registration: only alias (and enabled=false -> skip) may change; the rest names the target.
-    for sub in ("trackingUri", "experiment", "modelName", "mergeLora"):
-        out.append(
-            cel(
-                f"has(self.registration) == has(oldSelf.registration) && (!has(self.registration) || "
-                f"(has(self.registration.{sub}) == has(oldSelf.registration.{sub}) && "
-                f"(!has(self.registration.{sub}) || self.registration.{sub} == oldSelf.registration.{sub})))",
-                f"spec.registration.{sub} is immutable once created (only registration.alias may change)",
-                field_path=f".registration.{sub}",
-            )
-        )
-    return out
 
 
 class FineTuneJobSpec(_Model):
@@ -629,9 +521,11 @@ class FineTuneJobSpec(_Model):
     )
     secrets: SecretsSpec | None = Field(default=None, description="Credentials, by Secret reference only.")
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(
-        default=None, description="Extra trainer environment variables; credentials only via valueFrom."
+        default=None,
+        description="Extra trainer environment variables (each name once); credentials only via valueFrom.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    image: Annotated[str, Field(max_length=512, pattern=r"^[^\s]+$")] | None = Field(
+    image: Annotated[str, Field(max_length=512, pattern=IMAGE_PATTERN)] | None = Field(
         default=None, description="Trainer image override (default: the operator's trainer image)."
     )
     suspend: bool = Field(
@@ -639,57 +533,16 @@ class FineTuneJobSpec(_Model):
     )
 
     @model_validator(mode="after")
-    def _lora_only_with_lora(self) -> FineTuneJobSpec:
-        if self.lora is not None and self.method != Method.LORA:
-            raise ValueError("spec.lora is only allowed with method: lora")
+    def _rules(self, info: ValidationInfo) -> FineTuneJobSpec:
+        """Every rule of kubetune_api.rules at or below spec, unless the spec was admitted already."""
+        if not (info.context or {}).get(_rules.ADMITTED):
+            problems = _rules.check(self.wire(), under="spec")
+            if problems:
+                raise _rules.RuleError(problems)
         return self
 
     def lora_settings(self) -> LoraSpec:
         return self.lora or LoraSpec()
-
-
-_SPEC_RULES = (
-    cel(
-        "!has(self.lora) || self.method == 'lora'",
-        "spec.lora is only allowed with method: lora",
-        field_path=".lora",
-    ),
-    cel(
-        "self.resources.nodes == 1 || self.resources.gpusPerNode > 0",
-        "spec.resources.nodes > 1 needs spec.resources.gpusPerNode > 0",
-        field_path=".resources.nodes",
-    ),
-    cel(
-        "self.resources.nodes == 1 || has(self.storage.existingClaim) || "
-        "self.storage.accessMode == 'ReadWriteMany'",
-        "multi-node training needs a shared checkpoint volume: set storage.accessMode: ReadWriteMany "
-        "or storage.existingClaim",
-        field_path=".storage.accessMode",
-    ),
-    cel(
-        "!has(self.resources.gpuProduct) || self.resources.gpusPerNode > 0",
-        "spec.resources.gpuProduct needs spec.resources.gpusPerNode > 0",
-        field_path=".resources.gpuProduct",
-    ),
-    cel(
-        "!has(self.training.tokensPerStep) || self.training.packing",
-        "spec.training.tokensPerStep needs spec.training.packing: true",
-        field_path=".training.tokensPerStep",
-    ),
-    cel(
-        "!has(self.training.evalSteps) || has(self.dataset.evalSplit) || has(self.dataset.evalFraction)",
-        "spec.training.evalSteps needs evaluation data: set spec.dataset.evalSplit or spec.dataset.evalFraction",
-        field_path=".training.evalSteps",
-    ),
-    cel(
-        "!self.training.assistantOnlyLoss || self.dataset.format != 'text'",
-        "spec.training.assistantOnlyLoss needs chat data (dataset.format messages or auto)",
-        field_path=".training.assistantOnlyLoss",
-    ),
-)
-# Cross-field rules, then one immutability rule per training-shaping field.
-FineTuneJobSpec.model_config["json_schema_extra"] = rules(*_SPEC_RULES, *_immutable_rules())
-FineTuneJobSpec.model_rebuild(force=True)
 
 
 # --- status ---------------------------------------------------------------------------------------
@@ -804,22 +657,22 @@ class FineTuneJob(_Model):
     status: FineTuneJobStatus | None = None
 
     @model_validator(mode="after")
-    def _name_fits_children(self) -> FineTuneJob:
-        check_name(self.metadata.name)
+    def _name_fits_children(self, info: ValidationInfo) -> FineTuneJob:
+        if not (info.context or {}).get(_rules.ADMITTED):
+            problems = _rules.check(self.wire(), only_root=True)
+            if problems:
+                raise _rules.RuleError(problems)
         return self
 
 
-def check_name(name: str) -> None:
-    if len(name) > MAX_NAME_LENGTH:
-        raise ValueError(
-            f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child objects add suffixes)"
-        )
-    if not re.match(NAME_PATTERN, name):
-        raise ValueError(
-            "metadata.name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter"
-        )
-
-
 def parse_job(obj: dict[str, Any]) -> FineTuneJob:
-    """Parse a FineTuneJob manifest (or a stored object) into the typed model."""
-    return FineTuneJob.model_validate(obj)
+    """Parse a FineTuneJob manifest (or a stored object) into the typed model.
+
+    A job that has not started (no status.phase) is checked against every rule
+    (:mod:`kubetune_api.rules`): an API server with an older CRD may have admitted what this version
+    refuses, and the operator would otherwise create children the API server then refuses one by one.
+    A job that started keeps the admission it had: one admitted before a rule existed does not turn
+    Failed when the operator is upgraded; its fields' types are still checked.
+    """
+    started = bool((obj.get("status") or {}).get("phase"))
+    return FineTuneJob.model_validate(obj, context={_rules.ADMITTED: True} if started else None)

@@ -24,7 +24,8 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from .spec import FineTuneJob, FineTuneJobSpec, _Model, registration_error
+from . import rules
+from .spec import FineTuneJob, FineTuneJobSpec, _Model
 
 CONFIG_KEY = "config.yaml"
 CONFIG_MOUNT_DIR = "/etc/kubetune"
@@ -146,14 +147,15 @@ def resolve(
 
 
 def load_manifest(path: str | Path) -> FineTuneJob:
-    """Read a FineTuneJob from a YAML file (the first FineTuneJob document in it)."""
+    """Read a FineTuneJob from a YAML file (the first FineTuneJob document in it), refused as the API
+    server would refuse it: a pydantic ``ValidationError`` for its fields' types, bounds and patterns,
+    then a :class:`~kubetune_api.rules.RuleError` naming the file and each field that breaks a rule."""
     for doc in yaml.safe_load_all(Path(path).read_text()):
         if isinstance(doc, dict) and doc.get("kind") == "FineTuneJob":
-            job = FineTuneJob.model_validate(doc)
-            reg = job.spec.registration
-            error = registration_error(reg.alias, reg.tracking_uri)
-            if error:
-                raise ValueError(f"{path}: {error}")
+            job = FineTuneJob.model_validate(doc, context={rules.ADMITTED: True})
+            problems = rules.check(job.wire())
+            if problems:
+                raise rules.RuleError(problems, source=str(path))
             return job
     raise ValueError(f"{path}: no FineTuneJob document found")
 

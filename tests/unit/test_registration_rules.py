@@ -42,8 +42,12 @@ def test_a_local_manifest_is_refused_naming_the_field(
     with pytest.raises(ValueError, match=message) as refused:
         load_manifest(path)
     assert "hunter2" not in str(refused.value)
-    # an upgraded operator keeps following a job admitted before the rules
-    assert parse_job({**doc, "metadata": {**doc["metadata"], "namespace": "ml"}}).metadata.name  # type: ignore[dict-item]
+    # an upgraded operator keeps following a job admitted before the rules that has started...
+    started = {**doc, "metadata": {**doc["metadata"], "namespace": "ml"}, "status": {"phase": "Training"}}
+    assert parse_job(started).metadata.name  # type: ignore[arg-type]
+    # ...and refuses one that has not, naming the field, before it creates any child
+    with pytest.raises(ValueError, match=message):
+        parse_job({**doc, "metadata": {**doc["metadata"], "namespace": "ml"}})  # type: ignore[dict-item]
 
 
 def test_aliases_mlflow_takes_pass(tmp_path: Path) -> None:

@@ -1,0 +1,748 @@
+"""Every validation rule of the FineTuneJob API that a field's own type cannot say, declared once.
+
+A :class:`Rule` carries both enforcers of one rule:
+
+- the CEL expression the API server evaluates (``x-kubernetes-validations`` in the CRD, put there by
+  :mod:`kubetune_api.crd` at each of the rule's places, with its ``fieldPath`` and a message that
+  names the field), and
+- its Python twin, evaluated on the same value the CEL ``self`` sees (the wire form, camelCase, with
+  the API server's defaults filled in), used where no API server checks a manifest first: ``kubetune
+  render``, ``kubetune run --local``, the trainer (:class:`~kubetune_api.trainer_config.TrainerConfig`),
+  and the operator's parsing of a job that has not started yet (:func:`kubetune_api.spec.parse_job`).
+
+What a field's type says (types, enums, lengths, bounds, patterns, required fields) is declared once
+on the pydantic models in :mod:`kubetune_api.spec`: the CRD's OpenAPI constraints are generated from
+them and pydantic enforces the same constraints in Python. The one structural rule pydantic has no
+notion of, ``x-kubernetes-list-type`` (items of a ``set`` or keys of a ``map`` list are unique), is
+checked in Python by walking the generated schema itself (:func:`list_type_problems`).
+
+The CEL here stays within what Kubernetes 1.30 (the chart's documented minimum) offers: the quantity
+library (1.28+), the extended strings library and RE2 ``matches()``; not the ``format`` library
+(1.32+), whose checks are written as the same regular expressions the Python twin uses. Patterns go
+into single-quoted CEL strings as they are: no quotes or backslashes (a test checks).
+
+    python -m kubetune_api.rules      # one line per rule: where, CEL, message
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+# The ValidationInfo context key that says "this spec was admitted by an API server already": the
+# operator's parsing of a job that started under an earlier version of the rules (see parse_job).
+ADMITTED = "admitted"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One CEL rule and its Python twin.
+
+    ``places``: where the rule sits, as wire paths from the object's root (``spec.training``;
+    ``spec.env[]`` for each item of a list; ``""`` for the root). ``field``: the CEL ``fieldPath``,
+    relative to the place (the field the message is about). ``check``: the Python twin, True when the
+    value at the place passes; for a transition rule (``old``) it takes the new and the old value.
+    """
+
+    places: tuple[str, ...]
+    cel: str
+    message: str
+    check: Callable[..., bool]
+    field: str | None = None
+    reason: str | None = None
+    old: bool = False
+
+    def validation(self) -> dict[str, str]:
+        """The rule as one ``x-kubernetes-validations`` entry."""
+        out = {"rule": self.cel, "message": self.message}
+        if self.field:
+            out["fieldPath"] = self.field
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+
+# --- patterns shared by CEL and Python (RE2 and Python's re agree on them) ---------------------------
+
+# Kubernetes label keys: an optional DNS-subdomain prefix (at most 253 characters) and '/', then a name
+# of 1 to 63 characters. The prefix's length is checked apart (indexOf).
+LABEL_KEY = (
+    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+# A path with '..' or '.' as a part, '//', or a trailing '/': not one clean absolute path
+UNCLEAN_PATH = "//|(^|/)[.][.]?(/|$)|[^/]/$"
+CLIMBS_OUT = "(^|/)[.][.](/|$)"
+# What git check-ref-format refuses beyond single characters (those are the field's pattern)
+BAD_GIT_REF = "[.][.]|@[{]|//|^/|/$|[.]$|(^|/)[.]|[.]lock(/|$)|^@$"
+# user:password@ (or a token@) in a URL
+URI_USERINFO = "[A-Za-z][A-Za-z0-9+.-]*://[^/?#@ ]+@"
+URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
+# a query parameter whose name says it carries a credential (?token=..., &api_key=...)
+QUERY_CREDENTIAL = (
+    "[?&][^=&#]*(?i:token|secret|passw|pwd|api_?key|access_?key|credential|signature|auth)[^=&#]*="
+)
+# Variables that change how every process of the pod starts: the dynamic loader's (libraries loaded
+# into every process, where they are looked up), the shells' startup files, the command search path,
+# and Python's (modules found or run before kubetune's own, another interpreter). Refused: a
+# container image is the place for such changes, where they are built and scanned with the rest.
+PROCESS_START_ENV = (
+    "^(LD_[A-Za-z0-9_]*|PATH|BASH_ENV|ENV|GCONV_PATH|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|"
+    "PYTHONUSERBASE|PYTHONPLATLIBDIR|PYTHONINSPECT|PYTHONEXECUTABLE)$"
+)
+# Variables kubetune (kubetune_operator.builders) or the Kubeflow Training Operator set on the pods;
+# a spec.env entry of the same name would define it twice (the API server keeps both, the later wins).
+# KUBETUNE_CONFIG, KUBETUNE_CPUS and KUBETUNE_SHUTDOWN_GRACE_S are spec.OPERATOR_ENV (a rule of their own).
+POD_ENV = (
+    "HOME",
+    "XDG_CACHE_HOME",
+    "HF_HOME",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TMPDIR",
+    "HF_TOKEN",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "PYTHONUNBUFFERED",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_NNODES",
+)
+# Where kubetune mounts its own volumes in the trainer and registration pods: the checkpoint volume,
+# the trainer config, the caches, /tmp and the memory-backed /dev/shm (kubetune_operator.builders)
+KUBETUNE_MOUNTS = ("/var/lib/kubetune", "/etc/kubetune", "/var/cache/kubetune", "/tmp", "/dev/shm")
+
+
+def _search(pattern: str, value: str) -> bool:
+    """CEL's ``matches()``: RE2, true when the pattern matches anywhere in the string."""
+    return re.search(pattern, value) is not None
+
+
+def label_key_ok(key: str) -> bool:
+    """A Kubernetes label key (the Python twin of :func:`_label_key_cel`).
+
+    >>> [label_key_ok(k) for k in ("nvidia.com/gpu.product", "zone", "-bad", "a/b/c", "x" * 64)]
+    [True, True, False, False, False]
+    """
+    return _search(LABEL_KEY, key) and ("/" not in key or key.index("/") <= 253)
+
+
+def _label_key_cel(var: str) -> str:
+    return f"{var}.matches('{LABEL_KEY}') && (!{var}.contains('/') || {var}.indexOf('/') <= 253)"
+
+
+def positive_quantity(value: str) -> bool:
+    """The twin of ``isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))`` for the values
+    the field's pattern (spec.QUANTITY_PATTERN) lets through: a number and a positive multiplier.
+
+    >>> [positive_quantity(v) for v in ("16Gi", "500m", "0.5", "0", "0Gi", "0e3", "0.000")]
+    [True, True, True, False, False, False, False]
+    """
+    number = re.match(r"[0-9.]*", value)
+    return number is not None and any(c in "123456789" for c in number.group())
+
+
+def overlapping(a: str, b: str) -> bool:
+    """Whether two clean absolute paths are the same, or one is inside the other."""
+    return a == "/" or b == "/" or (a + "/").startswith(b + "/") or (b + "/").startswith(a + "/")
+
+
+def _overlapping_cel(a: str, b: str) -> str:
+    return f"({a} == '/' || {b} == '/' || ({a} + '/').startsWith({b} + '/') || ({b} + '/').startsWith({a} + '/'))"
+
+
+def _cel_list(names: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+
+def _has(obj: Any, key: str) -> bool:
+    return isinstance(obj, dict) and key in obj
+
+
+def _source_rules(kind: str) -> list[Rule]:
+    """spec.model and spec.dataset: a Hub id, or a path (on a volume)."""
+    at = f"spec.{kind}"
+    return [
+        Rule(
+            (at,),
+            "has(self.name) != has(self.path)",
+            f"spec.{kind} needs exactly one of name (a Hugging Face Hub id) or path (a file or folder on a volume)",
+            lambda s: _has(s, "name") != _has(s, "path"),
+        ),
+        Rule(
+            (at,),
+            "!has(self.volume) || has(self.path)",
+            f"spec.{kind}.volume is only used with path",
+            lambda s: not _has(s, "volume") or _has(s, "path"),
+            field=".volume",
+        ),
+        Rule(
+            (at,),
+            "!has(self.path) || self.path.startsWith('/')",
+            f"spec.{kind}.path must be absolute (where the volume is mounted, or a path inside the image)",
+            lambda s: not _has(s, "path") or s["path"].startswith("/"),
+            field=".path",
+        ),
+        Rule(
+            (at,),
+            f"!has(self.path) || !self.path.matches('{UNCLEAN_PATH}')",
+            f"spec.{kind}.path must be a clean path: no '..' or '.' parts, no '//', no trailing '/'",
+            lambda s: not _has(s, "path") or not _search(UNCLEAN_PATH, s["path"]),
+            field=".path",
+        ),
+        Rule(
+            (at,),
+            f"!has(self.volume) || !has(self.path) || !{_cel_list(KUBETUNE_MOUNTS)}.exists(m, "
+            f"{_overlapping_cel('self.path', 'm')})",
+            f"spec.{kind}.path must not mount a volume at, inside or above kubetune's own mounts "
+            f"({', '.join(KUBETUNE_MOUNTS)}: checkpoints, trainer config, caches, temporary files)",
+            lambda s: (
+                not _has(s, "volume")
+                or not _has(s, "path")
+                or not any(overlapping(s["path"], m) for m in KUBETUNE_MOUNTS)
+            ),
+            field=".path",
+        ),
+        Rule(
+            (f"{at}.volume",),
+            f"!has(self.subPath) || (!self.subPath.startsWith('/') && !self.subPath.matches('{CLIMBS_OUT}'))",
+            f"spec.{kind}.volume.subPath must be a relative path inside the claim: no leading '/', no '..'",
+            lambda s: (
+                not _has(s, "subPath")
+                or (not s["subPath"].startswith("/") and not _search(CLIMBS_OUT, s["subPath"]))
+            ),
+            field=".subPath",
+        ),
+        Rule(
+            (f"{at}.revision",),
+            f"!self.matches('{BAD_GIT_REF}')",
+            f"spec.{kind}.revision must be a Git branch, tag or commit: no '..', '@{{', '//', no leading or "
+            "trailing '/', no part that starts with '.' or ends with '.lock', no trailing '.'",
+            lambda s: not _search(BAD_GIT_REF, s),
+        ),
+    ]
+
+
+def _quantity_rule(place: str) -> Rule:
+    return Rule(
+        (place,),
+        "isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))",
+        f"{place} must be a Kubernetes quantity above zero (e.g. 16, 500m, 64Gi)",
+        positive_quantity,
+    )
+
+
+def _env_rules() -> list[Rule]:
+    from .spec import OPERATOR_ENV, SECRET_LIKE_ENV, TUNING_ENV
+
+    at = ("spec.env[]",)
+    out = [
+        Rule(
+            at,
+            "has(self.value) != has(self.valueFrom)",
+            "each spec.env entry needs exactly one of value or valueFrom",
+            lambda s: _has(s, "value") != _has(s, "valueFrom"),
+        ),
+        Rule(
+            at,
+            f"!has(self.value) || !self.name.matches('{SECRET_LIKE_ENV}')",
+            "secrets must not be inline: use valueFrom.secretKeyRef for a variable whose name "
+            "looks like a credential",
+            lambda s: not _has(s, "value") or not _search(SECRET_LIKE_ENV, s["name"]),
+            field=".value",
+        ),
+        Rule(
+            at,
+            f"!has(self.value) || !(self.value.matches('{URI_USERINFO}') || self.value.matches('{QUERY_CREDENTIAL}'))",
+            "spec.env[].value must not carry credentials (a URL with user:password@ or a token in its "
+            "query): put them in a Secret and use valueFrom.secretKeyRef",
+            lambda s: (
+                not _has(s, "value")
+                or not (_search(URI_USERINFO, s["value"]) or _search(QUERY_CREDENTIAL, s["value"]))
+            ),
+            field=".value",
+        ),
+        Rule(
+            at,
+            f"!(self.name in {_cel_list(OPERATOR_ENV)})",
+            f"{', '.join(OPERATOR_ENV)} are set by the operator",
+            lambda s: s["name"] not in OPERATOR_ENV,
+            field=".name",
+        ),
+        Rule(
+            at,
+            f"!(self.name in {_cel_list(POD_ENV)})",
+            f"spec.env[].name must not be one kubetune or the Training Operator sets on the pods "
+            f"({', '.join(POD_ENV)}): it would be defined twice; credentials go in spec.secrets",
+            lambda s: s["name"] not in POD_ENV,
+            field=".name",
+        ),
+        Rule(
+            at,
+            f"!self.name.matches('{PROCESS_START_ENV}')",
+            "spec.env[].name must not be LD_*, PATH, BASH_ENV, ENV, GCONV_PATH, PYTHONPATH, PYTHONHOME, "
+            "PYTHONSTARTUP, PYTHONUSERBASE, PYTHONPLATLIBDIR, PYTHONINSPECT or PYTHONEXECUTABLE: they change "
+            "how every process of the pod starts; build such changes into the trainer image (spec.image)",
+            lambda s: not _search(PROCESS_START_ENV, s["name"]),
+            field=".name",
+        ),
+    ]
+    for name, (pattern, what) in TUNING_ENV.items():
+        out.append(
+            Rule(
+                at,
+                f"self.name != '{name}' || !has(self.value) || self.value == '' || self.value.matches('{pattern}')",
+                f"{name} must be {what}",
+                lambda s, name=name, pattern=pattern: (
+                    s["name"] != name
+                    or not _has(s, "value")
+                    or s["value"] == ""
+                    or _search(pattern, s["value"])
+                ),
+                field=".value",
+            )
+        )
+    return out
+
+
+def _registration_rules() -> list[Rule]:
+    from .spec import RESERVED_ALIAS_MESSAGE
+
+    at = ("spec.registration",)
+    return [
+        Rule(
+            at,
+            "!has(self.alias) || (self.alias.lowerAscii() != 'latest' && !self.alias.matches('^[vV][0-9]+$'))",
+            RESERVED_ALIAS_MESSAGE,
+            lambda s: (
+                not _has(s, "alias")
+                or (s["alias"].lower() != "latest" and not _search("^[vV][0-9]+$", s["alias"]))
+            ),
+            field=".alias",
+        ),
+        Rule(
+            at,
+            f"!has(self.trackingUri) || !self.trackingUri.matches('{URI_CREDENTIALS}')",
+            "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret "
+            "and reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or "
+            "mlflowTrackingToken)",
+            lambda s: not _has(s, "trackingUri") or not _search(URI_CREDENTIALS, s["trackingUri"]),
+            field=".trackingUri",
+        ),
+        Rule(
+            at,
+            f"!has(self.trackingUri) || !self.trackingUri.matches('{QUERY_CREDENTIAL}')",
+            "spec.registration.trackingUri must not carry credentials in its query (?token=...): put the "
+            "token in a Secret and reference it from spec.secrets.mlflowTrackingToken",
+            lambda s: not _has(s, "trackingUri") or not _search(QUERY_CREDENTIAL, s["trackingUri"]),
+            field=".trackingUri",
+        ),
+    ]
+
+
+def _scheduling_rules() -> list[Rule]:
+    at = ("spec.resources.tolerations[]",)
+    return [
+        Rule(
+            ("spec.resources.nodeSelector",),
+            f"self.all(k, {_label_key_cel('k')})",
+            "spec.resources.nodeSelector keys must be label keys: an optional DNS subdomain and '/', then "
+            "1 to 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            lambda s: all(label_key_ok(k) for k in s),
+        ),
+        Rule(
+            at,
+            f"!has(self.key) || self.key == '' || ({_label_key_cel('self.key')})",
+            "spec.resources.tolerations[].key must be a label key (e.g. nvidia.com/gpu)",
+            lambda s: not _has(s, "key") or s["key"] == "" or label_key_ok(s["key"]),
+            field=".key",
+        ),
+        Rule(
+            at,
+            "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+            "spec.resources.tolerations[].operator must be Exists when key is empty (it then tolerates every taint)",
+            lambda s: (_has(s, "key") and s["key"] != "") or s.get("operator") == "Exists",
+            field=".operator",
+        ),
+        Rule(
+            at,
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "spec.resources.tolerations[].value must be empty when operator is Exists",
+            lambda s: s.get("operator") != "Exists" or s.get("value", "") == "",
+            field=".value",
+        ),
+        Rule(
+            at,
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "spec.resources.tolerations[].tolerationSeconds needs effect: NoExecute",
+            lambda s: not _has(s, "tolerationSeconds") or s.get("effect") == "NoExecute",
+            field=".tolerationSeconds",
+        ),
+    ]
+
+
+def _spec_rules() -> list[Rule]:
+    """Rules across spec's fields (self is spec, with the API server's defaults filled in)."""
+    at = ("spec",)
+    return [
+        Rule(
+            at,
+            "!has(self.lora) || self.method == 'lora'",
+            "spec.lora is only allowed with method: lora",
+            lambda s: not _has(s, "lora") or s["method"] == "lora",
+            field=".lora",
+        ),
+        Rule(
+            at,
+            "self.resources.nodes == 1 || self.resources.gpusPerNode > 0",
+            "spec.resources.nodes > 1 needs spec.resources.gpusPerNode > 0",
+            lambda s: s["resources"]["nodes"] == 1 or s["resources"]["gpusPerNode"] > 0,
+            field=".resources.nodes",
+        ),
+        Rule(
+            at,
+            "self.resources.nodes == 1 || has(self.storage.existingClaim) || "
+            "self.storage.accessMode == 'ReadWriteMany'",
+            "multi-node training needs a shared checkpoint volume: set storage.accessMode: ReadWriteMany "
+            "or storage.existingClaim",
+            lambda s: (
+                s["resources"]["nodes"] == 1
+                or _has(s["storage"], "existingClaim")
+                or s["storage"]["accessMode"] == "ReadWriteMany"
+            ),
+            field=".storage.accessMode",
+        ),
+        Rule(
+            at,
+            "!has(self.resources.gpuProduct) || self.resources.gpusPerNode > 0",
+            "spec.resources.gpuProduct needs spec.resources.gpusPerNode > 0",
+            lambda s: not _has(s["resources"], "gpuProduct") or s["resources"]["gpusPerNode"] > 0,
+            field=".resources.gpuProduct",
+        ),
+        Rule(
+            at,
+            "!has(self.training.tokensPerStep) || self.training.packing",
+            "spec.training.tokensPerStep needs spec.training.packing: true",
+            lambda s: not _has(s["training"], "tokensPerStep") or s["training"]["packing"],
+            field=".training.tokensPerStep",
+        ),
+        Rule(
+            at,
+            "!has(self.training.evalSteps) || has(self.dataset.evalSplit) || has(self.dataset.evalFraction)",
+            "spec.training.evalSteps needs evaluation data: set spec.dataset.evalSplit or spec.dataset.evalFraction",
+            lambda s: (
+                not _has(s["training"], "evalSteps")
+                or _has(s["dataset"], "evalSplit")
+                or _has(s["dataset"], "evalFraction")
+            ),
+            field=".training.evalSteps",
+        ),
+        Rule(
+            at,
+            "!self.training.assistantOnlyLoss || self.dataset.format != 'text'",
+            "spec.training.assistantOnlyLoss needs chat data (dataset.format messages or auto)",
+            lambda s: not s["training"]["assistantOnlyLoss"] or s["dataset"]["format"] != "text",
+            field=".training.assistantOnlyLoss",
+        ),
+        Rule(
+            at,
+            "!has(self.model.volume) || !has(self.dataset.volume) || !has(self.model.path) || "
+            f"!has(self.dataset.path) || !{_overlapping_cel('self.model.path', 'self.dataset.path')}",
+            "spec.dataset.path and spec.model.path are both volume mounts: they must not be the same path "
+            "or one inside the other",
+            lambda s: (
+                not _has(s["model"], "volume")
+                or not _has(s["dataset"], "volume")
+                or not _has(s["model"], "path")
+                or not _has(s["dataset"], "path")
+                or not overlapping(s["model"]["path"], s["dataset"]["path"])
+            ),
+            field=".dataset.path",
+        ),
+    ]
+
+
+def _immutable_rules() -> list[Rule]:
+    """Transition rules (oldSelf): what shapes the training cannot change once created."""
+    from .spec import MUTABLE_SPEC_FIELDS, FineTuneJobSpec, to_camel
+
+    out = []
+    for name, info in FineTuneJobSpec.model_fields.items():
+        wire = info.alias or to_camel(name)
+        if wire in MUTABLE_SPEC_FIELDS:
+            continue
+        if info.is_required():
+            rule = f"self.{wire} == oldSelf.{wire}"
+        else:
+            rule = f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
+        out.append(
+            Rule(
+                ("spec",),
+                rule,
+                f"spec.{wire} is immutable once created",
+                lambda s, o, wire=wire: s.get(wire) == o.get(wire),
+                field=f".{wire}",
+                old=True,
+            )
+        )
+    # registration: only alias (and enabled) may change; the rest names where the model goes
+    for sub in ("trackingUri", "experiment", "modelName", "mergeLora"):
+        out.append(
+            Rule(
+                ("spec",),
+                f"has(self.registration) == has(oldSelf.registration) && (!has(self.registration) || "
+                f"(has(self.registration.{sub}) == has(oldSelf.registration.{sub}) && "
+                f"(!has(self.registration.{sub}) || self.registration.{sub} == oldSelf.registration.{sub})))",
+                f"spec.registration.{sub} is immutable once created (only registration.alias may change)",
+                lambda s, o, sub=sub: (
+                    _has(s, "registration") == _has(o, "registration")
+                    and (s.get("registration") or {}).get(sub) == (o.get("registration") or {}).get(sub)
+                ),
+                field=f".registration.{sub}",
+                old=True,
+            )
+        )
+    return out
+
+
+@functools.cache
+def all_rules() -> tuple[Rule, ...]:
+    """Every rule, in the order the CRD lists them at each place."""
+    from .spec import MAX_NAME_LENGTH, NAME_PATTERN
+
+    root = [
+        Rule(
+            ("",),
+            f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+            f"metadata.name must be at most {MAX_NAME_LENGTH} characters "
+            "(kubetune adds suffixes such as -train-worker-0 to child objects)",
+            lambda s: len(s["metadata"]["name"]) <= MAX_NAME_LENGTH,
+            reason="FieldValueInvalid",
+        ),
+        Rule(
+            ("",),
+            f"self.metadata.name.matches('{NAME_PATTERN}')",
+            "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', "
+            "starting with a letter): PyTorchJob Services are named after it",
+            lambda s: _search(NAME_PATTERN, s["metadata"]["name"]),
+            reason="FieldValueInvalid",
+        ),
+    ]
+    return (
+        *root,
+        *_source_rules("model"),
+        *_source_rules("dataset"),
+        Rule(
+            ("spec.dataset",),
+            "!(has(self.evalSplit) && has(self.evalFraction))",
+            "spec.dataset needs at most one of evalSplit or evalFraction",
+            lambda s: not (_has(s, "evalSplit") and _has(s, "evalFraction")),
+            field=".evalFraction",
+        ),
+        Rule(
+            ("spec.training",),
+            "has(self.epochs) != has(self.maxSteps)",
+            "set exactly one of training.epochs or training.maxSteps",
+            lambda s: _has(s, "epochs") != _has(s, "maxSteps"),
+        ),
+        Rule(
+            ("spec.training",),
+            "!(has(self.warmupSteps) && has(self.warmupRatio))",
+            "set at most one of training.warmupSteps or training.warmupRatio",
+            lambda s: not (_has(s, "warmupSteps") and _has(s, "warmupRatio")),
+            field=".warmupRatio",
+        ),
+        *(
+            _quantity_rule(p)
+            for p in ("spec.resources.cpu", "spec.resources.memory", "spec.resources.sharedMemory")
+        ),
+        *_scheduling_rules(),
+        _quantity_rule("spec.storage.size"),
+        Rule(
+            ("spec.storage",),
+            "!has(self.existingClaim) || !has(self.storageClassName)",
+            "storage.storageClassName is only used when kubetune creates the claim (no existingClaim)",
+            lambda s: not (_has(s, "existingClaim") and _has(s, "storageClassName")),
+            field=".storageClassName",
+        ),
+        *_registration_rules(),
+        *_env_rules(),
+        *_spec_rules(),
+        *_immutable_rules(),
+    )
+
+
+def rules_at(place: str) -> list[Rule]:
+    return [r for r in all_rules() if place in r.places]
+
+
+# --- the Python enforcer ----------------------------------------------------------------------------
+
+
+def instances(obj: Any, place: str, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The values at ``place`` in ``obj`` and their paths as the API server writes them
+    (``spec.env[2]``). An absent optional field has no instance (its rules do not run)."""
+    if not place:
+        yield prefix, obj
+        return
+    head, _, rest = place.partition(".")
+    is_list = head.endswith("[]")
+    key = head.removesuffix("[]")
+    if not isinstance(obj, dict) or key not in obj:
+        return
+    value = obj[key]
+    path = f"{prefix}.{key}" if prefix else key
+    if is_list:
+        for i, item in enumerate(value if isinstance(value, list) else []):
+            yield from instances(item, rest, f"{path}[{i}]")
+    else:
+        yield from instances(value, rest, path)
+
+
+def _where(path: str, field: str | None) -> str:
+    return f"{path}{field or ''}"
+
+
+def check(obj: dict[str, Any], *, under: str = "", only_root: bool = False) -> list[str]:
+    """The rules ``obj`` (the wire form, defaults filled in) breaks: one ``path: message`` each.
+
+    ``under``: the place of ``obj`` itself (``"spec"`` when ``obj`` is a spec); only the rules at or
+    below it run, with paths written from the root as the API server writes them. ``only_root``: only
+    the rules on the whole object (``obj`` is the FineTuneJob).
+    """
+    problems: list[str] = []
+    for rule in all_rules():
+        if rule.old:
+            continue
+        for place in rule.places:
+            if only_root and place:
+                continue
+            if under and not (
+                place == under or place.startswith(under + ".") or place.startswith(under + "[")
+            ):
+                continue
+            rel = place[len(under) :].lstrip(".") if under else place
+            for path, value in instances(obj, rel, under):
+                if not rule.check(value):
+                    where = _where(path, rule.field)
+                    problems.append(f"{where}: {rule.message}" if where else rule.message)
+    if not only_root:
+        problems += list_type_problems(obj, _schema_at(under), under)
+    return problems
+
+
+def check_update(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The transition rules an update of spec from ``old`` to ``new`` breaks (what is immutable)."""
+    return [
+        f"spec{rule.field}: {rule.message}" for rule in all_rules() if rule.old and not rule.check(new, old)
+    ]
+
+
+@functools.cache
+def _openapi() -> dict[str, Any]:
+    from .crd import openapi_schema
+
+    return openapi_schema()
+
+
+def _schema_at(place: str) -> dict[str, Any]:
+    node = _openapi()
+    for part in filter(None, place.split(".")):
+        node = node["properties"][part]
+    return node
+
+
+def list_type_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """The Python twin of ``x-kubernetes-list-type`` anywhere in ``schema``: the items of a ``set``
+    and the keys of a ``map`` list's items are unique (the API server: "Duplicate value")."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                out += list_type_problems(value[key], sub, f"{path}.{key}" if path else key)
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for key, item in value.items():
+                out += list_type_problems(item, extra, f"{path}[{key}]")
+    elif isinstance(value, list):
+        kind = schema.get("x-kubernetes-list-type")
+        keys = schema.get("x-kubernetes-list-map-keys", [])
+        seen: set[str] = set()
+        for i, item in enumerate(value):
+            identity = repr([item.get(k) for k in keys]) if kind == "map" else repr(item)
+            if kind in ("set", "map") and identity in seen:
+                what = ", ".join(f"{k}={item.get(k)!r}" for k in keys) if kind == "map" else repr(item)
+                out.append(f"{path}[{i}]: Duplicate value: {what} is already in the list")
+            seen.add(identity)
+            out += list_type_problems(item, schema.get("items", {}), f"{path}[{i}]")
+    return out
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    """``spec.env[0].name`` from a pydantic error location (type tags of unions left out)."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)) and part not in _BRANCH_TAGS:
+            out += f".{part}" if out else str(part)
+        elif not re.fullmatch(r"[a-z-]+\[.*\]", str(part)):  # a map key
+            out += f"[{part}]"
+    return out
+
+
+_BRANCH_TAGS = {"str", "int", "float", "bool", "none", "list", "dict", "literal"}
+
+
+def problems(doc: dict[str, Any]) -> list[str]:
+    """Every reason the API server would refuse the FineTuneJob ``doc``, as ``path: what`` lines:
+    its schema (types, enums, bounds, patterns, unknown fields: pydantic, from the same declarations
+    as the CRD's OpenAPI schema), then every CEL rule and list type (this module). Empty: admitted."""
+    from pydantic import ValidationError
+
+    from .spec import FineTuneJob
+
+    try:
+        job = FineTuneJob.model_validate(doc, context={ADMITTED: True})
+    except ValidationError as e:
+        out = []
+        for err in e.errors(include_url=False):
+            where = field_path(tuple(err.get("loc") or ()))
+            text = "unknown field" if err.get("type") == "extra_forbidden" else str(err.get("msg"))
+            out.append(f"{where}: {text}" if where else text)
+        return list(dict.fromkeys(out))
+    return check(job.model_dump(by_alias=True, exclude_none=True, mode="json"))
+
+
+class RuleError(ValueError):
+    """A FineTuneJob the API server would refuse; ``problems`` has one ``path: message`` line each,
+    and the error's text one line each, after ``source`` (the manifest's file) when given."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        super().__init__("\n".join(f"{source}: {p}" if source else p for p in problems))
+
+
+def main() -> int:
+    for rule in all_rules():
+        for place in rule.places:
+            kind = "CEL on update" if rule.old else "CEL"
+            print(f"{place or '(root)'}{rule.field or ''}\t{kind}\t{rule.cel}\t{rule.message}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,408 @@
+"""The table of FineTuneJobs the API server must refuse (each naming its field) and of edge values it
+must admit, every one derived from examples/qwen3-4b-full.yaml by one change. The same table goes
+to the real API server (tests/integration/test_admission_table.py) and to the Python check
+(tests/unit/test_rules.py): the verdicts and the field named must agree."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BASE_FILE = Path(__file__).resolve().parents[2] / "examples" / "qwen3-4b-full.yaml"
+DELETE = object()
+
+Change = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    change: Change  # dotted path -> new value (DELETE: remove it)
+    field: str  # what the refusal must name ("" for an admitted case)
+
+    def manifest(self, name: str | None = None) -> dict[str, Any]:
+        doc: dict[str, Any] = copy.deepcopy(yaml.safe_load(BASE_FILE.read_text()))
+        if name:
+            doc["metadata"]["name"] = name
+        for path, value in self.change.items():
+            node = doc
+            keys = path.split(".")
+            for key in keys[:-1]:
+                node = node.setdefault(key, {})
+            if value is DELETE:
+                node.pop(keys[-1], None)
+            else:
+                node[keys[-1]] = copy.deepcopy(value)
+        return doc
+
+
+def _model_volume(path: str = "/models/qwen", **volume: Any) -> Change:
+    return {"spec.model": {"path": path, "volume": {"claimName": "models", **volume}}}
+
+
+def _data_volume(path: str = "/data/train.jsonl", **volume: Any) -> Change:
+    return {
+        "spec.dataset": {
+            "path": path,
+            "volume": {"claimName": "data", **volume},
+            "format": "messages",
+            "evalFraction": 0.1,
+        }
+    }
+
+
+def _env(*items: dict[str, Any]) -> Change:
+    return {"spec.env": list(items)}
+
+
+def _resources(**fields: Any) -> Change:
+    return {f"spec.resources.{k}": v for k, v in fields.items()}
+
+
+def _tolerations(*items: dict[str, Any]) -> Change:
+    return {"spec.resources.tolerations": list(items)}
+
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+DIGEST = "sha256:" + "ab" * 32
+_C = Case
+
+INVALID: list[Case] = [
+    # --- quantities: Kubernetes quantities, above zero ---
+    _C("cpu-1.2.3", _resources(cpu="1.2.3"), "spec.resources.cpu"),
+    _C("cpu-zero", _resources(cpu="0"), "spec.resources.cpu"),
+    _C("cpu-zero-milli", _resources(cpu="0m"), "spec.resources.cpu"),
+    _C("cpu-negative", _resources(cpu="-1"), "spec.resources.cpu"),
+    _C("cpu-bare-exponent", _resources(cpu="1e"), "spec.resources.cpu"),
+    _C("memory-GiGi", _resources(memory="5GiGi"), "spec.resources.memory"),
+    _C("memory-zero", _resources(memory="0"), "spec.resources.memory"),
+    _C("memory-zero-Gi", _resources(memory="0Gi"), "spec.resources.memory"),
+    _C("memory-GB", _resources(memory="16GB"), "spec.resources.memory"),
+    _C("shm-zero", _resources(sharedMemory="0"), "spec.resources.sharedMemory"),
+    _C("shm-word", _resources(sharedMemory="lots"), "spec.resources.sharedMemory"),
+    _C("storage-zero", {"spec.storage.size": "0"}, "spec.storage.size"),
+    _C("storage-1.2.3", {"spec.storage.size": "1.2.3"}, "spec.storage.size"),
+    _C("storage-space", {"spec.storage.size": "100 Gi"}, "spec.storage.size"),
+    _C("storage-zero-exponent", {"spec.storage.size": "0e3"}, "spec.storage.size"),
+    # --- volumes ---
+    _C("model-subpath-absolute", _model_volume(subPath="/etc"), "spec.model.volume.subPath"),
+    _C("model-subpath-climbs", _model_volume(subPath="../other"), "spec.model.volume.subPath"),
+    _C("model-subpath-climbs-inside", _model_volume(subPath="a/../../b"), "spec.model.volume.subPath"),
+    _C("data-subpath-climbs", _data_volume(subPath="x/.."), "spec.dataset.volume.subPath"),
+    _C("model-at-checkpoints", _model_volume("/var/lib/kubetune"), "spec.model.path"),
+    _C("model-inside-checkpoints", _model_volume("/var/lib/kubetune/model"), "spec.model.path"),
+    _C("model-above-checkpoints", _model_volume("/var/lib"), "spec.model.path"),
+    _C("model-at-root", _model_volume("/"), "spec.model.path"),
+    _C("data-at-config", _data_volume("/etc/kubetune"), "spec.dataset.path"),
+    _C("data-at-tmp", _data_volume("/tmp/train.jsonl"), "spec.dataset.path"),
+    _C("data-above-shm", _data_volume("/dev"), "spec.dataset.path"),
+    _C("data-at-cache", _data_volume("/var/cache/kubetune/data"), "spec.dataset.path"),
+    _C(
+        "model-and-data-same-path",
+        {**_model_volume("/data"), **_data_volume("/data")},
+        "spec.dataset.path",
+    ),
+    _C(
+        "data-inside-model-volume",
+        {**_model_volume("/models"), **_data_volume("/models/data")},
+        "spec.dataset.path",
+    ),
+    _C("data-path-climbs", _data_volume("/data/../etc/passwd"), "spec.dataset.path"),
+    _C(
+        "data-path-dot",
+        {"spec.dataset.path": "/data/./x.jsonl", "spec.dataset.name": DELETE},
+        "spec.dataset.path",
+    ),
+    _C("data-path-double-slash", _data_volume("/data//x.jsonl"), "spec.dataset.path"),
+    _C("model-path-trailing-slash", _model_volume("/models/qwen/"), "spec.model.path"),
+    _C(
+        "data-path-relative",
+        {"spec.dataset.path": "data/x.jsonl", "spec.dataset.name": DELETE},
+        "spec.dataset.path",
+    ),
+    _C("data-volume-without-path", {"spec.dataset.volume": {"claimName": "data"}}, "spec.dataset.volume"),
+    _C("model-volume-without-path", {"spec.model.volume": {"claimName": "models"}}, "spec.model.volume"),
+    _C("model-path-relative", {"spec.model": {"path": "models/qwen"}}, "spec.model.path"),
+    # --- env ---
+    _C(
+        "env-duplicate",
+        _env({"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_DEBUG", "value": "WARN"}),
+        "spec.env[1]",
+    ),
+    _C("env-ld-preload", _env({"name": "LD_PRELOAD", "value": "/x.so"}), "spec.env[0].name"),
+    _C("env-ld-library-path", _env({"name": "LD_LIBRARY_PATH", "value": "/x"}), "spec.env[0].name"),
+    _C("env-pythonpath", _env({"name": "PYTHONPATH", "value": "/x"}), "spec.env[0].name"),
+    _C("env-pythonstartup", _env({"name": "PYTHONSTARTUP", "value": "/x.py"}), "spec.env[0].name"),
+    _C("env-pythonhome", _env({"name": "PYTHONHOME", "value": "/x"}), "spec.env[0].name"),
+    _C("env-path", _env({"name": "PATH", "value": "/x"}), "spec.env[0].name"),
+    _C("env-bash-env", _env({"name": "BASH_ENV", "value": "/x.sh"}), "spec.env[0].name"),
+    _C("env-kubetune-config", _env({"name": "KUBETUNE_CONFIG", "value": "/x.yaml"}), "spec.env[0].name"),
+    _C("env-kubetune-cpus", _env({"name": "KUBETUNE_CPUS", "value": "4"}), "spec.env[0].name"),
+    _C("env-home", _env({"name": "HOME", "value": "/root"}), "spec.env[0].name"),
+    _C("env-tmpdir", _env({"name": "TMPDIR", "value": "/x"}), "spec.env[0].name"),
+    _C(
+        "env-hf-token-from-secret",
+        _env({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "t"}}}),
+        "spec.env[0].name",
+    ),
+    _C("env-master-addr", _env({"name": "MASTER_ADDR", "value": "10.0.0.1"}), "spec.env[0].name"),
+    _C("env-pythonunbuffered", _env({"name": "PYTHONUNBUFFERED", "value": "0"}), "spec.env[0].name"),
+    _C(
+        "env-uri-password",
+        _env({"name": "DATABASE_URL", "value": "postgres://bob:hunter2@db/x"}),
+        "spec.env[0].value",
+    ),
+    _C(
+        "env-uri-token-user",
+        _env({"name": "GIT_REMOTE", "value": "https://ghp_abc@github.com/o/r"}),
+        "spec.env[0].value",
+    ),
+    _C(
+        "env-uri-query-token",
+        _env({"name": "DATA_URL", "value": "https://h/x?token=abc"}),
+        "spec.env[0].value",
+    ),
+    _C("env-inline-api-key", _env({"name": "WANDB_API_KEY", "value": "abc"}), "spec.env[0].value"),
+    _C("env-sharding-typo", _env({"name": "KUBETUNE_SHARDING", "value": "fsdp"}), "spec.env[0].value"),
+    _C("env-fp8-on", _env({"name": "KUBETUNE_FP8", "value": "on"}), "spec.env[0].value"),
+    _C(
+        "env-workers-many",
+        _env({"name": "KUBETUNE_DATALOADER_WORKERS", "value": "many"}),
+        "spec.env[0].value",
+    ),
+    _C("env-bucket-zero", _env({"name": "KUBETUNE_DDP_BUCKET_MB", "value": "0"}), "spec.env[0].value"),
+    _C("env-reshard-two", _env({"name": "KUBETUNE_FSDP_RESHARD", "value": "2"}), "spec.env[0].value"),
+    _C("env-varlen-flash2", _env({"name": "KUBETUNE_VARLEN_KERNEL", "value": "flash2"}), "spec.env[0].value"),
+    _C("env-gpu-memory-half", _env({"name": "KUBETUNE_GPU_MEMORY_GIB", "value": "0.5"}), "spec.env[0].value"),
+    _C(
+        "env-value-and-from",
+        _env({"name": "X", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+        "spec.env[0]",
+    ),
+    _C("env-neither-value", _env({"name": "X"}), "spec.env[0]"),
+    _C("env-name-digit", _env({"name": "1X", "value": "1"}), "spec.env[0].name"),
+    _C(
+        "tracking-uri-query-token",
+        {"spec.registration.trackingUri": "https://mlflow.example.com/?access_token=abc"},
+        "spec.registration.trackingUri",
+    ),
+    _C(
+        "tracking-uri-password",
+        {"spec.registration.trackingUri": "https://bob:hunter2@mlflow.example.com"},
+        "spec.registration.trackingUri",
+    ),
+    # --- scheduling fields Kubernetes refuses in a pod ---
+    _C("node-selector-key-space", _resources(nodeSelector={"bad key": "x"}), "spec.resources.nodeSelector"),
+    _C("node-selector-key-dash", _resources(nodeSelector={"-zone": "x"}), "spec.resources.nodeSelector"),
+    _C(
+        "node-selector-key-two-slashes",
+        _resources(nodeSelector={"a/b/c": "x"}),
+        "spec.resources.nodeSelector",
+    ),
+    _C(
+        "node-selector-key-upper-prefix",
+        _resources(nodeSelector={"Example.com/x": "y"}),
+        "spec.resources.nodeSelector",
+    ),
+    _C("node-selector-key-64", _resources(nodeSelector={"k" * 64: "x"}), "spec.resources.nodeSelector"),
+    _C("node-selector-value-space", _resources(nodeSelector={"zone": "a b"}), "spec.resources.nodeSelector"),
+    _C("node-selector-value-64", _resources(nodeSelector={"zone": "v" * 64}), "spec.resources.nodeSelector"),
+    _C(
+        "toleration-exists-with-value",
+        _tolerations({"key": "gpu", "operator": "Exists", "value": "yes"}),
+        "spec.resources.tolerations[0].value",
+    ),
+    _C(
+        "toleration-seconds-noschedule",
+        _tolerations({"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}),
+        "spec.resources.tolerations[0].tolerationSeconds",
+    ),
+    _C(
+        "toleration-seconds-no-effect",
+        _tolerations({"key": "gpu", "operator": "Exists", "tolerationSeconds": 30}),
+        "spec.resources.tolerations[0].tolerationSeconds",
+    ),
+    _C(
+        "toleration-empty-key-equal",
+        _tolerations({"operator": "Equal", "value": "x"}),
+        "spec.resources.tolerations[0].operator",
+    ),
+    _C(
+        "toleration-key-space",
+        _tolerations({"key": "bad key", "operator": "Exists"}),
+        "spec.resources.tolerations[0].key",
+    ),
+    _C(
+        "toleration-value-bang",
+        _tolerations({"key": "gpu", "value": "yes!"}),
+        "spec.resources.tolerations[0].value",
+    ),
+    _C(
+        "toleration-operator",
+        _tolerations({"key": "gpu", "operator": "Sometimes"}),
+        "spec.resources.tolerations[0].operator",
+    ),
+    _C(
+        "storage-class-underscore",
+        {"spec.storage.storageClassName": "Fast_SSD"},
+        "spec.storage.storageClassName",
+    ),
+    _C(
+        "storage-class-double-dot",
+        {"spec.storage.storageClassName": "fast..ssd"},
+        "spec.storage.storageClassName",
+    ),
+    _C("priority-class-upper", _resources(priorityClassName="High_Prio"), "spec.resources.priorityClassName"),
+    # --- strings that reach other systems ---
+    _C("revision-double-dot", {"spec.model.revision": "main..dev"}, "spec.model.revision"),
+    _C("revision-lock", {"spec.model.revision": "refs/heads/x.lock"}, "spec.model.revision"),
+    _C("revision-space", {"spec.model.revision": "v1 beta"}, "spec.model.revision"),
+    _C("revision-tilde", {"spec.model.revision": "main~1"}, "spec.model.revision"),
+    _C("revision-leading-slash", {"spec.model.revision": "/main"}, "spec.model.revision"),
+    _C("revision-trailing-slash", {"spec.model.revision": "main/"}, "spec.model.revision"),
+    _C("revision-at", {"spec.model.revision": "@"}, "spec.model.revision"),
+    _C("revision-reflog", {"spec.model.revision": "main@{1}"}, "spec.model.revision"),
+    _C("revision-newline", {"spec.model.revision": "main\nx"}, "spec.model.revision"),
+    _C("dataset-revision-dot-part", {"spec.dataset.revision": "refs/.hidden"}, "spec.dataset.revision"),
+    _C("model-name-newline", {"spec.registration.modelName": "qwen\nadmin"}, "spec.registration.modelName"),
+    _C("model-name-tab", {"spec.registration.modelName": "qwen\tx"}, "spec.registration.modelName"),
+    _C("model-name-bell", {"spec.registration.modelName": "qwen\x07"}, "spec.registration.modelName"),
+    _C("experiment-newline", {"spec.registration.experiment": "team\nx"}, "spec.registration.experiment"),
+    _C("split-newline", {"spec.dataset.split": "train\n"}, "spec.dataset.split"),
+    _C("image-upper-path", {"spec.image": "registry.example.com/Team/trainer:1"}, "spec.image"),
+    _C("image-space", {"spec.image": "trainer image:1"}, "spec.image"),
+    _C("image-empty-tag", {"spec.image": "registry.example.com/kubetune/trainer:"}, "spec.image"),
+    _C("image-bad-digest", {"spec.image": "registry.example.com/kubetune/trainer@sha256:xyz"}, "spec.image"),
+    _C("image-leading-dash", {"spec.image": "-trainer"}, "spec.image"),
+    _C("image-two-tags", {"spec.image": "trainer:1:2"}, "spec.image"),
+    _C("alias-latest", {"spec.registration.alias": "latest"}, "spec.registration.alias"),
+    # --- rules across fields that were there before ---
+    _C("epochs-and-max-steps", {"spec.training.epochs": 1}, "spec.training"),
+    _C("neither-epochs-nor-max-steps", {"spec.training.maxSteps": DELETE}, "spec.training"),
+    _C("model-name-and-path", {"spec.model.path": "/models/x"}, "spec.model"),
+    _C("dataset-name-and-path", {"spec.dataset.path": "/data/x.jsonl"}, "spec.dataset"),
+    _C("lora-with-full", {"spec.lora": {"r": 8}}, "spec.lora"),
+    _C("warmup-both", {"spec.training.warmupRatio": 0.1}, "spec.training.warmupRatio"),
+    _C("eval-split-and-fraction", {"spec.dataset.evalSplit": "test"}, "spec.dataset.evalFraction"),
+    _C(
+        "tokens-per-step-without-packing",
+        {"spec.training.tokensPerStep": 4096, "spec.training.packing": False},
+        "spec.training.tokensPerStep",
+    ),
+    _C("multinode-rwo", _resources(nodes=2), "spec.storage.accessMode"),
+    _C(
+        "multinode-cpu",
+        {**_resources(nodes=2, gpusPerNode=0, gpuProduct=DELETE), "spec.storage.accessMode": "ReadWriteMany"},
+        "spec.resources.nodes",
+    ),
+    _C("gpu-product-without-gpus", _resources(gpusPerNode=0), "spec.resources.gpuProduct"),
+    _C("eval-steps-without-eval-data", {"spec.dataset.evalFraction": DELETE}, "spec.training.evalSteps"),
+    _C(
+        "assistant-loss-on-text",
+        {"spec.dataset.format": "text", "spec.training.assistantOnlyLoss": True},
+        "spec.training.assistantOnlyLoss",
+    ),
+    _C(
+        "existing-claim-with-class",
+        {"spec.storage.existingClaim": "ckpt", "spec.storage.storageClassName": "fast"},
+        "spec.storage.storageClassName",
+    ),
+    _C(
+        "lora-target-duplicate",
+        {"spec.method": "lora", "spec.lora": {"targetModules": ["q_proj", "q_proj"]}},
+        "spec.lora.targetModules[1]",
+    ),
+    _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
+    _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
+]
+
+VALID: list[Case] = [
+    _C("cpu-milli", _resources(cpu="500m"), ""),
+    _C("cpu-fraction", _resources(cpu="0.5"), ""),
+    _C("cpu-exponent", _resources(cpu="1e3"), ""),
+    _C("memory-fraction-Gi", _resources(memory="1.5Gi"), ""),
+    _C("shm-Ki", _resources(sharedMemory="1Ki"), ""),
+    _C("storage-Ti", {"spec.storage.size": "1Ti"}, ""),
+    _C("model-volume-subpath", _model_volume(subPath="models/qwen3"), ""),
+    _C("subpath-dots-in-name", _model_volume(subPath="a..b/.cache"), ""),
+    _C(
+        "model-and-data-volumes-apart",
+        {**_model_volume("/models"), **_data_volume("/data/train.jsonl", subPath="train.jsonl")},
+        "",
+    ),
+    _C("data-next-to-checkpoints", _data_volume("/var/lib/kubetune-data"), ""),
+    _C("data-tmp-prefix", _data_volume("/tmpdata/x.jsonl"), ""),
+    _C("data-hidden-file", _data_volume("/data/.train.jsonl"), ""),
+    _C(
+        "env-ordinary",
+        _env(
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "MY_PATH", "value": "/x"},
+            {"name": "LDFLAGS", "value": "-O2"},
+            {"name": "DATA_URL", "value": "https://h/x?page=2"},
+            {"name": "DB", "value": "postgres://db/x"},
+            {"name": "REPO", "value": "git@github.com:o/r.git"},
+            {"name": "KUBETUNE_SHARDING", "value": ""},
+            {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "key"}}},
+        ),
+        "",
+    ),
+    _C(
+        "tracking-uri-query", {"spec.registration.trackingUri": "https://mlflow.example.com/?workspace=a"}, ""
+    ),
+    _C(
+        "node-selector-label-keys",
+        _resources(nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100", "zone": "", "k" * 63: "v" * 63}),
+        "",
+    ),
+    _C("toleration-everything", _tolerations({"operator": "Exists"}), ""),
+    _C(
+        "tolerations-usual",
+        _tolerations(
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {
+                "key": "spot",
+                "operator": "Equal",
+                "value": "true",
+                "effect": "NoExecute",
+                "tolerationSeconds": 30,
+            },
+        ),
+        "",
+    ),
+    _C("storage-class-dotted", {"spec.storage.storageClassName": "fast.ssd-1"}, ""),
+    _C("revision-pr", {"spec.model.revision": "refs/pr/1"}, ""),
+    _C("revision-tag", {"spec.model.revision": "v1.0"}, ""),
+    _C("revision-sha", {"spec.model.revision": SHA}, ""),
+    _C("revision-branch", {"spec.dataset.revision": "feature/x-y_z"}, ""),
+    _C("model-name-spaces", {"spec.registration.modelName": "Qwen3 assistant (v2)"}, ""),
+    _C("experiment-slashes", {"spec.registration.experiment": "/Users/me/kubetune"}, ""),
+    _C("image-registry-port", {"spec.image": "registry.example.com:5000/team/trainer:v1.2.3"}, ""),
+    _C("image-short", {"spec.image": "trainer"}, ""),
+    _C("image-digest", {"spec.image": f"ghcr.io/org/trainer@{DIGEST}"}, ""),
+    _C("image-tag-and-digest", {"spec.image": f"localhost/trainer:latest@{DIGEST}"}, ""),
+    _C("alias-v1beta", {"spec.registration.alias": "v1beta"}, ""),
+]
+
+
+def named(cases: list[Case], prefix: str) -> dict[str, Case]:
+    """Each case under the object name it is sent with: its own when it changes metadata.name."""
+    out: dict[str, Case] = {}
+    for i, case in enumerate(cases):
+        name = case.change.get("metadata.name") or f"{prefix}-{i:03d}"
+        assert name not in out, name
+        out[name] = case
+    return out
+
+
+def manifests(cases: dict[str, Case]) -> list[dict[str, Any]]:
+    return [case.manifest(name) for name, case in cases.items()]
+
+
+Check = Callable[[dict[str, Any]], list[str]]
