@@ -4,6 +4,16 @@
 #
 #   hack/build-control-plane.sh            # prints the assets directory on its last line
 #   KUBETUNE_K8S_VERSION=v1.36.3 hack/build-control-plane.sh
+#   hack/build-control-plane.sh cluster    # the controllers a real cluster runs (below); prints
+#                                          # their own directory on its last line
+#
+# The cluster: kube-controller-manager and kube-scheduler (the same release and wrapper module as
+# the API server, so they share its build cache), KWOK (fake nodes and pod status), the Kubeflow
+# Training Operator v1 (the PyTorchJob controller; v1.9.3, whose PyTorchJob CRD is byte-identical
+# to the one kubetune is written against) and Kueue. Each is a plain wrapper module that requires
+# the release; KWOK's k8s.io/* modules are raised to the control plane's release so the build cache
+# is shared with it. The Training Operator (k8s.io v0.31, controller-runtime v0.19) and Kueue
+# (v0.35, controller-runtime v0.23: tried, it does not compile against client-go v0.37) keep their own.
 #
 # Why a wrapper module: k8s.io/kubernetes replaces its k8s.io/* staging modules with
 # ./staging paths, which `go install pkg@version` cannot follow; a wrapper that requires
@@ -13,11 +23,16 @@ set -euo pipefail
 K8S_VERSION="${KUBETUNE_K8S_VERSION:-v1.37.2}"
 ETCD_VERSION="${KUBETUNE_ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${KUBETUNE_HELM_VERSION:-v4.3.1}"
+KWOK_VERSION="${KUBETUNE_KWOK_VERSION:-v0.8.0}"
+TRAINING_OPERATOR_VERSION="${KUBETUNE_TRAINING_OPERATOR_VERSION:-v1.9.3}"
+KUEUE_VERSION="${KUBETUNE_KUEUE_VERSION:-v0.17.0}"
 CACHE="${KUBETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubetune}"
 ASSETS="$CACHE/assets/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
 export GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOPATH="${GOPATH:-$HOME/go}"
 
+CLUSTER="$CACHE/assets/cluster-k8s-${K8S_VERSION}-kwok-${KWOK_VERSION}-to-${TRAINING_OPERATOR_VERSION}-kueue-${KUEUE_VERSION}"
+GOVERSION_LINE="go $(go env GOVERSION | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/')"
 mkdir -p "$ASSETS"
 log() { echo "[build-control-plane] $*" >&2; }
 
@@ -27,6 +42,9 @@ build_k8s() {
   local work="$CACHE/src/kubernetes-$K8S_VERSION"
   mkdir -p "$work"
   cd "$work"
+  if [ -f go.mod ] && ! grep -q kube-scheduler tools.go 2>/dev/null; then
+    rm -f go.mod go.sum  # made before the controllers were part of it: made again below
+  fi
   if [ ! -f go.mod ]; then
     local gomod
     gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
@@ -48,6 +66,8 @@ package controlplane
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )
 GO
@@ -57,13 +77,63 @@ GO
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   ld="$ld -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
+  local out="$1"; shift
   for cmd in "$@"; do
-    if [ ! -x "$ASSETS/$cmd" ]; then
+    if [ ! -x "$out/$cmd" ]; then
       log "building $cmd $K8S_VERSION"
-      go build -trimpath -ldflags "$ld" -o "$ASSETS/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
-      mv "$ASSETS/$cmd.tmp" "$ASSETS/$cmd"
+      go build -trimpath -ldflags "$ld" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
+      mv "$out/$cmd.tmp" "$out/$cmd"
     fi
   done
+}
+
+# build_wrapper NAME MODULE VERSION PACKAGE [k8s.io modules to raise to the control plane's release]
+build_wrapper() {
+  local name="$1" module="$2" version="$3" pkg="$4"; shift 4
+  [ -x "$CLUSTER/$name" ] && return
+  local work="$CACHE/src/$name-$version"
+  mkdir -p "$work"
+  cd "$work"
+  if [ ! -f go.mod ]; then
+    {
+      printf 'module kubetune.local/%s\n\n%s\n\nrequire %s %s\n' "$name" "$GOVERSION_LINE" "$module" "$version"
+      for m in "$@"; do printf 'require %s %s\n' "$m" "$staging_minor"; done
+    } > go.mod
+    printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
+    go mod tidy >&2
+  fi
+  log "building $name $version"
+  go build -trimpath -ldflags "-s -w" -o "$CLUSTER/$name.tmp" "$pkg"
+  mv "$CLUSTER/$name.tmp" "$CLUSTER/$name"
+}
+
+# What the tests take from the modules' own sources: Kueue's CRDs and webhook configurations, and
+# the KWOK Stages that keep fake nodes Ready and mark bound pods Running (pods end, and are
+# deleted, through the test's pod runner instead: it runs their commands).
+copy_manifests() {
+  local mods kueue stage
+  mods="$(go env GOMODCACHE)"
+  kueue="$mods/sigs.k8s.io/kueue@$KUEUE_VERSION"
+  stage="$mods/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
+  mkdir -p "$CLUSTER/kueue-crds" "$CLUSTER/kwok-stages"
+  cp "$kueue"/config/components/crd/bases/*.yaml "$CLUSTER/kueue-crds/"
+  cp "$kueue/config/components/webhook/manifests.yaml" "$CLUSTER/kueue-webhooks.yaml"
+  cp "$stage/node/fast/node-initialize.yaml" "$stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml" \
+    "$stage/pod/fast/pod-ready.yaml" "$CLUSTER/kwok-stages/"
+  chmod -R u+w "$CLUSTER/kueue-crds" "$CLUSTER/kwok-stages" "$CLUSTER/kueue-webhooks.yaml"
+}
+
+build_cluster() {
+  mkdir -p "$CLUSTER"
+  local k8s_mods="k8s.io/api k8s.io/apimachinery k8s.io/apiserver k8s.io/client-go k8s.io/component-base"
+  build_k8s "$CLUSTER" kube-controller-manager kube-scheduler
+  # shellcheck disable=SC2086
+  build_wrapper kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
+    $k8s_mods k8s.io/cri-api k8s.io/cri-client k8s.io/cri-streaming
+  build_wrapper training-operator github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION" \
+    github.com/kubeflow/training-operator/cmd/training-operator.v1
+  build_wrapper kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
+  [ -f "$CLUSTER/kueue-webhooks.yaml" ] || copy_manifests
 }
 
 build_etcd() {
@@ -104,9 +174,10 @@ build_helm() {
 
 what="${*:-all}"
 case "$what" in
-  all) build_etcd; build_k8s kube-apiserver kubectl; build_helm ;;
+  all) build_etcd; build_k8s "$ASSETS" kube-apiserver kubectl; build_helm ;;
+  cluster) build_cluster; echo "$CLUSTER"; exit 0 ;;
   *) for w in $what; do case "$w" in
-       etcd) build_etcd ;; helm) build_helm ;; *) build_k8s "$w" ;;
+       etcd) build_etcd ;; helm) build_helm ;; *) build_k8s "$ASSETS" "$w" ;;
      esac; done ;;
 esac
 echo "$ASSETS"

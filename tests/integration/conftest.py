@@ -4,11 +4,7 @@ playing the controllers that do not run here (the Kubeflow Training Operator, th
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.support.controlplane import REPO, ControlPlane, free_port
+from tests.support.controlplane import REPO, ControlPlane
+from tests.support.operator import OperatorProcess
 
 API_VERSION = "kubetune.io/v1alpha1"
 # What the registration of examples/qwen3-4b-full.yaml reports: the spec's alias is on the version.
@@ -96,47 +93,6 @@ def operator(operator_env: dict[str, str], namespace: str) -> Iterator[Any]:
     """The operator (kopf in a thread of this process) watching the test's namespace."""
     with kopf_runner(namespace) as runner:
         yield runner
-
-
-class OperatorProcess:
-    """The operator as a real process (``python -m kubetune_operator``), to be killed mid-flight."""
-
-    def __init__(self, namespace: str, env: dict[str, str], log: Path) -> None:
-        self.namespace = namespace
-        self.env = {**os.environ, **env}
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.liveness_port = free_port()
-
-    @property
-    def liveness_url(self) -> str:
-        return f"http://127.0.0.1:{self.liveness_port}/healthz"
-
-    def start(self) -> None:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "kubetune_operator",
-                "--namespace",
-                self.namespace,
-                "--verbose",
-                "--liveness",
-                self.liveness_url,
-            ],
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no graceful stop, like a node loss or an OOM kill."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
 
 
 @pytest.fixture

@@ -84,6 +84,9 @@ class ControlPlane:
     kubeconfig: Path = field(default_factory=Path)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     pytorchjob_crd: Path = SHARED_PYTORCHJOB_CRD
+    # Without a controller manager nothing creates the `default` ServiceAccount that this plugin
+    # requires; the cluster of cluster.py runs one and turns the plugin back on.
+    admission_plugins_off: tuple[str, ...] = ("ServiceAccount",)
 
     @property
     def real_pytorchjob_crd(self) -> bool:
@@ -151,7 +154,11 @@ class ControlPlane:
                     "--service-cluster-ip-range=10.96.0.0/24",
                     "--allow-privileged=true",
                     "--enable-priority-and-fairness=false",
-                    "--disable-admission-plugins=ServiceAccount",
+                    *(
+                        [f"--disable-admission-plugins={','.join(self.admission_plugins_off)}"]
+                        if self.admission_plugins_off
+                        else []
+                    ),
                     "--profiling=false",
                     # no kube-proxy or Endpoints here; loopback may not be advertised otherwise
                     "--endpoint-reconciler-type=none",
@@ -251,10 +258,12 @@ current-context: test
 
 
 @contextlib.contextmanager
-def running_control_plane() -> Iterator[ControlPlane]:
+def running_control_plane(
+    admission_plugins_off: tuple[str, ...] = ("ServiceAccount",),
+) -> Iterator[ControlPlane]:
     assets = find_assets("etcd", "kube-apiserver", "kubectl")
     workdir = Path(tempfile.mkdtemp(prefix="kubetune-cp-"))
-    cp = ControlPlane(assets=assets, workdir=workdir)
+    cp = ControlPlane(assets=assets, workdir=workdir, admission_plugins_off=admission_plugins_off)
     try:
         cp.start()
         cp.install_crds()

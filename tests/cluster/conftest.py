@@ -1,0 +1,126 @@
+"""Fixtures for end-to-end tests through the real controllers (see tests/support/cluster.py).
+
+One cluster and one MLflow server per test session; a namespace and a kubetune operator process
+per test. The pod runner runs pods only in the namespaces of running tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.cluster import Cluster, running_cluster
+from tests.support.controlplane import REPO
+from tests.support.mlflow_server import MlflowServer, running_mlflow_server
+from tests.support.operator import OperatorProcess
+
+API_VERSION = "kubetune.io/v1alpha1"
+TINY_IMAGE_DIR = "/opt/kubetune/tiny"  # where the trainer image carries the tiny model and data
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The pod runner needs mount namespaces (root); the image it stands in for needs nothing else.
+    if os.geteuid() == 0 and shutil.which("unshare"):
+        return
+    skip = pytest.mark.skip(reason="the pod runner needs root and unshare (mount namespaces)")
+    for item in items:
+        if "tests/cluster/" in str(item.fspath):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_image() -> Iterator[Path]:
+    """What the trainer image holds under /opt/kubetune/tiny: the tiny model and its data."""
+    from kubetune_trainer.tiny import ensure_tiny_assets
+
+    root = Path("/var/tmp") / f"kubetune-tiny-image-{os.getpid()}"
+    ensure_tiny_assets(root)
+    for p in [root, *root.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o055)  # readable by the pods' non-root user
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_image: Path) -> Iterator[Cluster]:
+    with running_cluster({TINY_IMAGE_DIR: tiny_image}) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    with running_mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = (
+        "t-" + request.node.name.lower().replace("_", "-")[:40].strip("-") + f"-{int(time.time()) % 100000}"
+    )
+    cluster.kubectl("create", "namespace", name)
+    assert cluster.runner is not None
+    cluster.runner.namespaces = {*(cluster.runner.namespaces or set()), name}
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def operator_env(cluster: Cluster, mlflow_server: MlflowServer) -> dict[str, str]:
+    return {
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "KUBETUNE_TRAINER_IMAGE": "ghcr.io/kubetune/trainer:test",
+        "KUBETUNE_MLFLOW_TRACKING_URI": mlflow_server.uri,
+        "KUBETUNE_RETRY_SECONDS": "1",
+        # the workers' checkpoint time after SIGTERM is this minus 60 s (at least 30 s)
+        "KUBETUNE_TERMINATION_GRACE_SECONDS": "90",
+        "KUBETUNE_REGISTER_MEMORY": "2Gi",
+    }
+
+
+@pytest.fixture
+def operator(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(ns, operator_env(cluster, mlflow_server), tmp_path / "operator.log")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def tiny_job(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """examples/tiny-local.yaml as a cluster job: a few steps, checkpoints often."""
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "tiny-local.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    training = doc["spec"]["training"]
+    training.update(maxSteps=12, saveSteps=4, evalSteps=4, loggingSteps=2, saveTotalLimit=2)
+    doc["spec"]["registration"]["modelName"] = f"{namespace}-{name}"
+    doc["spec"]["registration"]["experiment"] = f"kubetune/{namespace}"
+    for key, value in spec.items():
+        node = doc["spec"]
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return doc
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, cluster: Cluster | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        if cluster is not None:
+            cluster.check_alive()
+        last = check()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")

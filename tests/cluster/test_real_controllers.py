@@ -1,0 +1,295 @@
+"""kubectl apply -f finetunejob.yaml, through the components a cluster runs.
+
+Nothing here plays a controller: the Training Operator makes the pods, the scheduler places them,
+the Job controller runs the registration, the garbage collector deletes, Kueue admits. The pod
+runner (tests/support/podrunner.py) runs each pod's own command as a process, so the trainer
+trains the tiny model on the CPU exactly as the Training Operator started it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import API_VERSION, tiny_job, wait_for
+from tests.support.cluster import GPU_PRODUCT, Cluster
+from tests.support.mlflow_server import MlflowServer
+from tests.support.operator import OperatorProcess
+
+TRAIN_TIMEOUT = 600  # the tiny model's 12 steps take well under a minute on an idle core
+
+
+def get(cluster: Cluster, kind: str, namespace: str, name: str | None = None, **flags: str) -> Any:
+    args = ["-n", namespace, "get", kind, *([name] if name else []), "-o", "json", "--ignore-not-found"]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
+    out = cluster.kubectl(*args).stdout
+    return json.loads(out) if out.strip() else None
+
+
+def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    obj = get(cluster, "finetunejobs", ns, name) or {}
+    return dict(obj.get("status") or {})
+
+
+def wait_phase(
+    cluster: Cluster, ns: str, name: str, phase: str, timeout: float = TRAIN_TIMEOUT
+) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        status = job_status(cluster, ns, name)
+        if status.get("phase") == "Failed" and phase != "Failed":
+            raise AssertionError(f"job failed: {status}\n{pod_logs(cluster, ns)}")
+        return status if status.get("phase") == phase else None
+
+    result: dict[str, Any] = wait_for(check, timeout, f"{name} {phase}", cluster)
+    return result
+
+
+def pod_logs(cluster: Cluster, ns: str) -> str:
+    assert cluster.runner is not None
+    out = []
+    for folder in sorted((cluster.runner.workdir / "pods").glob(f"{ns}_*")):
+        log = folder / "container.log"
+        if log.exists():
+            out.append(f"--- {folder.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+    return "\n".join(out)
+
+
+def apply_job(cluster: Cluster, doc: dict[str, Any]) -> None:
+    cluster.apply(doc)
+
+
+def versions(mlflow_server: MlflowServer, model: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server.uri, registry_uri=mlflow_server.uri)
+    return list(client.search_model_versions(f"name = '{model}'"))
+
+
+def checkpoint_folder(cluster: Cluster, ns: str, claim: str) -> Path:
+    pvc = get(cluster, "pvc", ns, claim)
+    pv = get(cluster, "pv", "default", pvc["spec"]["volumeName"])
+    return Path(pv["spec"]["hostPath"]["path"])
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0].get("env", [])}
+
+
+def test_a_tiny_job_trains_and_registers_through_the_real_controllers(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    name = "tiny"
+    apply_job(cluster, tiny_job(name, ns))
+
+    # kubetune's children, then what the real controllers made of them
+    pvc = wait_for(lambda: (get(cluster, "pvc", ns, f"{name}-ckpt") or {}).get("status", {}).get("phase") == "Bound"
+                   and get(cluster, "pvc", ns, f"{name}-ckpt"), 60, "the PVC bound by kube-controller-manager", cluster)  # fmt: skip
+    assert pvc["spec"]["storageClassName"] == "kubetune-test"
+    master = wait_for(
+        lambda: get(cluster, "pod", ns, f"{name}-train-master-0"), 60, "the Training Operator's pod"
+    )
+    assert master["metadata"]["ownerReferences"][0]["kind"] == "PyTorchJob"
+    assert get(cluster, "service", ns, f"{name}-train-master-0")["spec"]["clusterIP"] == "None"
+    env = env_of(master)
+    assert env["MASTER_ADDR"] == f"{name}-train-master-0"
+    assert env["MASTER_PORT"] == "23456"
+    assert env["WORLD_SIZE"] == "1"
+    assert env["PET_NNODES"] == "1"
+    names = [e["name"] for e in master["spec"]["containers"][0]["env"]]
+    assert len(names) == len(set(names)), f"an env variable is defined twice: {names}"
+    scheduled = wait_for(lambda: (get(cluster, "pod", ns, f"{name}-train-master-0") or {}).get("spec", {}).get("nodeName"),
+                         60, "the scheduler's binding")  # fmt: skip
+    assert scheduled.startswith("gpu-node-")
+
+    status = wait_phase(cluster, ns, name, "Succeeded")
+
+    # the Training Operator said Succeeded, the Job controller completed the registration Job
+    ptj = get(cluster, "pytorchjob", ns, f"{name}-train")
+    assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in ptj["status"]["conditions"])
+    reg = get(cluster, "job", ns, f"{name}-register")
+    assert reg["status"].get("succeeded") == 1
+    model = f"{ns}-{name}"
+    assert status["registeredModel"]["name"] == model
+    assert status["registeredModel"]["version"] == "1"
+    assert [v.version for v in versions(mlflow_server, model)] == ["1"]
+    # the trainer wrote its checkpoints into the volume kube-controller-manager bound
+    folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
+    assert (folder / "final").is_dir(), sorted(p.name for p in folder.iterdir())
+    # the trainer reported progress into the status with its own, per-job identity
+    assert (
+        status.get("progress", {}).get("step") == 12
+        or status.get("latestStep") == 12
+        or "loss" in json.dumps(status)
+    )
+
+    # deleting the FineTuneJob: the garbage collector removes every child, the volume with its claim
+    cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
+
+    def gone() -> bool:
+        left = [
+            kind
+            for kind in ("pytorchjob", "job", "pod", "service", "pvc", "configmap", "role", "rolebinding")
+            if (get(cluster, kind, ns, selector=f"kubetune.io/job={name}") or {}).get("items")
+            or (kind in ("pod", "service") and (get(cluster, kind, ns) or {}).get("items"))
+        ]
+        return not left
+
+    wait_for(gone, 120, "the garbage collector to remove the children", cluster)
+    wait_for(lambda: not folder.exists(), 60, "the released volume to be deleted")
+
+
+def test_a_preempted_pod_resumes_and_a_killed_one_restarts(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """Deleting the training pod: SIGTERM, a checkpoint, a new pod from the Training Operator that
+    resumes; SIGKILL during a run: exit 137, restarted by exit code, resumed from the newest
+    complete checkpoint. Exactly one model version; keepOnDelete keeps the volume."""
+    name = "preempt"
+    doc = tiny_job(name, ns, **{"storage.keepOnDelete": True})
+    doc["spec"]["training"].update(maxSteps=40, saveSteps=5, evalSteps=20)
+    apply_job(cluster, doc)
+    assert cluster.runner is not None
+    folder = wait_for(lambda: get(cluster, "pvc", ns, f"{name}-ckpt", ) and (get(cluster, "pvc", ns, f"{name}-ckpt")["spec"].get("volumeName"))
+                      and checkpoint_folder(cluster, ns, f"{name}-ckpt"), 60, "the bound volume")  # fmt: skip
+    pod = f"{name}-train-master-0"
+
+    def complete_checkpoints() -> list[int]:
+        root = folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
+        return sorted(
+            int(p.name.split("-")[1]) for p in root.glob("checkpoint-*") if (p / "COMPLETE").exists()
+        )
+
+    wait_for(complete_checkpoints, TRAIN_TIMEOUT, "a first checkpoint", cluster)
+    first_uid = get(cluster, "pod", ns, pod)["metadata"]["uid"]
+    cluster.kubectl("-n", ns, "delete", "pod", pod, "--wait=false")
+    # the Training Operator makes a new pod under the same name
+    wait_for(lambda: (get(cluster, "pod", ns, pod) or {}).get("metadata", {}).get("uid") not in (None, first_uid),
+             180, "the Training Operator's new pod", cluster)  # fmt: skip
+    runner = cluster.runner
+    log = runner.log_of(ns, pod)
+    assert "SIGTERM" in log or "preempt" in log.lower(), log[-3000:]
+    # the new attempt resumes from a checkpoint (its own log says from which)
+    wait_for(lambda: "resum" in runner.log_of(ns, pod).lower().split("sigterm")[-1], 300,
+             "the second attempt to resume", cluster)  # fmt: skip
+
+    # now a hard kill: no chance to save
+    second_uid = get(cluster, "pod", ns, pod)["metadata"]["uid"]
+    before = complete_checkpoints()
+    wait_for(
+        lambda: complete_checkpoints() != before, TRAIN_TIMEOUT, "a checkpoint of the second attempt", cluster
+    )
+    runner.kill(ns, pod, signal.SIGKILL)
+    wait_for(lambda: (get(cluster, "pod", ns, pod) or {}).get("metadata", {}).get("uid") not in (None, second_uid),
+             180, "a pod after the kill (restartPolicy ExitCode, 137)", cluster)  # fmt: skip
+
+    status = wait_phase(cluster, ns, name, "Succeeded")
+    model = f"{ns}-{name}"
+    assert [v.version for v in versions(mlflow_server, model)] == ["1"]
+    assert status["registeredModel"]["version"] == "1"
+    ptj_events = cluster.kubectl("-n", ns, "get", "events", "-o", "json").stdout
+    assert "PyTorchJobRestarting" in ptj_events or "ExitedWithCode" in ptj_events
+
+    cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
+    wait_for(
+        lambda: not (get(cluster, "pytorchjob", ns) or {}).get("items"), 120, "the PyTorchJob to go", cluster
+    )
+    # keepOnDelete: no owner reference on the claim, so the checkpoints stay
+    assert get(cluster, "pvc", ns, f"{name}-ckpt") is not None
+    assert complete_checkpoints()
+
+
+def test_two_nodes_rendezvous_with_the_ranks_the_training_operator_gave(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    name = "two"
+    doc = tiny_job(name, ns, **{"resources.nodes": 2})
+    doc["spec"]["training"].update(maxSteps=6, saveSteps=3, evalSteps=3)
+    apply_job(cluster, doc)
+    worker = wait_for(
+        lambda: get(cluster, "pod", ns, f"{name}-train-worker-0"), 60, "the Worker pod", cluster
+    )
+    env = env_of(worker)
+    assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2" and env["PET_NODE_RANK"] == "1"
+    assert env["MASTER_ADDR"] == f"{name}-train-master-0"
+    assert [c["name"] for c in worker["spec"].get("initContainers", [])] == ["init-pytorch"]
+    wait_phase(cluster, ns, name, "Succeeded")
+    assert cluster.runner is not None
+    master_log = cluster.runner.log_of(ns, f"{name}-train-master-0")
+    worker_log = cluster.runner.log_of(ns, f"{name}-train-worker-0")
+    assert (
+        "world size 2" in (master_log + worker_log).lower()
+        or "world_size=2" in (master_log + worker_log).lower()
+    ), master_log[-2000:] + worker_log[-2000:]
+
+
+def test_a_queued_job_waits_for_quota_and_runs_when_it_frees(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """Kueue, with its webhooks called by the API server: the second job beyond the quota is
+    suspended by Kueue, the FineTuneJob says it is queued, and it runs once the first ends."""
+    assert cluster.has_kueue, f"no kueue binary in {cluster.assets}"
+    queue = cluster.local_queue(ns)
+    first = tiny_job("first", ns, **{"resources.queueName": queue, "resources.cpu": "60"})
+    second = tiny_job("second", ns, **{"resources.queueName": queue, "resources.cpu": "60"})
+    apply_job(cluster, first)
+    wait_for(lambda: job_status(cluster, ns, "first").get("phase") in ("Training", "Registering", "Succeeded"),
+             120, "the first job to run", cluster)  # fmt: skip
+    apply_job(cluster, second)
+
+    def queued() -> dict[str, Any] | None:
+        status = job_status(cluster, ns, "second")
+        conds = {c["type"]: c for c in status.get("conditions") or []}
+        s = conds.get("Suspended")
+        return s if s and s["status"] == "True" and s.get("reason") == "Queued" else None
+
+    cond = wait_for(queued, 120, "the second job to be queued", cluster)
+    assert "quota" in cond["message"].lower() or "queue" in cond["message"].lower(), cond
+    ptj = get(cluster, "pytorchjob", ns, "second-train")
+    assert ptj["spec"]["runPolicy"]["suspend"] is True
+    assert get(cluster, "pod", ns, "second-train-master-0") is None
+    wait_phase(cluster, ns, "first", "Succeeded")
+    wait_phase(cluster, ns, "second", "Succeeded")
+
+
+@pytest.mark.parametrize("product", ["NVIDIA-B300-SXM6-AC"])
+def test_a_gpu_product_no_node_has_keeps_the_job_pending_with_the_schedulers_reason(
+    cluster: Cluster, ns: str, operator: OperatorProcess, product: str
+) -> None:
+    assert product != GPU_PRODUCT
+    name = "nogpu"
+    apply_job(cluster, tiny_job(name, ns, **{"resources.gpuProduct": product, "resources.gpusPerNode": 1}))
+
+    def unschedulable() -> dict[str, Any] | None:
+        status = job_status(cluster, ns, name)
+        text = json.dumps(status)
+        return status if "node(s) didn't match" in text or "Unschedulable" in text else None
+
+    status = wait_for(unschedulable, 120, "the scheduler's reason in the FineTuneJob's status", cluster)
+    assert status.get("phase") == "Pending", status
+    assert product in json.dumps(status) or "nvidia.com/gpu.product" in json.dumps(status)
+
+
+def test_the_operator_restarted_mid_training_duplicates_nothing(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    name = "restart"
+    doc = tiny_job(name, ns)
+    doc["spec"]["training"].update(maxSteps=20)
+    apply_job(cluster, doc)
+    wait_for(lambda: job_status(cluster, ns, name).get("phase") == "Training", 180, "Training", cluster)
+    operator.kill()
+    operator.start()
+    wait_phase(cluster, ns, name, "Succeeded")
+    assert len((get(cluster, "pytorchjob", ns) or {}).get("items", [])) == 1
+    assert len((get(cluster, "job", ns) or {}).get("items", [])) == 1
+    assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
+
+
+def test_the_finetunejob_api_version_is_served(cluster: Cluster) -> None:
+    out = cluster.kubectl("api-resources", "--api-group=kubetune.io", "-o", "name").stdout
+    assert "finetunejobs.kubetune.io" in out
+    assert API_VERSION.startswith("kubetune.io/")

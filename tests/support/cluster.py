@@ -1,0 +1,452 @@
+"""A Kubernetes cluster without containers, for end-to-end tests through the real controllers.
+
+The control plane of ``controlplane.py`` (etcd, kube-apiserver, with ServiceAccount admission on)
+plus, as processes on 127.0.0.1, every controller a user's cluster runs for kubetune's children:
+
+* kube-controller-manager: Job controller, garbage collector, PV binder, ServiceAccount and root
+  CA publisher, EndpointSlices...;
+* kube-scheduler: places pods on nodes by their ``nvidia.com/gpu`` requests and node selectors;
+* KWOK: keeps the fake GPU nodes Ready (with leases) and marks pods bound to them Running;
+* the Kubeflow Training Operator v1.9: PyTorchJob -> pods, headless Service, env, conditions,
+  restarts by exit code;
+* Kueue: quota and admission of PyTorchJobs that name a queue, with its webhooks called by the
+  API server.
+
+Then ``podrunner.PodRunner`` stands in for the container runtime (and a volume provisioner): it
+runs each pod's command as a local process and reports its real exit. The binaries are built from
+Go modules by ``hack/build-control-plane.sh cluster`` into the cache outside the repository.
+
+Fake nodes: ``NODES`` nodes with ``GPUS_PER_NODE`` ``nvidia.com/gpu`` each, labelled with the GPU
+product of the examples. StorageClass ``STORAGE_CLASS`` (default) provisions folder volumes.
+Kueue: ResourceFlavor ``FLAVOR`` (that GPU product), ClusterQueue ``CLUSTER_QUEUE`` with a quota of
+``QUEUE_GPUS`` GPUs and ``QUEUE_CPUS`` CPUs; a test makes a LocalQueue in its namespace with ``local_queue``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.controlplane import REPO, ControlPlane, _issue, free_port, running_control_plane
+from tests.support.podrunner import PROVISIONER, PodRunner
+
+NODES = 4
+GPUS_PER_NODE = 8
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+STORAGE_CLASS = "kubetune-test"
+FLAVOR = "h100"
+CLUSTER_QUEUE = "gpu-cluster"
+QUEUE_GPUS = 16  # the two-node example fits; a third 8-GPU job waits
+QUEUE_CPUS = 100  # two jobs of 60 CPUs do not fit together
+# Hard-coded in the Training Operator (its webhook server's default): in a cluster, the Secret's mount.
+TRAINING_OPERATOR_CERTS = Path("/tmp/k8s-webhook-server/serving-certs")
+# Hard-coded in Kueue v0.17: it will not start without a metrics serving certificate there.
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+KUEUE_KINDS = ("kueue-x-k8s-io", "kubeflow-org-v1-pytorchjob")
+
+
+def find_cluster_assets() -> Path:
+    env = os.environ.get("KUBETUNE_CLUSTER_ASSETS")  # a folder of your own (Kueue may be missing)
+    if env and (Path(env) / "training-operator").exists():
+        return Path(env)
+    build = subprocess.run(
+        [str(REPO / "hack" / "build-control-plane.sh"), "cluster"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return Path(build.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Cluster:
+    cp: ControlPlane
+    assets: Path
+    workdir: Path
+    image_files: dict[str, Path]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    runner: PodRunner | None = None
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cp.kubeconfig
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cp.kubectl(*args, input=input, check=check)
+
+    def apply(self, *docs: dict[str, Any]) -> None:
+        self.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    # --- processes -------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log = (self.workdir / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+
+    def check_alive(self) -> None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited ({p.returncode}):\n{self.log(name)}")
+
+    def log(self, name: str, tail: int = 60) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-tail:]) if path.exists() else ""
+
+    def _kube_flags(self) -> list[str]:
+        k = str(self.kubeconfig)
+        return [f"--kubeconfig={k}", f"--authentication-kubeconfig={k}", f"--authorization-kubeconfig={k}"]
+
+    def start(self) -> None:
+        d = self.cp.workdir
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self.assets / "kube-controller-manager"),
+                *self._kube_flags(),
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                f"--cluster-signing-cert-file={d / 'ca.crt'}",
+                f"--cluster-signing-key-file={d / 'ca.key'}",
+                "--controllers=*",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self.assets / "kube-scheduler"),
+                *self._kube_flags(),
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+            ],
+        )
+        self._start_kwok()
+        self._make_nodes_and_storage()
+        self._start_training_operator()
+        if self.has_kueue:
+            self._start_kueue()
+        self._start_runner()
+
+    @property
+    def has_kueue(self) -> bool:
+        return (self.assets / "kueue").exists()
+
+    def _start_kwok(self) -> None:
+        stages = self.workdir / "kwok-stages.yaml"
+        stages.write_text(
+            "\n---\n".join(p.read_text() for p in sorted((self.assets / "kwok-stages").glob("*.yaml")))
+        )
+        self._spawn(
+            "kwok",
+            [
+                str(self.assets / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={stages}",
+                "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                "--node-ip=10.0.0.1",
+                "--cidr=10.0.1.0/24",
+                f"--server-address=127.0.0.1:{free_port()}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+
+    def _make_nodes_and_storage(self) -> None:
+        nodes = [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": f"gpu-node-{i}",
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {
+                        "kubernetes.io/hostname": f"gpu-node-{i}",
+                        "kubernetes.io/os": "linux",
+                        "nvidia.com/gpu.product": GPU_PRODUCT,
+                        "nvidia.com/gpu.count": str(GPUS_PER_NODE),
+                        "type": "kwok",
+                    },
+                },
+                "status": {
+                    "capacity": {
+                        "cpu": "96",
+                        "memory": "2Ti",
+                        "pods": "110",
+                        "nvidia.com/gpu": str(GPUS_PER_NODE),
+                    },
+                    "allocatable": {
+                        "cpu": "96",
+                        "memory": "2Ti",
+                        "pods": "110",
+                        "nvidia.com/gpu": str(GPUS_PER_NODE),
+                    },
+                },
+            }
+            for i in range(NODES)
+        ]
+        storage_class = {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        }
+        self.apply(*nodes, storage_class)
+        # KWOK reports capacity from the status the node was created with; a server-side apply of
+        # a Node keeps status, but make sure it is there (and that KWOK made the nodes Ready).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            self.check_alive()
+            out = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
+            ready = [
+                n
+                for n in out["items"]
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", [])
+                )
+                and n["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(GPUS_PER_NODE)
+            ]
+            if len(ready) == NODES:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"fake nodes not Ready:\n{self.log('kwok')}")
+
+    def _start_training_operator(self) -> None:
+        self.kubectl("create", "namespace", "kubeflow")
+        self.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "training-operator-webhook-cert", "namespace": "kubeflow"},
+            }
+        )
+        # stale files from an earlier run make it "ready" at once with a half-rewritten key
+        shutil.rmtree(TRAINING_OPERATOR_CERTS, ignore_errors=True)
+        self._spawn(
+            "training-operator",
+            [
+                str(self.assets / "training-operator"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--enable-scheme=pytorchjob",
+                "--leader-elect=false",
+                f"--metrics-bind-address=127.0.0.1:{free_port()}",
+                f"--health-probe-bind-address=127.0.0.1:{free_port()}",
+                f"--webhook-server-port={free_port()}",
+            ],
+            env={"MY_POD_NAMESPACE": "kubeflow"},
+        )
+        # its cert rotator fills the Secret; the webhook server reads the files a Secret volume would hold
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            self.check_alive()
+            out = json.loads(
+                self.kubectl(
+                    "-n", "kubeflow", "get", "secret", "training-operator-webhook-cert", "-o", "json"
+                ).stdout
+            )
+            data = out.get("data") or {}
+            if data.get("tls.crt") and data.get("tls.key"):
+                import base64
+
+                TRAINING_OPERATOR_CERTS.mkdir(parents=True, exist_ok=True)
+                for key in ("tls.key", "tls.crt"):
+                    tmp = TRAINING_OPERATOR_CERTS / f".{key}.tmp"
+                    tmp.write_bytes(base64.b64decode(data[key]))
+                    tmp.rename(TRAINING_OPERATOR_CERTS / key)
+                break
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"training-operator certificate not issued:\n{self.log('training-operator')}")
+        self._wait_log("training-operator", "Starting workers", 90)
+
+    def _start_kueue(self) -> None:
+        d = self.workdir / "kueue"
+        d.mkdir(exist_ok=True)
+        # a serving certificate the API server trusts, for 127.0.0.1
+        shutil.copy(self.cp.workdir / "ca.crt", d / "ca.crt")
+        shutil.copy(self.cp.workdir / "ca.key", d / "ca.key")
+        _issue(d, "tls", "/CN=kueue-webhook", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(d / "tls.crt", KUEUE_METRICS_CERTS / "tls.crt")
+        shutil.copy(d / "tls.key", KUEUE_METRICS_CERTS / "tls.key")
+        self.kubectl("create", "namespace", "kueue-system")
+        for crd in sorted((self.assets / "kueue-crds").glob("*.yaml")):
+            self.kubectl("apply", "--server-side", "-f", str(crd))
+        port, health = free_port(), free_port()
+        config = {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"port": port, "host": "127.0.0.1", "certDir": str(d)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "manageJobsWithoutQueueName": False,
+            "integrations": {"frameworks": ["kubeflow.org/pytorchjob"]},
+        }
+        (d / "config.yaml").write_text(yaml.safe_dump(config))
+        self._spawn(
+            "kueue",
+            [
+                str(self.assets / "kueue"),
+                f"--config={d / 'config.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+                "--feature-gates=VisibilityOnDemand=false",
+            ],
+        )
+        import urllib.request
+
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    break
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"kueue not ready:\n{self.log('kueue')}")
+        # its webhooks, only after it answers (failurePolicy Fail), for its kinds and PyTorchJobs
+        ca = (d / "ca.crt").read_bytes()
+        import base64
+
+        docs = []
+        for doc in yaml.safe_load_all((self.assets / "kueue-webhooks.yaml").read_text()):
+            hooks = []
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                if not any(kind in path for kind in KUEUE_KINDS):
+                    continue
+                hook["clientConfig"] = {
+                    "url": f"https://127.0.0.1:{port}{path}",
+                    "caBundle": base64.b64encode(ca).decode(),
+                }
+                hooks.append(hook)
+            doc["webhooks"] = hooks
+            doc["metadata"]["name"] = f"kueue-{doc['metadata']['name']}"
+            docs.append(doc)
+        self.apply(*docs)
+        self.apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ResourceFlavor",
+                "metadata": {"name": FLAVOR},
+                "spec": {"nodeLabels": {"nvidia.com/gpu.product": GPU_PRODUCT}},
+            },
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": CLUSTER_QUEUE},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": FLAVOR,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": str(QUEUE_CPUS)},
+                                        {"name": "memory", "nominalQuota": "10Ti"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": str(QUEUE_GPUS)},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            },
+        )
+
+    def local_queue(self, namespace: str, name: str = "gpu-training") -> str:
+        self.apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"clusterQueue": CLUSTER_QUEUE},
+            }
+        )
+        return name
+
+    def _start_runner(self) -> None:
+        from kubernetes import client, config
+
+        api = config.new_client_from_config(str(self.kubeconfig))
+        port = int(self.cp.url.rsplit(":", 1)[1])
+        self.runner = PodRunner(
+            api=api,
+            api_host="127.0.0.1",
+            api_port=port,
+            ca_file=self.cp.workdir / "ca.crt",
+            workdir=self.workdir / "runner",
+            image_files=self.image_files,
+            python_bin=Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "python",
+            namespaces=set(),
+        )
+        del client
+        self.runner.start()
+
+    def _wait_log(self, name: str, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        path = self.workdir / f"{name}.log"
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if path.exists() and text in path.read_text(errors="replace"):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{name}: no {text!r} in its log:\n{self.log(name)}")
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.stop()
+        for name in ("kueue", "training-operator", "kwok", "kube-scheduler", "kube-controller-manager"):
+            p = self.procs.get(name)
+            if p is None:
+                continue
+            p.terminate()
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(TRAINING_OPERATOR_CERTS, ignore_errors=True)
+        shutil.rmtree(KUEUE_METRICS_CERTS.parent.parent, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_cluster(image_files: dict[str, Path]) -> Iterator[Cluster]:
+    assets = find_cluster_assets()
+    workdir = Path(tempfile.mkdtemp(prefix="kubetune-cluster-", dir="/var/tmp"))
+    with running_control_plane(admission_plugins_off=()) as cp:
+        cluster = Cluster(cp=cp, assets=assets, workdir=workdir, image_files=image_files)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
