@@ -718,13 +718,18 @@ def problems(doc: dict[str, Any]) -> list[str]:
     try:
         job = FineTuneJob.model_validate(doc, context={ADMITTED: True})
     except ValidationError as e:
-        out = []
-        for err in e.errors(include_url=False):
-            where = field_path(tuple(err.get("loc") or ()))
-            text = "unknown field" if err.get("type") == "extra_forbidden" else str(err.get("msg"))
-            out.append(f"{where}: {text}" if where else text)
-        return list(dict.fromkeys(out))
+        return schema_problems(e)
     return check(job.model_dump(by_alias=True, exclude_none=True, mode="json"))
+
+
+def schema_problems(error: Any) -> list[str]:
+    """One ``path: what`` line per field a pydantic ``ValidationError`` names (values left out)."""
+    out = []
+    for err in error.errors(include_url=False):
+        where = field_path(tuple(err.get("loc") or ()))
+        text = "unknown field" if err.get("type") == "extra_forbidden" else str(err.get("msg"))
+        out.append(f"{where}: {text}" if where else text)
+    return list(dict.fromkeys(out))
 
 
 class RuleError(ValueError):

@@ -1,7 +1,9 @@
 """``kubetune render job.yaml``: print the manifests the operator would create for a FineTuneJob.
 
 For review (what will run, with which image, GPUs, mounts and security settings) and for GitOps
-diffs. The operator's settings come from the same ``KUBETUNE_*`` variables the operator reads
+diffs. The manifest is first checked against every rule the API server applies (the CRD's schema
+and CEL rules, through their Python twins in ``kubetune_api.rules``): a manifest the API server
+would refuse renders nothing, and each problem is printed as ``<file>: <field>: <message>`` (exit 2). The operator's settings come from the same ``KUBETUNE_*`` variables the operator reads
 (e.g. ``KUBETUNE_TRAINER_IMAGE``). Owner references are left out: the FineTuneJob has no uid
 until the API server stores it.
 
@@ -68,10 +70,19 @@ def dump_yaml(docs: list[dict[str, Any]]) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from kubetune_api.rules import schema_problems
+
     try:
         text = render(args.manifest, namespace=args.namespace, registration=not args.no_registration)
+    except ValidationError as e:
+        print(
+            "\n".join(f"kubetune render: {args.manifest}: {p}" for p in schema_problems(e)), file=sys.stderr
+        )
+        return 2
     except (OSError, ValueError) as e:
-        print(f"kubetune render: {e}", file=sys.stderr)
+        print("\n".join(f"kubetune render: {line}" for line in str(e).splitlines()), file=sys.stderr)
         return 2
     sys.stdout.write(text)
     return 0
