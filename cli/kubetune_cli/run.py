@@ -132,7 +132,7 @@ def tracking_uri_error(uri: str | None, source: str) -> str | None:
     URI given another way; the message names ``source`` and never repeats the URI."""
     if not uri or registration_error(None, uri) is None:
         return None
-    return f"{source} must not carry credentials (user:password@): {CREDENTIALS_REMEDY}"
+    return f"{source} must not carry credentials (user:password@ or a token in the URI): {CREDENTIALS_REMEDY}"
 
 
 def read_manifest(manifest: Path) -> FineTuneJob:
@@ -152,6 +152,9 @@ def read_manifest(manifest: Path) -> FineTuneJob:
         raise BadInputError(f"{manifest}: not valid YAML ({' '.join(str(e).split())})") from e
     except ValidationError as e:
         raise BadInputError("\n".join(f"{manifest}: {line}" for line in validation_lines(e))) from e
+    except ValueError as e:  # a rule the API server would apply: one line per problem
+        lines = getattr(e, "problems", None) or [str(e).removeprefix(f"{manifest}: ")]
+        raise BadInputError("\n".join(f"{manifest}: {line}" for line in lines)) from e
 
 
 def local_config(

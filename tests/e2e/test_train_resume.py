@@ -42,6 +42,10 @@ def test_kill_9_during_a_save_resumes_from_the_previous_complete_checkpoint(
     assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(3, True), (6, False)]
     assert (root / "checkpoint-6" / "trainer_state.json").exists()
     first_run_id = json.loads((out / MLFLOW_RUN_FILE).read_text())["run_id"]
+    # the killed attempt wrote no train-result.json; its losses live in its checkpoint
+    assert not (out / TRAIN_RESULT_FILE).exists()
+    killed_attempt = _logged_losses(root / "checkpoint-3")
+    assert [s for s, _ in killed_attempt] == [1, 2, 3]
 
     code = run_trainer(config, log)
     assert code == 0, log.read_text()[-3000:]
@@ -52,8 +56,20 @@ def test_kill_9_during_a_save_resumes_from_the_previous_complete_checkpoint(
     # The cut-short save was deleted and redone; retention kept the newest two complete ones.
     assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(6, True), (8, True)]
     assert (out / "final" / COMPLETE_MARKER).is_file()
-    # The restarted attempt logged only the steps after the checkpoint.
-    assert result["losses"][0][0] == 4
+    # train-result.json covers the whole run: the killed attempt's steps up to its checkpoint, then
+    # the second attempt's; the first loss is the first attempt's
+    assert [s for s, _ in result["losses"]] == list(range(1, 9))
+    assert [tuple(x) for x in result["losses"][:3]] == killed_attempt
+    assert result["first_loss"] == killed_attempt[0][1]
+    assert result["final_loss"] == result["losses"][-1][1]
+    assert result["steps_this_attempt"] == 5
+    # the run's mean loss, not this attempt's losses divided by every attempt's steps
+    assert result["train_loss"] == pytest.approx(sum(v for _, v in result["losses"]) / 8)
+
+
+def _logged_losses(checkpoint: Path) -> list[tuple[int, float]]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return [(e["step"], e["loss"]) for e in history if "loss" in e]
 
 
 def _wait_for(predicate: Any, timeout: float, what: str, log: Path) -> None:
@@ -167,3 +183,133 @@ def test_markers_without_a_training_hash_are_trusted_as_before(tmp_path: Path, t
     checkpoints.mark_complete(out / FINAL_DIR, {"step": 2, "config_hash": "0123456789abcdef"})
     outcome = train.run(TrainerConfig.load(trainer_config(out, tiny_model, maxSteps=2)), progress_bar=False)
     assert outcome.status == "already-complete" and outcome.exit_code == 0
+
+
+def test_markers_without_a_data_hash_are_trusted_as_before(tmp_path: Path, tiny_model: Path) -> None:
+    """A final model marked by the same training before kubetune recorded the data's hash is taken
+    as finished, whatever the data holds now."""
+    from kubetune_api.trainer_config import FINAL_DIR, TrainerConfig
+    from kubetune_trainer import train
+
+    out = tmp_path / "old"
+    cfg = TrainerConfig.load(trainer_config(out, tiny_model, maxSteps=2))
+    (out / FINAL_DIR).mkdir(parents=True)
+    checkpoints.mark_complete(out / FINAL_DIR, {"step": 2, "training_hash": cfg.training_hash()})
+    outcome = train.run(cfg, progress_bar=False)
+    assert outcome.status == "already-complete" and outcome.exit_code == 0
+
+
+def _local_manifest(tmp_path: Path, model: Path, data: Path) -> Path:
+    import yaml
+
+    doc = {
+        "apiVersion": "kubetune.io/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": "resumed"},
+        "spec": {
+            "model": {"path": str(model)},
+            "dataset": {"path": str(data), "format": "messages"},
+            "method": "full",
+            "training": {
+                "maxSteps": 4,
+                "batchSize": 4,
+                "gradientAccumulationSteps": 1,
+                "learningRate": 3e-3,
+                "maxLength": 128,
+                "loggingSteps": 1,
+                "saveSteps": 2,
+                "saveTotalLimit": 2,
+                "warmupSteps": 1,
+                "weightDecay": 0.0,
+            },
+        },
+    }
+    path = data.parent / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_local_run_across_attempts_and_data_changed_under_the_same_path(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
+    """The issue's story with ``kubetune run --local``: the first attempt is killed after its last
+    checkpoint, before the final model; the next one resumes at the last step and reports the
+    whole run (the first attempt's first loss, every step), never "None". Then the data file
+    changes under the same name: the folder is refused (exit 2, naming it) and left as it is; with
+    the data put back, the run finishes from its checkpoint."""
+    import subprocess
+    import sys
+
+    from tests.e2e.conftest import REPO, TINY_DATA, trainer_env
+
+    from kubetune_api.trainer_config import FINAL_DIR
+    from kubetune_trainer.data_check import content_hash
+
+    rows = TINY_DATA.read_text().splitlines()
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(rows[:64]) + "\n")
+    manifest = _local_manifest(tmp_path, tiny_model, data)
+    out = tmp_path / "run"
+    root = checkpoints.checkpoints_root(out)
+
+    def kubetune_run(fault: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = trainer_env()
+        if fault:
+            env[FAULT_ENV] = fault
+        command = [sys.executable, "-m", "kubetune_cli", "run", str(manifest), "--local"]
+        command += ["--output-dir", str(out), "--tracking-uri", mlflow_server.uri, "--no-register"]
+        command += ["--no-progress-bar"]
+        return subprocess.run(
+            command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+        )
+
+    killed = kubetune_run(fault="kill-after-mark:4")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert [(c.step, c.complete) for c in checkpoints.list_checkpoints(root)] == [(2, True), (4, True)]
+    assert not (out / FINAL_DIR).exists() and not (out / TRAIN_RESULT_FILE).exists()
+    first_attempt = _logged_losses(root / "checkpoint-4")
+    assert [s for s, _ in first_attempt] == [1, 2, 3, 4]
+    marker = json.loads((root / "checkpoint-4" / COMPLETE_MARKER).read_text())
+    old_hash = content_hash(data)
+    assert marker["data_hash"] == old_hash
+
+    resumed = kubetune_run()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first, last = first_attempt[0][1], first_attempt[-1][1]
+    assert f"loss            {first:.3f} -> {last:.3f} in 4 steps (this attempt resumed at step 4)" in (
+        resumed.stdout
+    )
+    assert "None" not in resumed.stdout
+    result = _result(out)
+    assert [tuple(x) for x in result["losses"]] == first_attempt
+    assert result["global_step"] == 4 and result["steps_this_attempt"] == 0
+    assert result["train_loss"] == pytest.approx(sum(v for _, v in first_attempt) / 4)
+    assert json.loads((out / FINAL_DIR / COMPLETE_MARKER).read_text())["data_hash"] == old_hash
+
+    # other rows, same file name: the training hash is the same, the data hash is not
+    data.write_text("\n".join(rows[64:128]) + "\n")
+    new_hash = content_hash(data)
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "config.yaml"}
+    refused = kubetune_run()
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    expected = (
+        f"{out / FINAL_DIR} was written by this training on other data: the content of {data} changed "
+        f"since (data hash {old_hash}, now {new_hash}); resuming from it, or taking it as this run's "
+        "result, would mix the two. Use a new output folder (kubetune run --output-dir, or a new storage "
+        f"claim in a cluster), or delete {out} to start over."
+    )
+    assert f"kubetune: {expected}\n" in refused.stderr
+    assert {p: p.stat().st_mtime_ns for p in before} == before  # nothing rewritten, nothing removed
+
+    import shutil
+
+    shutil.rmtree(out / FINAL_DIR)
+    refused = kubetune_run()
+    assert refused.returncode == 2
+    assert f"kubetune: {root / 'checkpoint-4'} was written by this training on other data" in refused.stderr
+
+    # the same data again: the same training, resumed from its own checkpoint
+    data.write_text("\n".join(rows[:64]) + "\n")
+    again = kubetune_run()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / FINAL_DIR / COMPLETE_MARKER).is_file()

@@ -113,7 +113,11 @@ def validation_lines(error: Any) -> list[str]:
         elif kind == "missing":
             text = "required field is missing"
         else:
-            text = str(err.get("msg", "invalid"))
+            # a model validator's message ("Value error, spec.x.y: ...") may name a deeper field itself
+            text = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+            if text.startswith((f"{where}.", f"{where}[")):
+                lines[where] = text
+                continue
             if isinstance(value, bool | int | float) or (isinstance(value, str) and len(value) <= 80):
                 shown = redact(repr(value))
                 if shown == repr(value):

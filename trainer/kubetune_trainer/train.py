@@ -5,17 +5,20 @@ Launched by ``torchrun`` in each PyTorchJob pod (one process per GPU), or as a p
     torchrun --nproc_per_node 8 -m kubetune_trainer.train --config /etc/kubetune/config.yaml
     python -m kubetune_trainer.train --config runs/tiny/config.yaml     # one process, CPU or GPU
 
-What it does, in order: clean up checkpoints whose save was cut short, open (or re-open) the job's
-MLflow run on rank 0, load the base model and tokenizer (ChatML template and pad token when
-missing, as the notebooks do), load the data (Hub id or JSONL/JSON/Parquet file or folder; chat
-``messages``, prompt/completion or text), decide the plan for this hardware
-(:mod:`kubetune_trainer.plan`), train with TRL's SFTTrainer from the newest complete checkpoint, and
-write the final model (adapter or full weights + tokenizer) to ``<output_dir>/final`` with its
-COMPLETE marker, and ``train-result.json``.
+What it does, in order: check the data (:mod:`kubetune_trainer.data_check`: every row of local
+files, and the data's identity), refuse a folder of another training or of other data, clean up
+checkpoints whose save was cut short, load the data (Hub id or JSONL/JSON/Parquet file or folder;
+chat ``messages``, prompt/completion or text), open (or re-open) the job's MLflow run on rank 0,
+decide the plan for this hardware (:mod:`kubetune_trainer.plan`), load the base model and tokenizer
+(ChatML template and pad token when missing, as the notebooks do), train with TRL's SFTTrainer from
+the newest complete checkpoint, and write the final model (adapter or full weights + tokenizer) to
+``<output_dir>/final`` with its COMPLETE marker, and ``train-result.json`` (the whole run, across
+attempts: the resumed checkpoint carries the loss history).
 
 Exit codes: 0 trained (or already trained); 143 (``EXIT_PREEMPTED``) SIGTERM arrived, a checkpoint
-was saved, run again to continue; 2 (``EXIT_OTHER_TRAINING``) the output folder holds another
-training's checkpoints or final model (nothing is touched); anything else failed.
+was saved, run again to continue; 2 (``EXIT_BAD_INPUT``) bad data or config, or the output folder
+holds another training's checkpoints or final model, or this training's on other data (nothing is
+touched; one message, no traceback unless ``--debug``); anything else failed.
 """
 
 from __future__ import annotations
@@ -395,6 +398,14 @@ def trainer_class() -> Any:
             )
             return sampler if sampler is not None else super()._get_train_sampler(train_dataset)
 
+        def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+            # Resumed at the last step (killed between its last checkpoint and its final model):
+            # transformers 5.17 trains a step past the end before it looks at max_steps.
+            if 0 < self.state.max_steps <= self.state.global_step:
+                self.control.should_training_stop = True
+                return None
+            return super()._run_epoch(*args, **kwargs)
+
         def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
             # transformers maps the optimizer state to args.device, which is "cpu:<n>" under
             # multi-process CPU training, and torch.load refuses that: resuming DDP on gloo fails.
@@ -609,6 +620,21 @@ def run(
     before it builds anything). Bad data or a folder of another training: status ``refused``, exit
     code 2, the message in ``result["error"]`` (and logged; with its traceback when ``debug``).
     """
+    from .mlflow_client import redacted_stdio
+
+    # MLflow prints run URLs (the tracking URI with any user:password@ in it) with print()
+    with redacted_stdio():
+        return _run(cfg, progress_bar=progress_bar, ctrl_c_saves=ctrl_c_saves, checked=checked, debug=debug)
+
+
+def _run(
+    cfg: TrainerConfig,
+    *,
+    progress_bar: bool | None,
+    ctrl_c_saves: bool,
+    checked: DataCheck | None,
+    debug: bool,
+) -> Outcome:
     from .mlflow_client import install_log_redaction
 
     dist = Dist.from_env()
