@@ -6,9 +6,14 @@ so the classification is checked against the exceptions MLflow actually raises.
 
 from __future__ import annotations
 
+import errno
 import http.server
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -294,6 +299,145 @@ def test_disabled_registration_does_nothing(tmp_path: Path) -> None:
     assert not (Path(cfg.output_dir) / "register-result.json").exists()
     # the operator tells this from a registration (registration turned off while its Job ran)
     assert json.loads(term.read_text()) == {"skipped": "registration.enabled is false"}
+
+
+# --- the claim: one registration at a time ----------------------------------------------------------------
+
+HOLD_CLAIM = """
+import sys, time
+from pathlib import Path
+from kubetune_trainer.register import RegistrationClaim
+claim = RegistrationClaim(Path(sys.argv[1]), 0)
+claim.acquire()
+Path(sys.argv[2]).touch()
+time.sleep(600)
+"""
+
+
+def hold_claim_in_another_process(output_dir: Path) -> subprocess.Popen[bytes]:
+    """A process that takes the claim and keeps it (until killed)."""
+    held = output_dir / "held"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_CLAIM, str(output_dir), str(held)])
+    deadline = time.monotonic() + 120
+    while not held.exists():
+        assert proc.poll() is None, "the holder died"
+        assert time.monotonic() < deadline, "the holder never took the claim"
+        time.sleep(0.05)
+    return proc
+
+
+def test_one_claim_at_a_time_and_the_next_waits_for_the_release(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = register.RegistrationClaim(tmp_path, 0)
+    first.acquire()
+    holder = json.loads((tmp_path / "register.lock").read_text())
+    assert holder["pid"] == os.getpid() and holder["released"] is False
+
+    # Nothing to wait for: refused at once, naming the holder.
+    with pytest.raises(register.ClaimError) as refused:
+        register.RegistrationClaim(tmp_path, 0).acquire()
+    assert refused.value.reason == "RegistrationInProgress"
+    assert f"pid {os.getpid()}" in str(refused.value) and "register.lock" in str(refused.value)
+
+    # A waiter polls; the holder finishes during its wait; the waiter gets the claim.
+    clock = FakeClock()
+
+    def holder_finishes(seconds: float) -> None:
+        clock.sleep(seconds)
+        first.release()
+
+    second = register.RegistrationClaim(tmp_path, 30, poll_s=2, clock=clock.clock, sleep=holder_finishes)
+    with caplog.at_level(logging.INFO, logger="kubetune_trainer.register"), second:
+        assert second.exclusive
+        assert json.loads((tmp_path / "register.lock").read_text())["released"] is False
+        second.verify("do something")
+    assert clock.sleeps == [2]
+    assert "is registering this model; waiting" in caplog.text
+    assert "ended without releasing" not in caplog.text  # the first one released it properly
+    # released, never deleted (a waiter could hold the old file while a newcomer locks a new one)
+    assert json.loads((tmp_path / "register.lock").read_text())["released"] is True
+
+
+def test_a_claim_held_too_long_is_a_clear_failure(tmp_path: Path) -> None:
+    clock = FakeClock()
+    first = register.RegistrationClaim(tmp_path, 0)
+    first.acquire()
+    try:
+        waiter = register.RegistrationClaim(tmp_path, 5, poll_s=2, clock=clock.clock, sleep=clock.sleep)
+        with pytest.raises(register.ClaimError, match=r"held .* for the whole 5s this one waits"):
+            waiter.acquire()
+        assert clock.sleeps == [2, 2, 1]  # never sleeps past the wait
+    finally:
+        first.release()
+
+
+def test_the_claim_of_a_killed_process_is_taken_over_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    proc = hold_claim_in_another_process(tmp_path)
+    try:
+        with pytest.raises(register.ClaimError):
+            register.RegistrationClaim(tmp_path, 0).acquire()  # alive: it holds the claim
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with caplog.at_level(logging.WARNING, logger="kubetune_trainer.register"):
+        claim = register.RegistrationClaim(tmp_path, 0)
+        claim.acquire()  # no wait: the kernel dropped the dead process's lock
+    try:
+        assert f"pid {proc.pid}" in caplog.text and "ended without releasing its claim" in caplog.text
+        assert json.loads((tmp_path / "register.lock").read_text())["pid"] == os.getpid()
+    finally:
+        claim.release()
+
+
+def test_a_claim_whose_file_was_replaced_is_lost(tmp_path: Path) -> None:
+    claim = register.RegistrationClaim(tmp_path, 0)
+    claim.acquire()
+    try:
+        (tmp_path / "register.lock").unlink()  # by hand; a newcomer would lock a new file
+        other = register.RegistrationClaim(tmp_path, 0)
+        other.acquire()
+        other.release()
+        with pytest.raises(
+            register.ClaimError, match=r"lost the registration claim .* create a model version"
+        ):
+            claim.verify("create a model version")
+    finally:
+        claim.release()
+
+
+def test_a_file_system_without_locks_registers_without_a_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(register.fcntl, "flock", no_locks)
+    with (
+        caplog.at_level(logging.WARNING, logger="kubetune_trainer.register"),
+        register.RegistrationClaim(tmp_path, 0) as claim,
+    ):
+        assert not claim.exclusive
+        claim.verify("log the model")  # nothing to lose
+    assert "keeps no locks (No locks available); registering without a claim" in caplog.text
+
+
+def test_main_fails_clearly_while_another_registration_holds_the_claim(tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, "http://127.0.0.1:9")
+    config = write_config(tmp_path, cfg)
+    proc = hold_claim_in_another_process(Path(cfg.output_dir))
+    try:
+        term = tmp_path / "term"
+        args = ["--config", str(config), "--termination-message-path", str(term), "--claim-wait", "0"]
+        assert register.main(args) == register.EXIT_ERROR
+    finally:
+        proc.kill()
+        proc.wait()
+    failure = json.loads(term.read_text())
+    assert failure["reason"] == "RegistrationInProgress"
+    assert f"pid {proc.pid}" in failure["error"] and "KUBETUNE_REGISTER_CLAIM_WAIT_S" in failure["error"]
 
 
 # --- through MLflow's client, against a stub server --------------------------------------------------------

@@ -31,6 +31,16 @@ this run with the same tags that was never registered (the step was interrupted 
 and registering) is registered instead of logging again. Each MLflow step looks again before it
 writes, so a retry after a lost response does not duplicate either.
 
+Exactly once, also when registrations overlap (a Job's replacement pod while the old one still
+runs, a retry racing a slow pod): looking before writing is not enough, as both would look, find
+nothing and write. So the whole step runs under a claim, an exclusive ``flock`` on
+``<output_dir>/register.lock`` on the job's checkpoint volume (:class:`RegistrationClaim`): one
+process registers, the others wait for it (``--claim-wait``, default an hour,
+``KUBETUNE_REGISTER_CLAIM_WAIT_S``), then find its version and report the same result. The lock
+ends with its holder, however it dies; the next one takes over at once and deletes the holder's
+unfinished upload (a logged model left ``PENDING``). The operator's Job also starts a retry's
+pod only once the previous pod has ended (``podReplacementPolicy: Failed``).
+
 MLflow unreachable (connection errors, timeouts, 5xx, 408, 429): retried with exponential backoff
 (1 s, doubling, at most 30 s, +-20% jitter) until it has been unreachable for ``--retry-budget``
 seconds in total over the whole registration (default 600; ``KUBETUNE_REGISTER_RETRY_BUDGET_S``);
@@ -52,10 +62,15 @@ Credentials come only from the environment (``MLFLOW_TRACKING_TOKEN``/``USERNAME
 from __future__ import annotations
 
 import argparse
+import errno
+import fcntl
 import json
 import logging
 import os
+import socket
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +135,184 @@ IDENTITY_TAGS = (TAG_JOB_NAME, TAG_JOB_NAMESPACE, TAG_JOB_UID, TAG_CONFIG_HASH)
 
 class NothingToRegisterError(RuntimeError):
     """No complete final model, or one that does not match the spec."""
+
+
+# --- the claim: one registration at a time per output folder --------------------------------------------
+
+CLAIM_FILE = "register.lock"
+DEFAULT_CLAIM_WAIT_S = 3600.0
+CLAIM_WAIT_ENV = "KUBETUNE_REGISTER_CLAIM_WAIT_S"
+CLAIM_POLL_S = 1.0
+# flock(2) errors that mean "this file system keeps no locks", not "someone else holds it"
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+class ClaimError(RuntimeError):
+    """The registration claim could not be taken in time, or was lost while registering."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RegistrationClaim:
+    """The right to register the model of one output folder: ``flock`` on ``<output_dir>/register.lock``.
+
+    MLflow has no compare-and-swap (tags, aliases and searches are last-writer-wins; versions are
+    numbered, not unique per run), so two processes that both look and then write each make a run,
+    a logged model and a version. Every registration of a job reads the final model from the job's
+    checkpoint volume, so the claim lives there: an exclusive ``flock`` on a file that is never
+    deleted (deleting it would let a waiter lock the old file while a newcomer locks a new one).
+
+    * Only one process holds it; the others wait (polling, up to ``wait_s``), then find what the
+      holder registered (every MLflow step looks before it writes).
+    * The kernel drops the lock when its holder ends, however it ends (SIGKILL, OOM), so a claim is
+      never left behind and nothing expires while a live holder slowly uploads a large model. The
+      file records the holder (host, which is the pod's name, and pid) for the messages, and
+      ``released`` on a clean release: a taker that finds it false says the previous holder died.
+    * Where locks reach: one node always (an RWO volume is attached to one node; two pods there
+      share the kernel's locks); across nodes on NFSv4, NFSv3 with lockd, CephFS and the like.
+      An NFSv4 client cut off from its server past the lease (90 s by default) loses the lock, and
+      then (Linux's default, ``nfs.recover_lost_locks=0``) reads and writes through it fail with
+      EIO: :meth:`verify`, which rewrites the record before each MLflow write that creates
+      something, turns that into :class:`ClaimError` instead of a second registration. (A loss
+      in the middle of one long write, the model upload, is seen at the next check, before the
+      version is created.)
+    * A file system that refuses locks (``ENOLCK``, ``EOPNOTSUPP``): a warning, and registration
+      goes on without a claim (the Job's ``podReplacementPolicy: Failed`` still keeps its pods
+      from overlapping). A mount that keeps locks per node (NFS ``nolock`` or ``local_lock``)
+      cannot be told apart: there, pods on different nodes are not excluded.
+    """
+
+    def __init__(
+        self,
+        output_dir: Path,
+        wait_s: float = DEFAULT_CLAIM_WAIT_S,
+        *,
+        poll_s: float = CLAIM_POLL_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.path = Path(output_dir) / CLAIM_FILE
+        self.wait_s = wait_s
+        self.poll_s = poll_s
+        self.clock = clock
+        self.sleep = sleep
+        self.fd: int | None = None
+        self.exclusive = False  # False where the file system keeps no locks
+        self.holder = {"host": socket.gethostname(), "pid": os.getpid()}
+
+    def __enter__(self) -> RegistrationClaim:
+        self.acquire()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def read_holder(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def describe(holder: dict[str, Any]) -> str:
+        if not holder:
+            return "another registration process"
+        return f"{holder.get('host', '?')} pid {holder.get('pid', '?')} (since {holder.get('since', '?')})"
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = self.clock() + self.wait_s
+        waiting = False
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = self.describe(self.read_holder())
+                left = deadline - self.clock()
+                if left <= 0:
+                    raise ClaimError(
+                        f"another registration of this model ({holder}) held {self.path} for the whole "
+                        f"{self.wait_s:g}s this one waits ({CLAIM_WAIT_ENV}); it is still running",
+                        "RegistrationInProgress",
+                    ) from None
+                if not waiting:
+                    log.info("%s is registering this model; waiting for it to finish", holder)
+                    waiting = True
+                self.sleep(min(self.poll_s, left))
+                continue
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno not in _NO_LOCKS:
+                    raise
+                log.warning(
+                    "%s: the file system keeps no locks (%s); registering without a claim, so a "
+                    "registration running at the same time elsewhere is not excluded",
+                    self.path,
+                    exc.strerror,
+                )
+                return
+            if not self._is_current(fd):
+                os.close(fd)  # the file was deleted or replaced meanwhile: lock the one now there
+                continue
+            break
+        self.fd, self.exclusive = fd, True
+        previous = self.read_holder()
+        if previous and previous.get("released") is False:
+            log.warning(
+                "the previous registration (%s) ended without releasing its claim (killed?); taking over",
+                self.describe(previous),
+            )
+        if waiting:
+            log.info("%s is done; looking for what it registered", self.describe(previous))
+        self.holder["since"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._write(released=False)
+
+    def _is_current(self, fd: int) -> bool:
+        try:
+            now = self.path.stat()
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _write(self, *, released: bool) -> None:
+        assert self.fd is not None
+        data = json.dumps({**self.holder, "released": released}, sort_keys=True).encode() + b"\n"
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+        os.fsync(self.fd)
+
+    def verify(self, what: str) -> None:
+        """Before each MLflow write: the claim is still this process's (file in place, lock alive)."""
+        if self.fd is None:
+            return
+        try:
+            if not self._is_current(self.fd):
+                raise OSError(errno.ESTALE, "the claim file was deleted or replaced")
+            self._write(released=False)
+        except OSError as exc:
+            raise ClaimError(
+                f"lost the registration claim {self.path} before it could {what} ({exc.strerror or exc}); "
+                "another registration may have taken over, so this one stops (a retry finds what "
+                "was registered)",
+                "ClaimLost",
+            ) from exc
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            self._write(released=True)
+        except OSError as exc:
+            log.warning("could not mark the claim %s released: %s", self.path, exc)
+        finally:
+            os.close(self.fd)  # drops the lock
+            self.fd = None
 
 
 # --- what to tag ----------------------------------------------------------------------------------------
@@ -275,7 +468,13 @@ def _strip_userinfo(uri: str) -> str:
 
 
 class Registration:
-    def __init__(self, cfg: TrainerConfig, tracking_uri: str, retrier: Retrier) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        tracking_uri: str,
+        retrier: Retrier,
+        claim: RegistrationClaim | None = None,
+    ) -> None:
         from mlflow.tracking import MlflowClient
 
         self.cfg = cfg
@@ -285,6 +484,12 @@ class Registration:
         self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
         self.lineage = lineage_tags(cfg)
         self.name = cfg.registered_model_name
+        self.claim = claim
+
+    def _still_claimed(self, what: str) -> None:
+        """Before each MLflow write that creates something: this process still holds the claim."""
+        if self.claim is not None:
+            self.claim.verify(what)
 
     # run --------------------------------------------------------------------------------------
 
@@ -355,6 +560,7 @@ class Registration:
         else:
             tags = {k: self.lineage[k] for k in IDENTITY_TAGS if k in self.lineage}
             tags["mlflow.runName"] = self.cfg.job.name
+            self._still_claimed("create a run")
             run = self.retry.call("create a run", self.client.create_run, experiment_id, tags=tags)
             run_id = str(run.info.run_id)
             log.warning("training left no MLflow run (was MLflow down?); created run %s", run_id)
@@ -381,22 +587,42 @@ class Registration:
         ]
         return min(mine, key=lambda v: int(v.version)) if mine else None
 
-    def find_logged_model(self, run_id: str) -> Any | None:
-        """This job's finished logged model in the run (logged, maybe never registered)."""
-        from mlflow.entities import LoggedModelStatus
-
+    def _job_models(self, run_id: str) -> list[Any]:
+        """The models this job logged into the run, in any state."""
         experiment_id = self.client.get_run(run_id).info.experiment_id
         models = self.client.search_logged_models(
             [experiment_id], filter_string=f"source_run_id = '{run_id}'"
         )
-        mine = [
-            m
-            for m in models
-            if m.status == LoggedModelStatus.READY
-            and m.name == MODEL_NAME_IN_RUN
-            and same_job(dict(m.tags or {}), self.lineage)
+        return [
+            m for m in models if m.name == MODEL_NAME_IN_RUN and same_job(dict(m.tags or {}), self.lineage)
         ]
+
+    def find_logged_model(self, run_id: str) -> Any | None:
+        """This job's finished logged model in the run (logged, maybe never registered)."""
+        from mlflow.entities import LoggedModelStatus
+
+        mine = [m for m in self._job_models(run_id) if m.status == LoggedModelStatus.READY]
         return min(mine, key=lambda m: m.creation_timestamp) if mine else None
+
+    def discard_unfinished_models(self, run_id: str) -> None:
+        """Delete this job's logged models of the run that never finished uploading (``PENDING``).
+
+        Only under the claim: a holder killed while it logged the model left them, and no other
+        process writes them now. Without a claim one may be another process's upload in progress.
+        """
+        from mlflow.entities import LoggedModelStatus
+
+        if self.claim is None or not self.claim.exclusive:
+            return
+        for model in self._job_models(run_id):
+            if model.status == LoggedModelStatus.PENDING:
+                log.warning(
+                    "deleting logged model %s of run %s: an earlier registration stopped while uploading it",
+                    model.model_id,
+                    run_id,
+                )
+                self._still_claimed("delete an unfinished logged model")
+                self.client.delete_logged_model(model.model_id)
 
     def log_model(self, run_id: str, loaded: LoadedModel) -> str:
         """Log the model into the run; returns its ``models:/<model_id>`` URI."""
@@ -410,6 +636,7 @@ class Registration:
         # MLflow files the logged model under the active experiment, not the run's: without this,
         # it lands in "Default" and a retry would not find it in the run's experiment.
         mlflow.set_experiment(experiment_id=self.client.get_run(run_id).info.experiment_id)
+        self._still_claimed("log the model")
         log.info("logging the model into run %s (this uploads its weights)", run_id)
         info = mlflow.transformers.log_model(
             transformers_model=loaded.components,
@@ -436,6 +663,7 @@ class Registration:
         if existing is not None:
             return existing
         mlflow.set_registry_uri(self.tracking_uri)
+        self._still_claimed("create a model version")
         return mlflow.register_model(
             model_uri, self.name, await_registration_for=AWAIT_REGISTRATION_S, tags=self.lineage
         )
@@ -451,6 +679,7 @@ class Registration:
         if version is not None:
             log.info("already registered: %s version %s (from run %s)", self.name, version.version, run_id)
         else:
+            self.retry.call("discard unfinished logged models", self.discard_unfinished_models, run_id)
             logged = self.retry.call("look up logged models", self.find_logged_model, run_id)
             if logged is not None:
                 model_uri = f"models:/{logged.model_id}"
@@ -536,12 +765,16 @@ def write_termination_message(data: dict[str, Any], path: str | None) -> None:
 # --- the entry point --------------------------------------------------------------------------------------
 
 
-def _budget_from_env() -> float:
-    raw = os.environ.get(RETRY_BUDGET_ENV)
+def _seconds_from_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
     try:
-        return float(raw) if raw else DEFAULT_RETRY_BUDGET_S
+        return float(raw) if raw else default
     except ValueError:
-        raise SystemExit(f"{RETRY_BUDGET_ENV}={raw!r} is not a number of seconds") from None
+        raise SystemExit(f"{name}={raw!r} is not a number of seconds") from None
+
+
+def _budget_from_env() -> float:
+    return _seconds_from_env(RETRY_BUDGET_ENV, DEFAULT_RETRY_BUDGET_S)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -566,6 +799,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where to write the JSON result for the operator (default: ${TERMINATION_MESSAGE_ENV} "
         f"or {DEFAULT_TERMINATION_MESSAGE_PATH} when it exists)",
     )
+    p.add_argument(
+        "--claim-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"how long to wait while another registration of the same output folder runs "
+        f"(default: ${CLAIM_WAIT_ENV} or {DEFAULT_CLAIM_WAIT_S:g})",
+    )
     p.add_argument("--tracking-uri", default=None, help="override the config's MLflow tracking URI")
     return p
 
@@ -588,6 +829,11 @@ def _register(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
     budget = args.retry_budget if args.retry_budget is not None else _budget_from_env()
+    claim_wait = (
+        args.claim_wait
+        if args.claim_wait is not None
+        else _seconds_from_env(CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S)
+    )
     term_path = args.termination_message_path
 
     try:
@@ -609,11 +855,14 @@ def _register(args: argparse.Namespace) -> int:
     try:
         final = final_dir(cfg)
         retrier = Retrier(tracking_uri=tracking_uri, budget_s=budget)
-        registration = Registration(cfg, tracking_uri, retrier)
-        install_log_redaction()  # MLflow and transformers added their handlers on import
-        result = registration.run(final)
+        with RegistrationClaim(Path(cfg.output_dir), claim_wait) as claim:
+            registration = Registration(cfg, tracking_uri, retrier, claim)
+            install_log_redaction()  # MLflow and transformers added their handlers on import
+            result = registration.run(final)
     except NothingToRegisterError as exc:
         return _fail(EXIT_NOTHING_TO_REGISTER, "NothingToRegister", str(exc), term_path)
+    except ClaimError as exc:
+        return _fail(EXIT_ERROR, exc.reason, str(exc), term_path)
     except MlflowRefusedError as exc:
         return _fail(EXIT_REFUSED, "MlflowRefused", str(exc), term_path)
     except MlflowUnavailableError as exc:
