@@ -3,9 +3,14 @@
 - FineTuneJob create / update (spec: suspend, registration.alias) / resume (operator start):
   reconcile; ``kopf.TemporaryError`` while a conflict or a pending result needs time,
   ``kopf.PermanentError`` for a spec the operator can never use.
-- PyTorchJob, registration and alias Job and pod events (selected by the ``kubetune.io/job``
-  label): reconcile the FineTuneJob named in the label.
-- A slow timer re-syncs every FineTuneJob: the safety net for missed events.
+- PyTorchJob, registration and alias Job, and training, registration and alias pod events
+  (selected by the ``kubetune.io/job`` label): reconcile the FineTuneJob named in the label. A
+  training pod that the scheduler cannot place, or whose image cannot be pulled, or one that
+  starts at last, changes the FineTuneJob's status through these.
+- A slow timer re-syncs every FineTuneJob: the safety net for missed events. A fast one
+  (``KUBETUNE_RETRY_SECONDS``) runs only while a job's pods are starting with nothing wrong known
+  (``state.settling``): a pod the Training Operator cannot create sends no pod event, and a pod
+  that waits long for a node is only news after a while.
 
 kopf keeps its finalizer (``kubetune.io/finalizer``), handler progress and last-handled
 configuration in annotations under ``kubetune.io``, never in the status: the status schema is
@@ -28,8 +33,10 @@ from .kube import ApiError, Kube, load_api_client
 from .reconcile import Context, StatusConflictError, reconcile
 from .settings import Settings
 
-# Read at import: kopf needs the timer interval when the decorator runs.
+# Read at import: kopf needs the timer intervals when the decorators run.
 _RESYNC_SECONDS = Settings.from_env().resync_seconds
+_RETRY_SECONDS = Settings.from_env().retry_seconds
+_JOB_COMPONENTS = (builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
 
 
 @kopf.on.startup()
@@ -45,16 +52,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Watches are re-established at this interval (seconds), so a lost connection heals quickly.
     settings.watching.server_timeout = 120
     settings.watching.client_timeout = 150
-    # Server-side filtering: watch only our children, never every pod/job of the cluster. Jobs and
-    # their pods: the registration's and the alias move's (both followed by the handlers below).
+    # Server-side filtering: watch only our children, never every pod/job of the cluster. Jobs: the
+    # registration's and the alias move's; pods: theirs and the training pods (labels copied from the
+    # PyTorchJob's pod template), all followed by the handlers below.
     ours = builders.LABEL_JOB
-    jobs = (
-        f"{ours},{builders.LABEL_COMPONENT} in "
-        f"({','.join(sorted((builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)))})"
-    )
+    component = builders.LABEL_COMPONENT
+    jobs = f"{ours},{component} in ({','.join(sorted(_JOB_COMPONENTS))})"
+    pods = f"{ours},{component} in ({','.join(sorted((*_JOB_COMPONENTS, builders.COMPONENT_TRAINING)))})"
     settings.watching.label_selectors["kubeflow.org", "v1", "pytorchjobs"] = ours
     settings.watching.label_selectors["batch", "v1", "jobs"] = jobs
-    settings.watching.label_selectors["v1", "pods"] = jobs
+    settings.watching.label_selectors["v1", "pods"] = pods
     memo.settings = Settings.from_env()
     memo.kube = Kube(load_api_client())
 
@@ -139,6 +146,23 @@ def resync(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -
         raise kopf.TemporaryError(outcome.message, delay=outcome.retry_in)
 
 
+def _settling(status: Any, **_: Any) -> bool:
+    return state.settling(dict(status or {}))
+
+
+@kopf.timer(
+    api.GROUP,
+    api.VERSION,
+    api.PLURAL,
+    interval=_RETRY_SECONDS,
+    initial_delay=_RETRY_SECONDS,
+    when=_settling,
+)
+def pods_starting(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
+    """While the pods start: a pod not created, or waiting long for a node, is seen without an event."""
+    reconcile(_context(memo, logger), namespace or "default", name)
+
+
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
 def finetunejob_deleted(logger: Any, spec: Any, **_: Any) -> None:
     # Owner references let the garbage collector delete the children; a kept PVC stays.
@@ -171,6 +195,12 @@ def registration_job_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION})
 def registration_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_TRAINING})
+def training_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+    """Scheduled or not, pulling its image or not, running: the Training condition follows."""
     _child_event(body, memo, logger)
 
 

@@ -77,6 +77,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "Job": "jobs",
+    "Event": "events",
     "PyTorchJob": "pytorchjobs",
     "FineTuneJob": "finetunejobs",
 }
@@ -128,12 +129,19 @@ class Kube:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        out = self.request(
-            "GET",
-            collection_path(api_version, PLURALS[kind], namespace),
-            query=[("labelSelector", label_selector)],
-        )
+    def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        label_selector: str = "",
+        *,
+        field_selector: str = "",
+    ) -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        out = self.request("GET", collection_path(api_version, PLURALS[kind], namespace), query=query)
         items: list[dict[str, Any]] = out.get("items") or []
         return items
 

@@ -13,7 +13,10 @@ Why each rule:
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
 - jobs (get/list/watch/create/delete): the registration Job; a failed one is deleted when the user
   asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by its
-  uid). pods (list/watch): its termination message.
+  uid). pods (list/watch): its termination message; the training pods, watched, and listed while
+  they do not all run (scheduled? image pulled?).
+- events (list): the PyTorchJob's, read only while one of its pods is missing (the Training
+  Operator's ``FailedCreatePod``: why it cannot create the pod).
 - persistentvolumeclaims (get/create): the checkpoint volume. configmaps (get/create/patch): the
   trainer config, patched when a mutable field (suspend, registration.alias) changes.
 - serviceaccounts, roles, rolebindings (get/create): the per-job trainer identity (not needed when
@@ -48,6 +51,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create", "patch"]},
     {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["get", "create"]},

@@ -132,10 +132,11 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     conflict: str | None = None
     training = state.TrainingObservation()
     registration = state.RegistrationObservation()
+    pods = state.PodsObservation()
     child_error: state.ChildError | None = None
     key = (ns, name)
     try:
-        conflict, training, registration = _children(ctx, job, previous, created, children)
+        conflict, training, registration, pods = _children(ctx, job, previous, created, children)
         _failed_passes.pop(key, None)
     except ChildApiError as e:
         attempts = _failed_passes.get(key, 0) + 1
@@ -163,6 +164,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
         child_error=child_error,
         training=training,
         registration=registration,
+        pods=pods,
         children=children,
         namespace=ns,
         job_name=name,
@@ -222,8 +224,8 @@ def _children(
     previous: api.FineTuneJobStatus,
     created: list[dict[str, Any]],
     children: dict[str, str],
-) -> tuple[str | None, state.TrainingObservation, state.RegistrationObservation]:
-    """Ensure the children in order and fold their status: (conflict, training, registration).
+) -> tuple[str | None, state.TrainingObservation, state.RegistrationObservation, state.PodsObservation]:
+    """Ensure the children in order and fold their status: (conflict, training, registration, pods).
 
     ``created`` and ``children`` are filled as it goes, so a pass stopped by ``ChildApiError`` (a
     refused request) still reports what it created.
@@ -267,6 +269,14 @@ def _children(
     training = finished or state.training_observation(pytorchjob)
     if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
         pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
+    pods = state.PodsObservation()
+    if (
+        pytorchjob is not None
+        and not job.spec.suspend
+        and training.condition in ("Created", "Running", "Restarting")
+        and not state.pods_running(pytorchjob)
+    ):
+        pods = _pods_observation(ctx, pytorchjob)
 
     registration = state.RegistrationObservation()
     if conflict is None and training.condition == "Succeeded" and job.spec.registration.enabled:
@@ -288,7 +298,30 @@ def _children(
         if live is not None and is_ours(live, job):
             children["registrationJob"] = reg_name
             registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
-    return conflict, training, registration
+    return conflict, training, registration, pods
+
+
+def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:
+    """Why the PyTorchJob's pods do not run, if they cannot start: one list of its pods and, only
+    when one is missing, one of its events. Called only while its status does not count every pod
+    as running. Best effort: a refused read (the RBAC of an older install) is logged, never holds
+    the job."""
+    meta = pytorchjob["metadata"]
+    ns = meta["namespace"]
+    try:
+        pods = ctx.kube.list("v1", "Pod", ns, f"{state.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
+        events: list[dict[str, Any]] = []
+        if state.missing_pods(pytorchjob, pods):
+            events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
+    except ApiError as e:
+        ctx.logger.warning(
+            "cannot read the pods or events of PyTorchJob %s/%s (their trouble is not shown): %s",
+            ns,
+            meta["name"],
+            e,
+        )
+        return state.PodsObservation()
+    return state.pods_observation(pytorchjob, pods, events)
 
 
 def _follow_alias(

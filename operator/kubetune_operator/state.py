@@ -23,7 +23,11 @@ Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants
   child as built from this spec: the job is Failed), ``ChildForbidden`` (403: quota, RBAC or an
   admission policy; retried), ``ChildApiError`` (no answer, 429, 5xx...: retried, shown after
   ``SHOW_TRANSIENT_AFTER`` attempts in a row).
-- ``Training``: True while the PyTorchJob runs.
+- ``Training``: True while the PyTorchJob runs. False while it has not started; when its pods
+  cannot start it says why (``pods_observation``): ``PodsNotCreated`` (the Training Operator's
+  ``FailedCreatePod`` event: a missing PriorityClass, a quota, a policy), ``Unschedulable`` (the
+  scheduler's message, once a pod has waited ``SHOW_UNSCHEDULABLE_AFTER`` seconds) or
+  ``ImagePullFailed`` (the kubelet's waiting reason), naming the pod; cleared when they start.
 - ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
 - ``Registered``: True once MLflow has the model version.
 """
@@ -31,7 +35,9 @@ Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kubetune_api.spec import (
@@ -83,6 +89,11 @@ REGISTRATION_RESULT_PENDING = "RegistrationResultPending"
 MODEL_REGISTERED = "ModelRegistered"
 SUCCEEDED = "Succeeded"
 NOT_READY = "NotReady"
+# the training pods cannot start (Training, and Ready while not trained): most decisive first
+PODS_NOT_CREATED = "PodsNotCreated"
+UNSCHEDULABLE = "Unschedulable"
+IMAGE_PULL_FAILED = "ImagePullFailed"
+POD_TROUBLE = (PODS_NOT_CREATED, UNSCHEDULABLE, IMAGE_PULL_FAILED)
 
 # Events (reason constants) emitted on transitions, beside the condition reasons above.
 TRAINING_STARTED = "TrainingStarted"
@@ -155,6 +166,227 @@ class RegistrationObservation:
     state: Literal["Running", "Complete", "Skipped", "Failed"] | None = None
     message: str = ""
     result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
+
+
+# --- the training pods ---------------------------------------------------------------------------------
+
+# A pod the scheduler has not placed for this long is shown (``Unschedulable``). A shorter wait is
+# normal: the checkpoint volume being provisioned, preemption making room, a node autoscaler.
+SHOW_UNSCHEDULABLE_AFTER = 30.0
+# The kubelet's waiting reasons of a container whose image cannot be had.
+IMAGE_PULL_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "ImageInspectError",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+    }
+)
+# What the Training Operator (v1.9) records on the PyTorchJob for each pod it creates or fails to
+# create: a Warning ``FailedCreatePod`` "Error creating: <the API server's answer>" (which names
+# ``pods "<pod>"``) and a Normal ``SuccessfulCreatePod`` "Created pod: <pod>". It sets no condition
+# for a failure, and retries with a growing backoff.
+FAILED_CREATE_POD = "FailedCreatePod"
+SUCCESSFUL_CREATE_POD = "SuccessfulCreatePod"
+# The label the Training Operator puts on the pods of a PyTorchJob (its name as the value).
+TRAINING_OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
+_POD_IN_ERROR = re.compile(r'\bpods? "([^"]+)"')
+_POD_CREATED = re.compile(r"Created pod: (\S+)")
+
+
+@dataclass(frozen=True)
+class PodTrouble:
+    """Why a training pod cannot start, in its controller's own words."""
+
+    reason: str  # one of POD_TROUBLE
+    pod: str
+    message: str  # the scheduler's, the Training Operator's or the kubelet's message, verbatim
+    since: str = ""  # RFC 3339: when it began, where known (the PodScheduled condition's transition)
+    others: int = 0  # more pods with the same trouble
+
+
+@dataclass(frozen=True)
+class PodsObservation:
+    """The PyTorchJob's pods while they are not all running (``pods_running`` is False)."""
+
+    trouble: PodTrouble | None = None
+    # pods the Training Operator has not created, with nothing yet saying why: look again soon
+    missing: tuple[str, ...] = ()
+
+
+def replica_pods(pytorchjob: dict[str, Any]) -> list[str]:
+    """The pods the Training Operator makes for a PyTorchJob: ``<name>-<replica type>-<index>``."""
+    name = (pytorchjob.get("metadata") or {}).get("name") or ""
+    specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    out = []
+    for rtype in sorted(specs, key=lambda t: (t != "Master", t)):
+        replicas = (specs[rtype] or {}).get("replicas")
+        for index in range(1 if replicas is None else int(replicas)):
+            out.append(f"{name}-{rtype.lower()}-{index}")
+    return out
+
+
+def pods_running(pytorchjob: dict[str, Any] | None) -> bool:
+    """Whether the PyTorchJob's status counts every replica as running (``replicaStatuses.*.active``,
+    the Training Operator's count of Running pods): then the pods need no look."""
+    if pytorchjob is None:
+        return False
+    specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    counts = (pytorchjob.get("status") or {}).get("replicaStatuses") or {}
+    if not specs:
+        return False
+    for rtype, spec in specs.items():
+        replicas = (spec or {}).get("replicas")
+        wanted = 1 if replicas is None else int(replicas)
+        if int((counts.get(rtype) or {}).get("active") or 0) < wanted:
+            return False
+    return True
+
+
+def pods_observation(
+    pytorchjob: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> PodsObservation:
+    """Fold the PyTorchJob's pods and events into why its pods cannot start, if they cannot.
+
+    ``pods``: those labelled ``training.kubeflow.org/job-name=<PyTorchJob>`` (only this PyTorchJob's,
+    by owner uid, count); ``events``: the PyTorchJob's (empty when no pod is missing). A pod that is
+    missing is explained by the newest ``FailedCreatePod`` naming it, unless a ``SuccessfulCreatePod``
+    for it came later (it was created since, then deleted: preempted, restarted). Troubles are ranked
+    by ``POD_TROUBLE``, then by pod name; the first is reported, the others of its kind counted.
+    """
+    uid = (pytorchjob.get("metadata") or {}).get("uid")
+    live = _live_pods(pytorchjob, pods)
+    missing = missing_pods(pytorchjob, pods)
+    troubles: list[PodTrouble] = []
+    unexplained: list[str] = []
+    failures = _creation_failures(events, uid) if missing else {}
+    for name in missing:
+        failure = failures.get(name) or failures.get("")
+        if failure is None:
+            unexplained.append(name)
+        else:
+            troubles.append(PodTrouble(PODS_NOT_CREATED, name, failure[1], since=failure[0]))
+    for name in sorted(live):
+        troubles.extend(_pod_troubles(live[name]))
+    if not troubles:
+        return PodsObservation(missing=tuple(unexplained))
+    troubles.sort(key=lambda t: (POD_TROUBLE.index(t.reason), t.pod))
+    first = troubles[0]
+    same = {t.pod for t in troubles if t.reason == first.reason}
+    return PodsObservation(
+        trouble=PodTrouble(first.reason, first.pod, first.message, first.since, len(same) - 1),
+        missing=tuple(unexplained),
+    )
+
+
+def missing_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
+    """The PyTorchJob's pods (``replica_pods``) that do not exist, or are being deleted."""
+    live = _live_pods(pytorchjob, pods)
+    return [name for name in replica_pods(pytorchjob) if name not in live]
+
+
+def _live_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    uid = (pytorchjob.get("metadata") or {}).get("uid")
+    return {
+        p["metadata"]["name"]: p
+        for p in pods
+        if _owned_by(p, uid) and not (p.get("metadata") or {}).get("deletionTimestamp")
+    }
+
+
+def _pod_troubles(pod: dict[str, Any]) -> list[PodTrouble]:
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    out = []
+    if status.get("phase") in (None, "Pending"):
+        for c in status.get("conditions") or []:
+            if (
+                c.get("type") == "PodScheduled"
+                and c.get("status") == "False"
+                and c.get("reason") == UNSCHEDULABLE
+            ):
+                message = c.get("message") or "no node fits the pod"
+                out.append(PodTrouble(UNSCHEDULABLE, name, message, since=c.get("lastTransitionTime") or ""))
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            detail = f"container {cs.get('name')} (image {cs.get('image')}): {waiting['reason']}"
+            if waiting.get("message"):
+                detail += f": {waiting['message']}"
+            out.append(PodTrouble(IMAGE_PULL_FAILED, name, detail))
+            break
+    return out
+
+
+def _creation_failures(events: list[dict[str, Any]], uid: str | None) -> dict[str, tuple[str, str]]:
+    """Per pod name, the newest ``FailedCreatePod`` (time, message) that no ``SuccessfulCreatePod``
+    followed; a failure naming no pod under ``""`` (then any later creation outdates it)."""
+    failed: dict[str, tuple[datetime, str, str]] = {}
+    created: dict[str, datetime] = {}
+    for e in events:
+        involved = e.get("involvedObject") or {}
+        if uid is not None and involved.get("uid") not in (None, uid):
+            continue
+        when, text = _event_time(e), str(e.get("message") or "")
+        if when is None:
+            continue
+        if e.get("reason") == FAILED_CREATE_POD:
+            match = _POD_IN_ERROR.search(text)
+            key = match.group(1) if match else ""
+            if key not in failed or failed[key][0] < when:
+                failed[key] = (when, _rfc3339(when), text)
+        elif e.get("reason") == SUCCESSFUL_CREATE_POD and (match := _POD_CREATED.search(text)):
+            created[match.group(1)] = max(when, created.get(match.group(1), when))
+    newest_creation = max(created.values(), default=None)
+    out = {}
+    for key, (when, stamp, text) in failed.items():
+        after = created.get(key) if key else newest_creation
+        if after is None or when > after:  # a creation in the same second wins
+            out[key] = (stamp, text)
+    return out
+
+
+def _event_time(event: dict[str, Any]) -> datetime | None:
+    """When an Event (core/v1, as client-go's recorder writes it) last happened."""
+    for value in (
+        (event.get("series") or {}).get("lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        if value and (when := parse_time(str(value))) is not None:
+            return when
+    return None
+
+
+def parse_time(value: str) -> datetime | None:
+    """An RFC 3339 time (``Z`` or an offset, fractions of a second allowed); None when it is not one."""
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def settling(status: dict[str, Any] | None) -> bool:
+    """A status whose pods may still be starting, or restarting, with nothing wrong known yet
+    (Training condition ``TrainingCreated`` or ``TrainingRestarting``): the operator looks again
+    every retry interval, since a pod not created yet sends no event and a wait that grows long
+    (``SHOW_UNSCHEDULABLE_AFTER``) is only seen by looking."""
+    status = status or {}
+    if status.get("phase") not in (Phase.PENDING.value, Phase.TRAINING.value):
+        return False
+    training = next(
+        (c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == TRAINING), None
+    )
+    return training is not None and training.get("reason") in (TRAINING_CREATED, TRAINING_RESTARTING)
 
 
 # --- the API server refusing a child -------------------------------------------------------------------
@@ -248,6 +480,7 @@ class Observation:
     child_error: ChildError | None = None  # the pass stopped at a request the API server refused
     training: TrainingObservation = field(default_factory=TrainingObservation)
     registration: RegistrationObservation = field(default_factory=RegistrationObservation)
+    pods: PodsObservation = field(default_factory=PodsObservation)
     children: dict[str, str] = field(default_factory=dict)
     # For actionable messages.
     namespace: str = "default"
@@ -656,27 +889,63 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         return Phase.PENDING.value, out
     out["suspended"] = (False, NOT_SUSPENDED, "")
     if tr.condition == "Running":
+        phase = Phase.TRAINING.value
         out["training"] = (True, TRAINING_RUNNING, tr.message or "training")
         out["ready"] = (False, TRAINING_RUNNING, "training")
-        return Phase.TRAINING.value, out
-    if tr.condition == "Restarting":
+    elif tr.condition == "Restarting":
+        phase = Phase.TRAINING.value
         msg = (
             f"PyTorchJob {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
             "training resumes from the newest checkpoint"
         )
         out["training"] = (True, TRAINING_RESTARTING, msg)
         out["ready"] = (False, TRAINING_RESTARTING, msg)
-        return Phase.TRAINING.value, out
-    if tr.condition == "Created":
-        msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
-        out["training"] = (False, TRAINING_CREATED, msg)
     else:
-        msg = (
-            f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
+        phase = Phase.PENDING.value
+        if tr.condition == "Created":
+            msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
+            out["training"] = (False, TRAINING_CREATED, msg)
+        else:
+            msg = f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
+            out["training"] = (False, WAITING_FOR_TRAINING_OPERATOR, msg)
+        out["ready"] = (False, NOT_READY, msg)
+    shown = _pod_trouble(obs)
+    if shown is not None:
+        # the phase stays what the PyTorchJob says; Training and Ready say why its pods do not start
+        out["training"] = (False, shown[0], shown[1])
+        out["ready"] = (False, shown[0], shown[1])
+    return phase, out
+
+
+def _pod_trouble(obs: Observation) -> tuple[str, str] | None:
+    """The pods' trouble as (reason, message) for the conditions; None when there is none to show
+    (yet: a pod waits for a node ``SHOW_UNSCHEDULABLE_AFTER`` seconds before that is news)."""
+    t = obs.pods.trouble
+    if t is None or obs.training.condition not in ("Created", "Running", "Restarting"):
+        return None
+    pod = f"pod {t.pod}" + (f" (and {t.others} more)" if t.others else "")
+    describe = f"kubectl describe pod -n {obs.namespace} {t.pod}"
+    if t.reason == UNSCHEDULABLE:
+        began, now = parse_time(t.since), parse_time(obs.now)
+        if began is not None and now is not None and (now - began).total_seconds() < SHOW_UNSCHEDULABLE_AFTER:
+            return None
+        return UNSCHEDULABLE, (
+            f"the scheduler cannot place {pod}: {t.message}. Check spec.resources (gpusPerNode, gpuProduct: "
+            "the nodes' nvidia.com/gpu.product label, cpu, memory, nodeSelector, tolerations) against the "
+            "nodes and their free GPUs (kubectl get nodes -L nvidia.com/gpu.product); the pod starts by "
+            "itself once a node fits"
         )
-        out["training"] = (False, WAITING_FOR_TRAINING_OPERATOR, msg)
-    out["ready"] = (False, NOT_READY, msg)
-    return Phase.PENDING.value, out
+    if t.reason == PODS_NOT_CREATED:
+        return PODS_NOT_CREATED, (
+            f"the Training Operator cannot create {pod} of PyTorchJob {obs.pytorchjob_name}: {t.message}. "
+            "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
+            "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
+            "with a growing backoff"
+        )
+    return IMAGE_PULL_FAILED, (
+        f"{pod} cannot pull its image: {t.message}. Check that the image (spec.image, else the operator's "
+        f"trainer image) exists and that the nodes can pull it (registry reachable, credentials); {describe}"
+    )
 
 
 def _conditions(
@@ -724,10 +993,11 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
         if old is None or old.reason != children[1]:
             events.append(Event("Warning", children[1], children[2]))
     training = reasons.get("training")
-    if training and training[1] == TRAINING_RESTARTING:
+    # restarting, or pods that cannot start: once when it starts
+    if training and training[1] in (TRAINING_RESTARTING, *POD_TROUBLE):
         old = prev.get(TRAINING)
-        if old is None or old.reason != TRAINING_RESTARTING:
-            events.append(Event("Warning", TRAINING_RESTARTING, training[2]))
+        if old is None or old.reason != training[1]:
+            events.append(Event("Warning", training[1], training[2]))
     if phase == prev_phase:
         return events
     ready = reasons.get("ready", (False, "", ""))

@@ -344,6 +344,19 @@ def test_watched_child_resources_match_the_kopf_handlers() -> None:
         assert {"list", "watch"} <= _allowed(rules, api_group, plural), (api_group, plural)
 
 
+@pytest.mark.parametrize("variant", RBAC_VARIANTS, ids=list(RBAC_VARIANTS))
+def test_operator_reads_training_pods_and_pytorchjob_events_and_writes_no_event_but_its_own(
+    variant: str,
+) -> None:
+    """Why the training pods cannot start: the operator watches and lists pods and lists events (the
+    Training Operator's FailedCreatePod); on events it may only create (its own) and list."""
+    rules = [
+        r for r in rbac_rules(render(*RBAC_VARIANTS[variant])) if r[0] == "ClusterRole/kubetune-operator"
+    ]
+    assert _allowed(rules, "", "pods") == {"list", "watch"}
+    assert _allowed(rules, "", "events") == {"create", "list"}
+
+
 def test_shared_trainer_identity_drops_the_operators_rbac_powers() -> None:
     objs = render("--set", "trainer.serviceAccount.name=trainer")
     rules = rbac_rules(objs)
