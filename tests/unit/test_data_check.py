@@ -271,3 +271,20 @@ def test_the_history_of_earlier_attempts_comes_from_the_resumed_checkpoint(tmp_p
     result.write_text(json.dumps({"losses": [[1, 7.0], [4, 5.0], [6, 4.0]], "eval_losses": []}))
     assert earlier_history(resume, result) == ([(1, 7.0), (4, 5.0)], [])
     assert (ckpt / COMPLETE_MARKER).is_file()
+
+
+def test_a_hub_data_sets_rows_are_checked_as_loaded() -> None:
+    from datasets import Dataset
+
+    from kubetune_trainer.data_check import check_loaded
+
+    good = [CHAT, CHAT]
+    src = DatasetSource(name="org/chat", evalSplit="test")
+    assert check_loaded(Dataset.from_list(good), Dataset.from_list(good), src) == "messages"
+    bad = [CHAT, {"messages": [{"role": "human", "content": "hi"}]}]
+    with pytest.raises(DataError) as e:
+        check_loaded(Dataset.from_list(good), Dataset.from_list(bad), src)
+    assert str(e.value) == (
+        f"org/chat split 'test' row 2: messages[0] has role 'human'; expected one of {ROLES} "
+        "(format messages, detected from the columns ['messages'])"
+    )
