@@ -97,6 +97,31 @@ REGISTRATION_FAILED = _obs(
 )
 SUSPENDED = _obs(generation=2, suspend=True, training=_training("Suspended"))
 CONFLICT = _obs(conflict="PersistentVolumeClaim job-ckpt already exists and is not owned by this FineTuneJob")
+SCHEDULER = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+
+
+def _pods(reason: str, message: str, condition: str = "Created") -> state.Observation:
+    trouble = state.PodTrouble(reason, "job-train-master-0", message, since="2026-11-30T09:00:00Z")
+    return _obs(training=_training(condition), pods=state.PodsObservation(trouble=trouble))
+
+
+UNSCHEDULABLE = _pods(state.UNSCHEDULABLE, SCHEDULER)
+WORKER_UNSCHEDULABLE = _pods(state.UNSCHEDULABLE, SCHEDULER, "Running")
+NOT_CREATED = _pods(
+    state.PODS_NOT_CREATED,
+    'Error creating: pods "job-train-master-0" is forbidden: no PriorityClass with name x was found',
+)
+IMAGE_PULL = _pods(state.IMAGE_PULL_FAILED, "container pytorch (image t:nope): ImagePullBackOff")
+FORBIDDEN = _obs(
+    child_error=state.ChildError(
+        "create", "PersistentVolumeClaim", "job-ckpt", 403, "Forbidden", "exceeded quota: no-pvcs"
+    )
+)
+API_ERROR = _obs(
+    child_error=state.ChildError(
+        "create", "PyTorchJob", "job-train", 503, "ServiceUnavailable", "try again", attempts=3
+    )
+)
 ALIAS_MOVING = Alias("challenger", state.RegistrationObservation(True, "Running"))
 ALIAS_FAILED = Alias(
     "challenger", state.RegistrationObservation(True, "Failed", "BackoffLimitExceeded: 401 Unauthorized")
@@ -204,6 +229,23 @@ SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]]
     "registration-failed": ([PENDING, RUNNING, REGISTRATION_FAILED], "Failed", "Degraded", said_by("Ready")),
     "suspended": ([PENDING, RUNNING, SUSPENDED], "Suspended", "Suspended", said_by("Suspended")),
     "child-conflict": ([CONFLICT], "Pending", "Degraded", said_by("ChildrenReady")),
+    "child-forbidden": ([FORBIDDEN], "Pending", "Degraded", said_by("ChildrenReady")),
+    "child-api-error": ([PENDING, RUNNING, API_ERROR], "Training", "Progressing", said_by("ChildrenReady")),
+    "unschedulable": ([PENDING, CREATED, UNSCHEDULABLE], "Pending", "Degraded", said_by("Training")),
+    "unschedulable-cleared": (
+        [PENDING, UNSCHEDULABLE, CREATED],
+        "Pending",
+        "Progressing",
+        said_by("Training"),
+    ),
+    "worker-unschedulable": (
+        [PENDING, RUNNING, WORKER_UNSCHEDULABLE],
+        "Training",
+        "Degraded",
+        said_by("Training"),
+    ),
+    "pods-not-created": ([PENDING, CREATED, NOT_CREATED], "Pending", "Degraded", said_by("Training")),
+    "image-pull-failed": ([PENDING, CREATED, IMAGE_PULL], "Pending", "Degraded", said_by("Training")),
 }
 
 

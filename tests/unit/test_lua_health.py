@@ -32,6 +32,24 @@ WAITING = "Waiting for the kubetune operator to pick up the FineTuneJob"
 CREATED = "PyTorchJob job-train is created."
 FAILED = "PyTorchJob job-train has failed because 1 Master replica(s) failed."
 CONFLICT = "PersistentVolumeClaim job-ckpt already exists and is not owned by this FineTuneJob"
+FORBIDDEN = (
+    'creating PersistentVolumeClaim job-ckpt: 403 Forbidden: persistentvolumeclaims "job-ckpt" is forbidden: '
+    "exceeded quota: no-pvcs. A ResourceQuota, the operator's RBAC or an admission policy forbids it; "
+    "retrying with backoff (attempt 2) until it is allowed"
+)
+API_ERROR = (
+    "creating PyTorchJob job-train: 503 Service Unavailable: the server is currently unable to handle the "
+    "request. Retrying with backoff (3 attempts in a row failed)"
+)
+UNSCHEDULABLE = (
+    "the scheduler cannot place pod job-train-master-0: 0/4 nodes are available: 4 node(s) didn't match Pod's "
+    "node affinity/selector. preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling."
+)
+NOT_CREATED = (
+    "the Training Operator cannot create pod job-train-master-0 of PyTorchJob job-train: Error creating: pods "
+    '"job-train-master-0" is forbidden: no PriorityClass with name training-preemptible was found'
+)
+IMAGE_PULL = "pod job-train-master-0 cannot pull its image: container pytorch (image t:nope): ErrImagePull"
 MODEL = {"name": "qwen3_4b_assistant", "version": "3", "uri": "models:/qwen3_4b_assistant/3"}
 REGISTERED = "Registered model qwen3_4b_assistant version 3"
 
@@ -197,6 +215,131 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         ),
         "Progressing",
         "creating the PyTorchJob",
+    ),
+    "child-forbidden": (
+        job(
+            {
+                "phase": "Pending",
+                "conditions": [
+                    cond("ChildrenReady", "False", "ChildForbidden", FORBIDDEN),
+                    cond("Training", "False", "ChildForbidden", FORBIDDEN),
+                ],
+            }
+        ),
+        "Degraded",
+        FORBIDDEN,
+    ),
+    "child-forbidden-while-training": (
+        training(PROGRESS, conditions=[cond("ChildrenReady", "False", "ChildForbidden", FORBIDDEN)]),
+        "Degraded",
+        FORBIDDEN,
+    ),
+    "child-forbidden-reason-only": (
+        job({"phase": "Pending", "conditions": [cond("ChildrenReady", "False", "ChildForbidden")]}),
+        "Degraded",
+        "ChildForbidden",
+    ),
+    "child-forbidden-no-longer": (
+        job(
+            {"phase": "Pending", "conditions": [cond("ChildrenReady", "True", "ChildForbidden", "old words")]}
+        ),
+        "Progressing",
+        "old words",
+    ),
+    "child-api-error-pending": (
+        job(
+            {
+                "phase": "Pending",
+                "conditions": [
+                    cond("Training", "False", "CreatingChildren", "creating the children"),
+                    cond("ChildrenReady", "False", "ChildApiError", API_ERROR),
+                ],
+            }
+        ),
+        "Progressing",
+        API_ERROR,
+    ),
+    "child-api-error-while-training": (
+        training(PROGRESS, conditions=[cond("ChildrenReady", "False", "ChildApiError", API_ERROR)]),
+        "Progressing",
+        API_ERROR,
+    ),
+    "child-api-error-registering": (
+        job(
+            {
+                "phase": "Registering",
+                "conditions": [
+                    cond(
+                        "Registered",
+                        "False",
+                        "RegistrationRunning",
+                        "registration Job job-register is running",
+                    ),
+                    cond("ChildrenReady", "False", "ChildApiError", API_ERROR),
+                ],
+            }
+        ),
+        "Progressing",
+        API_ERROR,
+    ),
+    "unschedulable": (
+        job(
+            {
+                "phase": "Pending",
+                "observedGeneration": 1,
+                "conditions": [
+                    cond(
+                        "ChildrenReady", "True", "ChildrenCreated", "checkpoint volume, trainer config exist"
+                    ),
+                    cond("Training", "False", "Unschedulable", UNSCHEDULABLE),
+                ],
+            }
+        ),
+        "Degraded",
+        UNSCHEDULABLE,
+    ),
+    "pods-not-created": (
+        job({"phase": "Pending", "conditions": [cond("Training", "False", "PodsNotCreated", NOT_CREATED)]}),
+        "Degraded",
+        NOT_CREATED,
+    ),
+    "image-pull-failed": (
+        job({"phase": "Pending", "conditions": [cond("Training", "False", "ImagePullFailed", IMAGE_PULL)]}),
+        "Degraded",
+        IMAGE_PULL,
+    ),
+    "worker-unschedulable-while-training": (
+        training(PROGRESS, conditions=[cond("Training", "False", "Unschedulable", UNSCHEDULABLE)]),
+        "Degraded",
+        UNSCHEDULABLE,
+    ),
+    "pods-trouble-reason-only": (
+        job({"phase": "Pending", "conditions": [cond("Training", "False", "PodsNotCreated")]}),
+        "Degraded",
+        "PodsNotCreated",
+    ),
+    "pods-trouble-left-behind-in-registering": (
+        job(
+            {
+                "phase": "Registering",
+                "conditions": [
+                    cond("Training", "False", "Unschedulable", UNSCHEDULABLE),
+                    cond(
+                        "Registered",
+                        "False",
+                        "RegistrationRunning",
+                        "registration Job job-register is running",
+                    ),
+                ],
+            }
+        ),
+        "Progressing",
+        "registration Job job-register is running",
+    ),
+    "pods-trouble-reason-not-a-string": (
+        job({"phase": "Pending", "conditions": [cond("Training", "False", 7, "waiting")]}),  # type: ignore[arg-type]
+        "Progressing",
+        "waiting",
     ),
     "unknown-phase": (job({"phase": "Exploded"}), "Unknown", "Unknown phase Exploded"),
     # --- the alias of a succeeded job ---

@@ -4,7 +4,12 @@
 --   Failed                         -> Degraded
 --   Suspended                      -> Suspended
 -- The message comes from the status: the conditions' messages, training progress, the registered model.
--- A child object kubetune will not overwrite (ChildrenReady=False, ChildConflict) needs a person: Degraded.
+-- Degraded too, while not final, when a person is needed: a child object kubetune will not overwrite
+-- or that the API server forbids (ChildrenReady=False, ChildConflict or ChildForbidden: its message),
+-- and training pods that cannot start (Training=False, Unschedulable, PodsNotCreated or
+-- ImagePullFailed: its message; the operator shows a pod waiting for a node only after a while).
+-- A child request that failed for a while and is retried (ChildApiError) is Progressing with its
+-- message.
 --
 -- Written for Argo CD's default Lua sandbox (gopher-lua, Lua 5.1, with only the base, table and
 -- package libraries): no string, math or os functions, so numbers are formatted with arithmetic
@@ -254,10 +259,27 @@ if phase == "Suspended" then
   return hs
 end
 
+local DEGRADED_CHILDREN = { ChildConflict = true, ChildForbidden = true }
+local PODS_CANNOT_START = { Unschedulable = true, PodsNotCreated = true, ImagePullFailed = true }
+
+-- c.reason only when it is a string (a table key of another type would be looked up as itself)
+local function reason(c)
+  if c ~= nil and c.status == "False" then
+    return text(c.reason)
+  end
+  return nil
+end
+
 local children = condition(status, "ChildrenReady")
-if children ~= nil and children.status == "False" and children.reason == "ChildConflict" then
+if DEGRADED_CHILDREN[reason(children) or ""] then
   hs.status = "Degraded"
   hs.message = says(children)
+  return hs
+end
+local training = condition(status, "Training")
+if (phase == "Pending" or phase == "Training") and PODS_CANNOT_START[reason(training) or ""] then
+  hs.status = "Degraded"
+  hs.message = says(training)
   return hs
 end
 
@@ -271,12 +293,14 @@ if phase == "Pending" or phase == "Training" or phase == "Registering" then
     hs.message = "Waiting for the operator to act on generation " .. count(generation)
     return hs
   end
-  if phase == "Training" then
-    hs.message = progress(status) or says(condition(status, "Training")) or "Training"
+  if reason(children) == "ChildApiError" then
+    hs.message = says(children)
+  elseif phase == "Training" then
+    hs.message = progress(status) or says(training) or "Training"
   elseif phase == "Registering" then
     hs.message = says(condition(status, "Registered")) or "Registering the model in MLflow"
   else
-    hs.message = says(condition(status, "Training")) or says(children) or says(ready) or "Pending"
+    hs.message = says(training) or says(children) or says(ready) or "Pending"
   end
   return hs
 end
