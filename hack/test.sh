@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 hack/setup.sh
 assets=$(hack/build-control-plane.sh | tail -n 1)
 export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$assets}"
+# the controllers of the real-controller tests (tests/cluster): kube-controller-manager,
+# kube-scheduler, KWOK, the Kubeflow Training Operator, Kueue
+cluster=$(hack/build-control-plane.sh cluster | tail -n 1)
+export KUBETUNE_CLUSTER_ASSETS="${KUBETUNE_CLUSTER_ASSETS:-$cluster}"
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -92,8 +93,24 @@ class Cluster:
 
     # --- processes -------------------------------------------------------------------------------
 
-    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        private: dict[Path, Path] | None = None,
+    ) -> None:
+        """Start a component; ``private`` bind-mounts folders of this cluster over hard-coded paths
+        in a mount namespace of its own, so two clusters on one machine do not share them."""
         log = (self.workdir / f"{name}.log").open("ab")
+        if private:
+            binds = []
+            for target, source in private.items():
+                target.mkdir(parents=True, exist_ok=True)
+                source.mkdir(parents=True, exist_ok=True)
+                binds.append(f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(target))}")
+            script = "set -e; " + "; ".join(binds) + "; exec " + shlex.join(args)
+            args = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
         self.procs[name] = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
@@ -242,8 +259,7 @@ class Cluster:
                 "metadata": {"name": "training-operator-webhook-cert", "namespace": "kubeflow"},
             }
         )
-        # stale files from an earlier run make it "ready" at once with a half-rewritten key
-        shutil.rmtree(TRAINING_OPERATOR_CERTS, ignore_errors=True)
+        certs = self.workdir / "training-operator-certs"  # seen by it at TRAINING_OPERATOR_CERTS
         self._spawn(
             "training-operator",
             [
@@ -256,6 +272,7 @@ class Cluster:
                 f"--webhook-server-port={free_port()}",
             ],
             env={"MY_POD_NAMESPACE": "kubeflow"},
+            private={TRAINING_OPERATOR_CERTS: certs},
         )
         # its cert rotator fills the Secret; the webhook server reads the files a Secret volume would hold
         deadline = time.monotonic() + 90
@@ -270,11 +287,10 @@ class Cluster:
             if data.get("tls.crt") and data.get("tls.key"):
                 import base64
 
-                TRAINING_OPERATOR_CERTS.mkdir(parents=True, exist_ok=True)
-                for key in ("tls.key", "tls.crt"):
-                    tmp = TRAINING_OPERATOR_CERTS / f".{key}.tmp"
+                for key in ("tls.key", "tls.crt"):  # key first, each by rename: never half-written
+                    tmp = certs / f".{key}.tmp"
                     tmp.write_bytes(base64.b64decode(data[key]))
-                    tmp.rename(TRAINING_OPERATOR_CERTS / key)
+                    tmp.rename(certs / key)
                 break
             time.sleep(0.5)
         else:
@@ -288,12 +304,21 @@ class Cluster:
         shutil.copy(self.cp.workdir / "ca.crt", d / "ca.crt")
         shutil.copy(self.cp.workdir / "ca.key", d / "ca.key")
         _issue(d, "tls", "/CN=kueue-webhook", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
-        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(d / "tls.crt", KUEUE_METRICS_CERTS / "tls.crt")
-        shutil.copy(d / "tls.key", KUEUE_METRICS_CERTS / "tls.key")
+        metrics = self.workdir / "kueue-metrics-certs"  # seen by it at KUEUE_METRICS_CERTS
+        metrics.mkdir()
+        shutil.copy(d / "tls.crt", metrics / "tls.crt")
+        shutil.copy(d / "tls.key", metrics / "tls.key")
         self.kubectl("create", "namespace", "kueue-system")
-        for crd in sorted((self.assets / "kueue-crds").glob("*.yaml")):
-            self.kubectl("apply", "--server-side", "-f", str(crd))
+        crds = self.assets / "kueue-crds"
+        self.kubectl("apply", "--server-side", "-f", str(crds))
+        # Kueue sets up its indexes at start and exits if a kind is not served yet
+        deadline = time.monotonic() + 60
+        while self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s", "-f", str(crds), check=False
+        ).returncode:
+            if time.monotonic() > deadline:
+                raise TimeoutError("Kueue's CRDs not established")
+            time.sleep(0.5)
         port, health = free_port(), free_port()
         config = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -316,6 +341,7 @@ class Cluster:
                 f"--kubeconfig={self.kubeconfig}",
                 "--feature-gates=VisibilityOnDemand=false",
             ],
+            private={KUEUE_METRICS_CERTS: metrics},
         )
         import urllib.request
 
@@ -434,8 +460,6 @@ class Cluster:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
-        shutil.rmtree(TRAINING_OPERATOR_CERTS, ignore_errors=True)
-        shutil.rmtree(KUEUE_METRICS_CERTS.parent.parent, ignore_errors=True)
 
 
 @contextlib.contextmanager

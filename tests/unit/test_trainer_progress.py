@@ -88,3 +88,18 @@ def test_the_mlflow_run_goes_into_the_status_once_it_exists(tmp_path: Path, monk
     }
     MlflowStatus.model_validate(sent[-1]["mlflow"])  # the API's field names
     assert "bob" not in str(sent) and "hunt" not in str(sent)
+
+
+def test_a_non_finite_loss_clears_the_field_instead_of_losing_the_update() -> None:
+    """JSON has no NaN: with one in it the API server refused the whole merge patch (seen: 400
+    "invalid JSON patch"), so the step, ETA and checkpoint went stale with the last finite loss."""
+    import json
+
+    state = ProgressState(total_steps=10)
+    state.update(step=3, epoch=0.3, now=3.0, start=0.0)
+    state.loss, state.eval_loss = float("nan"), float("inf")
+    status = state.as_status()
+    body = json.dumps(status, allow_nan=False)  # raises if a NaN or infinity were left in
+    assert json.loads(body)["progress"]["loss"] is None  # a merge patch's null removes the old value
+    assert json.loads(body)["progress"]["evalLoss"] is None
+    assert status["progress"]["step"] == 3

@@ -22,6 +22,7 @@ The status fields (camelCase, as in :class:`kubetune_api.spec.Progress`)::
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,7 +82,14 @@ class ProgressState:
             "etaSeconds": self.eta_seconds,
             "updatedAt": _now_rfc3339(),
         }
-        status: dict[str, Any] = {"progress": {k: v for k, v in progress.items() if v is not None}}
+        sent = {k: v for k, v in progress.items() if v is not None}
+        # JSON has no NaN or infinity: the API server refused the whole update with one in it, so
+        # the status kept an old, finite loss. A null in a merge patch removes the field instead.
+        for key in ("loss", "evalLoss"):
+            value = sent.get(key)
+            if value is not None and not math.isfinite(value):
+                sent[key] = None
+        status: dict[str, Any] = {"progress": sent}
         if self.checkpoint_latest is not None:
             status["checkpoints"] = {
                 "latest": self.checkpoint_latest,
