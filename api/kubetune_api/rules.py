@@ -93,6 +93,21 @@ PROCESS_START_ENV = (
     "^(LD_[A-Za-z0-9_]*|PATH|BASH_ENV|ENV|GCONV_PATH|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|"
     "PYTHONUSERBASE|PYTHONPLATLIBDIR|PYTHONINSPECT|PYTHONEXECUTABLE)$"
 )
+# Variables the Kubeflow Training Operator appends to every PyTorchJob container, whatever is
+# already there (v1.9 pytorch/envvar.go): kubetune's builders leave them to it, and a spec.env entry
+# of the same name would define one twice (the API server only warns: "hides previous definition").
+TRAINING_OPERATOR_ENV = (
+    "PYTHONUNBUFFERED",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_NNODES",
+)
 # Variables kubetune (kubetune_operator.builders) or the Kubeflow Training Operator set on the pods;
 # a spec.env entry of the same name would define it twice (the API server keeps both, the later wins).
 # KUBETUNE_CONFIG, KUBETUNE_CPUS and KUBETUNE_SHUTDOWN_GRACE_S are spec.OPERATOR_ENV (a rule of their own).
@@ -107,16 +122,7 @@ POD_ENV = (
     "MLFLOW_TRACKING_TOKEN",
     "MLFLOW_TRACKING_USERNAME",
     "MLFLOW_TRACKING_PASSWORD",
-    "PYTHONUNBUFFERED",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "RANK",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_NNODES",
+    *TRAINING_OPERATOR_ENV,  # PYTHONUNBUFFERED: kubetune sets it in the registration pod
 )
 # Where kubetune mounts its own volumes in the trainer and registration pods: the checkpoint volume,
 # the trainer config, the caches, /tmp and the memory-backed /dev/shm (kubetune_operator.builders)
@@ -697,9 +703,11 @@ def field_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)) and part not in _BRANCH_TAGS:
+        elif part in _BRANCH_TAGS or re.fullmatch(r"[a-z-]+\[.*\]", str(part)):
+            continue  # the branch of a union pydantic tried, not a field
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
             out += f".{part}" if out else str(part)
-        elif not re.fullmatch(r"[a-z-]+\[.*\]", str(part)):  # a map key
+        else:  # a map key
             out += f"[{part}]"
     return out
 

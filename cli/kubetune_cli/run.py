@@ -13,8 +13,8 @@ What happens:
 2. Paths under ``/opt/kubetune/tiny/`` (the tiny model and data set that the trainer image carries)
    are mapped to a local cache folder (``--cache-dir``, default ``~/.cache/kubetune/tiny``) and
    built there when missing: a random-init Qwen2-architecture model with a tokenizer trained on
-   kubetune's own chat data, so nothing is downloaded. Other relative paths are taken relative to
-   the manifest's folder.
+   kubetune's own chat data, so nothing is downloaded. Other paths are used as they are; they
+   must be absolute, as the API server requires (the same manifest runs in a cluster).
 3. Training writes checkpoints (``<output-dir>/checkpoints``, default output dir ``./runs/<name>``);
    run the same command again after an interruption and it resumes from the newest complete one.
 4. MLflow: ``--tracking-uri``, the manifest's ``registration.trackingUri``, ``MLFLOW_TRACKING_URI``,

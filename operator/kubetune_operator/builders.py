@@ -268,26 +268,9 @@ def container_security_context(settings: Settings) -> dict[str, Any]:
     }
 
 
-# Variables the Kubeflow Training Operator appends to every PyTorchJob container, whatever is
-# already there (v1.9 pytorch/envvar.go): setting one of them too defines it twice, which the API
-# server only warns about ("hides previous definition") and server-side apply may drop.
-TRAINING_OPERATOR_ENV = (
-    "PYTHONUNBUFFERED",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "RANK",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_NNODES",
-)
-
-
 def _env(job: api.FineTuneJob, *, training: bool = False) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        # the Training Operator sets it in training pods (TRAINING_OPERATOR_ENV)
+        # the Training Operator sets it in training pods, with the rest of TRAINING_OPERATOR_ENV
         *([] if training else [{"name": "PYTHONUNBUFFERED", "value": "1"}]),
         # Caches go to the writable emptyDir: the root filesystem is read-only.
         {"name": "HOME", "value": CACHE_MOUNT},  # exists (the mount point); some tools write to ~

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kubetune_api.rules import TRAINING_OPERATOR_ENV
 from kubetune_api.spec import FineTuneJob
 from kubetune_api.trainer_config import CONFIG_PATH, TrainerConfig, load_manifest
 from kubetune_cli.render import dump_yaml
@@ -416,7 +417,7 @@ def test_training_pods_leave_the_training_operators_own_variables_to_it() -> Non
     ptj = builders.build_pytorchjob(example("multinode-lora.yaml"), SETTINGS)
     for replica in ptj["spec"]["pytorchReplicaSpecs"].values():
         names = [e["name"] for e in replica["template"]["spec"]["containers"][0]["env"]]
-        assert not set(names) & set(builders.TRAINING_OPERATOR_ENV), names
+        assert not set(names) & set(TRAINING_OPERATOR_ENV), names
     registration = builders.build_registration_job(example("multinode-lora.yaml"), SETTINGS)
     env = registration["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "PYTHONUNBUFFERED", "value": "1"} in env  # a plain Job: nobody else sets it

@@ -73,20 +73,6 @@ class DataCheck:
     rows: dict[str, int] = field(default_factory=dict)
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
-    """``spec.env[0].name`` from a pydantic error location (union branch tags left out)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)) and part not in _BRANCH_TAGS:
-            out += f".{part}" if out else str(part)
-    return out or "(the document)"
-
-
-_BRANCH_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
-
-
 def validation_lines(error: Any) -> list[str]:
     """One short line per field a pydantic ``ValidationError`` names: the field, what is wrong
     (an unknown field is called so), and the value when it is short and not credential-shaped.
@@ -100,11 +86,13 @@ def validation_lines(error: Any) -> list[str]:
     training.maxSteps: Input should be a valid integer, unable to parse string as an integer (got 'ten')
     training.learningRat: unknown field
     """
+    from kubetune_api.rules import field_path
+
     from .mlflow_client import redact
 
     lines: dict[str, str] = {}
     for err in error.errors(include_url=False):
-        where = _field_path(tuple(err.get("loc") or ()))
+        where = field_path(tuple(err.get("loc") or ())) or "(the document)"
         if where in lines:
             continue  # a union tried several branches: its first verdict is enough
         kind, value = err.get("type"), err.get("input")
