@@ -254,6 +254,7 @@ def _children(
     if finished is None:
         wanted.append(builders.build_pytorchjob(job, settings))
     pytorchjob: dict[str, Any] | None = None
+    just_created = False
     for manifest in wanted:
         result = ensure(ctx.kube, manifest, job)
         if result.conflict:
@@ -265,6 +266,7 @@ def _children(
             sync_config(ctx.kube, result.obj, manifest)
         if manifest["kind"] == "PyTorchJob":
             pytorchjob = result.obj
+            just_created = result.created
 
     training = finished or state.training_observation(pytorchjob)
     if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
@@ -272,8 +274,9 @@ def _children(
     pods = state.PodsObservation()
     if (
         pytorchjob is not None
+        and not just_created  # nothing can have happened to it yet
         and not job.spec.suspend
-        and training.condition in ("Created", "Running", "Restarting")
+        and training.condition in state.POD_CONDITIONS
         and not state.pods_running(pytorchjob)
     ):
         pods = _pods_observation(ctx, pytorchjob)

@@ -197,6 +197,12 @@ _POD_IN_ERROR = re.compile(r'\bpods? "([^"]+)"')
 _POD_CREATED = re.compile(r"Created pod: (\S+)")
 
 
+# The PyTorchJob's decisive conditions under which its pods should be starting or running (None: no
+# status yet; the Training Operator v1.9 writes none while it cannot create a pod: it returns the
+# error before its status update).
+POD_CONDITIONS = (None, "Created", "Running", "Restarting")
+
+
 @dataclass(frozen=True)
 class PodTrouble:
     """Why a training pod cannot start, in its controller's own words."""
@@ -377,16 +383,21 @@ def _rfc3339(when: datetime) -> str:
 
 def settling(status: dict[str, Any] | None) -> bool:
     """A status whose pods may still be starting, or restarting, with nothing wrong known yet
-    (Training condition ``TrainingCreated`` or ``TrainingRestarting``): the operator looks again
-    every retry interval, since a pod not created yet sends no event and a wait that grows long
-    (``SHOW_UNSCHEDULABLE_AFTER``) is only seen by looking."""
+    (Training condition ``WaitingForTrainingOperator``, ``TrainingCreated`` or
+    ``TrainingRestarting``): the operator looks again every retry interval, since a pod the Training
+    Operator cannot create changes nothing the operator watches (no pod, no PyTorchJob status) and a
+    wait that grows long (``SHOW_UNSCHEDULABLE_AFTER``) is only seen by looking."""
     status = status or {}
     if status.get("phase") not in (Phase.PENDING.value, Phase.TRAINING.value):
         return False
     training = next(
         (c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == TRAINING), None
     )
-    return training is not None and training.get("reason") in (TRAINING_CREATED, TRAINING_RESTARTING)
+    return training is not None and training.get("reason") in (
+        WAITING_FOR_TRAINING_OPERATOR,
+        TRAINING_CREATED,
+        TRAINING_RESTARTING,
+    )
 
 
 # --- the API server refusing a child -------------------------------------------------------------------
@@ -921,7 +932,8 @@ def _pod_trouble(obs: Observation) -> tuple[str, str] | None:
     """The pods' trouble as (reason, message) for the conditions; None when there is none to show
     (yet: a pod waits for a node ``SHOW_UNSCHEDULABLE_AFTER`` seconds before that is news)."""
     t = obs.pods.trouble
-    if t is None or obs.training.condition not in ("Created", "Running", "Restarting"):
+    # no condition at all: the Training Operator writes none while it fails to create a pod
+    if t is None or not obs.training.exists or obs.training.condition not in POD_CONDITIONS:
         return None
     pod = f"pod {t.pod}" + (f" (and {t.others} more)" if t.others else "")
     describe = f"kubectl describe pod -n {obs.namespace} {t.pod}"

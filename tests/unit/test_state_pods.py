@@ -281,7 +281,12 @@ def test_the_most_decisive_trouble_is_reported_and_its_kind_counted() -> None:
 
 
 def obs(
-    pods: PodsObservation, *, now: str = "2026-01-01T00:01:00Z", condition: str | None = "Created", **kw: Any
+    pods: PodsObservation,
+    *,
+    now: str = "2026-01-01T00:01:00Z",
+    condition: str | None = "Created",
+    exists: bool = True,
+    **kw: Any,
 ) -> Observation:
     base: dict[str, Any] = {
         "generation": 1,
@@ -292,7 +297,7 @@ def obs(
         "registration_job_name": "j-register",
         "checkpoint_claim": "j-ckpt",
         "children": {"checkpointClaim": "j-ckpt", "configMap": "j-config", "pytorchJob": "j-train"},
-        "training": TrainingObservation(exists=True, condition=condition),
+        "training": TrainingObservation(exists=exists, condition=condition),
         "pods": pods,
     }
     base.update(kw)
@@ -387,6 +392,19 @@ def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> Non
     assert [e.reason for e in running.events] == [state.TRAINING_STARTED]
 
 
+def test_a_pytorchjob_without_status_whose_pod_cannot_be_created() -> None:
+    """The Training Operator v1.9 returns a pod creation error before its status update: the
+    PyTorchJob never gets a condition, and the job would say "is the Training Operator running?"."""
+    waiting = state.advance(None, obs(PodsObservation(missing=("j-train-master-0",)), condition=None, now=T0))
+    assert cond(waiting, state.TRAINING)["reason"] == state.WAITING_FOR_TRAINING_OPERATOR
+    assert state.settling(waiting.status)
+    t = state.advance(then(waiting), obs(not_created(), condition=None))
+    assert t.phase == "Pending"
+    assert cond(t, state.TRAINING)["reason"] == state.PODS_NOT_CREATED
+    assert NO_PRIORITY_CLASS in cond(t, state.TRAINING)["message"]
+    assert [e.reason for e in t.events] == [state.PODS_NOT_CREATED]
+
+
 def test_a_pod_waiting_for_a_node_is_news_only_after_a_while() -> None:
     start = state.advance(None, obs(PodsObservation(), now=T0))
     early = state.advance(then(start), obs(unschedulable(since=T0), now="2026-01-01T00:00:29Z"))
@@ -420,7 +438,7 @@ def test_more_pods_with_the_same_trouble_are_counted() -> None:
 @pytest.mark.parametrize(
     ("condition", "extra", "reason"),
     [
-        (None, {}, state.WAITING_FOR_TRAINING_OPERATOR),  # the Training Operator has not seen it
+        (None, {"exists": False}, state.WAITING_FOR_TRAINING_OPERATOR),  # no PyTorchJob
         ("Suspended", {"queued_by_kueue": True}, state.QUEUED),  # Kueue holds it: no pods by design
         ("Created", {"suspend": True}, state.SUSPENDED_BY_USER),
         ("Succeeded", {}, state.TRAINING_SUCCEEDED),
@@ -444,7 +462,11 @@ def test_pod_troubles_say_nothing_where_pods_are_not_expected_to_run(
         ("Pending", state.PODS_NOT_CREATED, False),
         ("Pending", state.IMAGE_PULL_FAILED, False),
         ("Pending", state.QUEUED, False),
-        ("Pending", state.WAITING_FOR_TRAINING_OPERATOR, False),
+        (
+            "Pending",
+            state.WAITING_FOR_TRAINING_OPERATOR,
+            True,
+        ),  # a pod it cannot create changes nothing watched
         ("Training", state.TRAINING_RUNNING, False),
         ("Succeeded", state.TRAINING_SUCCEEDED, False),
     ],
