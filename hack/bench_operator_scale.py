@@ -300,6 +300,9 @@ def analyse(rows: list[dict[str, Any]], names: set[str]) -> dict[str, Any]:
         "ptj_s": summary([ptj[n] - ftj[n] for n in ptj if n in ftj]),
         "admitted_s": summary([admitted[n] - ftj[n] for n in admitted if n in ftj]),
         "running_s": summary([running[n] - ftj[n] for n in running if n in ftj]),
+        # the same admitted jobs, split: Kueue's part, then the Training Operator's, scheduler's, KWOK's
+        "ptj_to_admitted_s": summary([admitted[n] - ptj[n] for n in admitted if n in ptj]),
+        "admitted_to_running_s": summary([running[n] - admitted[n] for n in running if n in admitted]),
         "apply_spread_s": _r(max(ftj.values()) - start) if start is not None else None,
         "all_pytorchjobs_after_s": _r(max(ptj.values()) - start) if start is not None and ptj else None,
     }

@@ -20,8 +20,12 @@ kopf writes no handler results into the status either.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -37,6 +41,15 @@ from .settings import Settings
 _RESYNC_SECONDS = Settings.from_env().resync_seconds
 _RETRY_SECONDS = Settings.from_env().retry_seconds
 _JOB_COMPONENTS = (builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
+
+# Threads for the (sync) handlers. kopf's default pool has min(32, CPUs + 4): 6 on a two-core node.
+# A reconcile pass is a dozen API requests in a row and mostly waits for the API server: under a
+# burst of 500 new jobs, 6 threads made each job wait ~48 s (p50) for its PyTorchJob; 16, with the
+# check of ``finetunejob_unobserved`` out of the pool, ~2.4 s, with the same CPU
+# (hack/bench_operator_scale.py, docs/benchmarks.md "The operator at scale"). The operator's client
+# keeps as many connections open (kube.load_api_client): no request waits for a connection or pays
+# a new TLS handshake.
+HANDLER_THREADS = 16
 
 
 @kopf.on.startup()
@@ -62,8 +75,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.label_selectors["kubeflow.org", "v1", "pytorchjobs"] = ours
     settings.watching.label_selectors["batch", "v1", "jobs"] = jobs
     settings.watching.label_selectors["v1", "pods"] = pods
+    settings.execution.max_workers = HANDLER_THREADS
+    memo.executor = settings.execution.executor
     memo.settings = Settings.from_env()
-    memo.kube = Kube(load_api_client())
+    memo.kube = Kube(load_api_client(connections=HANDLER_THREADS))
 
 
 @kopf.on.login()
@@ -105,8 +120,15 @@ def finetunejob_changed(memo: Any, logger: Any, namespace: str | None, name: str
     _run(memo, logger, namespace, name)
 
 
+async def _in_thread(memo: Any, fn: Callable[..., None], *args: Any) -> None:
+    """Run blocking work in the handlers' thread pool with this handler's context (``kopf.event``
+    needs it), the way kopf runs a sync handler."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    await asyncio.get_running_loop().run_in_executor(memo.executor, call)
+
+
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def finetunejob_unobserved(
+async def finetunejob_unobserved(
     body: Any, memo: Any, logger: Any, namespace: str | None, name: str, type: str | None, **_: Any
 ) -> None:
     """Level-triggered guard: a spec generation no reconcile pass has observed yet is reconciled now,
@@ -118,6 +140,10 @@ def finetunejob_unobserved(
     would wait for the slow re-sync. The generation says it was never observed. kopf's diff leaves
     out annotations under ``kubetune.io/`` (its own storage's prefix), so a new retry value is
     compared with the one the status records as acted on.
+
+    The check runs in the event loop: nearly every event (each status write, kopf's own patches)
+    needs no pass, and kopf handles a job's creation only after this handler has returned for the
+    same event, so waiting for a free thread just to return held every new job up behind a busy pool.
     """
     if type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
         return
@@ -130,6 +156,10 @@ def finetunejob_unobserved(
     observed = status.get("observedGeneration")
     if not asked and (generation is None or observed is None or generation == observed):
         return  # new objects are the create handler's; observed ones have nothing new
+    await _in_thread(memo, _reconcile_unobserved, memo, logger, namespace, name, generation)
+
+
+def _reconcile_unobserved(memo: Any, logger: Any, namespace: str | None, name: str, generation: Any) -> None:
     try:
         reconcile(_context(memo, logger), namespace or "default", name)
     except (ApiError, StatusConflictError) as e:

@@ -52,9 +52,14 @@ class ApiError(Exception):
         return self.status == 409
 
 
-def load_api_client() -> client.ApiClient:
-    """In a pod: the ServiceAccount token; elsewhere (tests, a laptop): $KUBECONFIG or ~/.kube/config."""
+def load_api_client(connections: int | None = None) -> client.ApiClient:
+    """In a pod: the ServiceAccount token; elsewhere (tests, a laptop): $KUBECONFIG or ~/.kube/config.
+
+    ``connections``: keep up to this many connections to the API server open, one for each thread
+    that may make requests at once (the client's default is 5 per CPU of the node)."""
     cfg = client.Configuration()
+    if connections is not None:
+        cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize, connections)
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config(client_configuration=cfg)
     else:
