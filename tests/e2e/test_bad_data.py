@@ -87,7 +87,7 @@ CASES: dict[str, tuple[str, str, str | None, str]] = {
 
 
 def _manifest(tmp_path: Path, data: Path, fmt: str | None, **spec: Any) -> Path:
-    dataset: dict[str, Any] = {"path": data.name}
+    dataset: dict[str, Any] = {"path": str(data)}
     if fmt:
         dataset["format"] = fmt
     doc = {
