@@ -82,12 +82,12 @@ class ProgressState:
             "etaSeconds": self.eta_seconds,
             "updatedAt": _now_rfc3339(),
         }
-        sent = {k: v for k, v in progress.items() if v is not None}
+        sent: dict[str, Any] = {k: v for k, v in progress.items() if v is not None}
         # JSON has no NaN or infinity: the API server refused the whole update with one in it, so
         # the status kept an old, finite loss. A null in a merge patch removes the field instead.
         for key in ("loss", "evalLoss"):
             value = sent.get(key)
-            if value is not None and not math.isfinite(value):
+            if isinstance(value, float) and not math.isfinite(value):
                 sent[key] = None
         status: dict[str, Any] = {"progress": sent}
         if self.checkpoint_latest is not None:
