@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -177,17 +178,34 @@ def test_a_preempted_pod_resumes_and_a_killed_one_restarts(
     wait_for(lambda: "resum" in runner.log_of(ns, pod).lower().split("sigterm")[-1], 300,
              "the second attempt to resume", cluster)  # fmt: skip
 
-    # now a hard kill: no chance to save
+    # now a hard kill in the middle of a save: a checkpoint folder written, its COMPLETE marker not yet
     second_uid = get(cluster, "pod", ns, pod)["metadata"]["uid"]
-    before = complete_checkpoints()
-    wait_for(
-        lambda: complete_checkpoints() != before, TRAIN_TIMEOUT, "a checkpoint of the second attempt", cluster
-    )
+    root = folder / "checkpoints"
+
+    def saving() -> int | None:
+        """The step of a save in progress: transformers writes tmp-checkpoint-N and renames it, then
+        kubetune fsyncs and writes the COMPLETE marker."""
+        for p in root.glob("*checkpoint-*"):
+            if p.name.startswith("tmp-") or not (p / "COMPLETE").exists():
+                return int(p.name.rsplit("-", 1)[1])
+        return None
+
+    deadline = time.monotonic() + TRAIN_TIMEOUT
+    cut = None
+    while cut is None and time.monotonic() < deadline:
+        cut = saving()
+        if cut is None:
+            time.sleep(0.01)
+    assert cut is not None, "no save of the second attempt was seen in progress"
     runner.kill(ns, pod, signal.SIGKILL)
     wait_for(lambda: (get(cluster, "pod", ns, pod) or {}).get("metadata", {}).get("uid") not in (None, second_uid),
              180, "a pod after the kill (restartPolicy ExitCode, 137)", cluster)  # fmt: skip
 
     status = wait_phase(cluster, ns, name, "Succeeded")
+    # the third attempt ignored the cut save and resumed from the newest complete checkpoint
+    resumed = [line for line in runner.log_of(ns, pod, last=True).splitlines() if "resuming from" in line]
+    assert len(resumed) == 1, resumed
+    assert int(resumed[0].rsplit("(step ", 1)[1].rstrip(")")) < cut, (cut, resumed)
     model = f"{ns}-{name}"
     assert [v.version for v in versions(mlflow_server, model)] == ["1"]
     assert status["registeredModel"]["version"] == "1"
@@ -414,6 +432,43 @@ def test_the_operator_restarted_mid_training_duplicates_nothing(
     wait_phase(cluster, ns, name, "Succeeded")
     assert len((get(cluster, "pytorchjob", ns) or {}).get("items", [])) == 1
     assert len((get(cluster, "job", ns) or {}).get("items", [])) == 1
+    assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
+
+
+def test_spec_suspend_holds_the_pods_until_it_is_turned_off(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """spec.suspend through the real Training Operator: a suspended PyTorchJob gets no pods; set to
+    false, the Training Operator makes them and the job trains to the end."""
+    name = "held"
+    doc = tiny_job(name, ns, suspend=True)
+    doc["spec"]["training"].update(maxSteps=4, saveSteps=2, evalSteps=2)
+    apply_job(cluster, doc)
+
+    def suspended() -> bool:
+        conds = {c["type"]: c for c in job_status(cluster, ns, name).get("conditions") or []}
+        return conds.get("Suspended", {}).get("status") == "True"
+
+    wait_for(suspended, 120, "the FineTuneJob Suspended", cluster)
+    ptj = wait_for(lambda: get(cluster, "pytorchjob", ns, f"{name}-train"), 60, "the PyTorchJob", cluster)
+    assert ptj["spec"]["runPolicy"]["suspend"] is True
+    # the Training Operator's own verdict, and no pod for as long as it lasts
+    wait_for(
+        lambda: any(
+            c["type"] == "Suspended" and c["status"] == "True"
+            for c in (get(cluster, "pytorchjob", ns, f"{name}-train").get("status") or {}).get("conditions")
+            or []
+        ),
+        60,
+        "the Training Operator's Suspended condition",
+        cluster,
+    )
+    time.sleep(5)
+    assert not (get(cluster, "pod", ns) or {}).get("items")
+    cluster.kubectl(
+        "-n", ns, "patch", "finetunejob", name, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    wait_phase(cluster, ns, name, "Succeeded")
     assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
 
 

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 PROVISIONER = "kubetune.test/local-folder"
+CONTAINER_MARK = "PODRUNNER_CONTAINER_UID"
 TERMINATION_LOG_MAX = 4096  # the kubelet's limit on a termination message
 LOG_TAIL_LINES = 80
 
@@ -109,7 +110,7 @@ class PodRunner:
         with self._lock:
             pods = list(self._pods.values())
         for p in pods:
-            _kill_group(p.proc, signal.SIGKILL)
+            _kill_container(p.uid, signal.SIGKILL)
         for t in self._threads:
             t.join(timeout=10)
 
@@ -173,6 +174,7 @@ class PodRunner:
         container = spec.containers[0]
         root = self.workdir / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid[:8]}"
         root.mkdir(parents=True, exist_ok=True)
+        (root / "started").write_text(repr(time.time()))
         mounts = self._mounts(pod, container, root)
         hosts = root / "hosts"
         hosts.write_text(self._hosts())
@@ -220,6 +222,7 @@ class PodRunner:
                 continue
             if code < 0:  # killed by a signal: the container runtime reports 128 + signal
                 code = 128 - code
+            _kill_container(p.uid, signal.SIGKILL)  # the main process ended: so does the container
             if not p.deleting:
                 self._report_exit(p, code)
             with self._lock:
@@ -294,10 +297,12 @@ class PodRunner:
             grace = 30 if grace is None else grace
             deleted_at = meta.deletion_timestamp.timestamp() - (meta.deletion_grace_period_seconds or 0)
             if time.time() > deleted_at + grace:
-                _kill_group(running.proc, signal.SIGKILL)
+                _kill_container(running.uid, signal.SIGKILL)
             return
         running.deleting = True
-        _kill_group(running.proc, signal.SIGTERM)
+        # as the kubelet: SIGTERM to the container's main process only, which passes it on
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(running.proc.pid, signal.SIGTERM)
 
     def _remove(self, namespace: str, name: str, uid: str) -> None:
         from kubernetes.client.rest import ApiException
@@ -307,20 +312,28 @@ class PodRunner:
             self.core.delete_namespaced_pod(name, namespace, body=body)
 
     def kill(self, namespace: str, name: str, sig: int = signal.SIGKILL) -> None:
-        """What a node failure or the kernel's OOM killer does: a signal to the running container."""
+        """What a node failure or the kernel's OOM killer does: a signal to every process of the running
+        container (torchrun's workers run in sessions of their own: a process group is not enough)."""
         with self._lock:
             pods = [p for p in self._pods.values() if (p.namespace, p.name) == (namespace, name)]
         if not pods:
             raise LookupError(f"no running container for pod {namespace}/{name}")
         for p in pods:
-            _kill_group(p.proc, sig)
+            _kill_container(p.uid, sig)
 
-    def log_of(self, namespace: str, name: str) -> str:
-        """Every container log of pods with this name (all attempts), oldest first."""
+    def log_of(self, namespace: str, name: str, *, last: bool = False) -> str:
+        """Every container log of pods with this name (all attempts, oldest first), or the newest's."""
         folders = sorted(
-            (self.workdir / "pods").glob(f"{namespace}_{name}_*"), key=lambda p: p.stat().st_mtime
+            (self.workdir / "pods").glob(f"{namespace}_{name}_*"),
+            key=lambda p: float((p / "started").read_text() or 0),
         )
-        return "\n".join((f / "container.log").read_text(errors="replace") for f in folders if f.exists())
+        if last:
+            folders = folders[-1:]
+        return "\n".join(
+            (f / "container.log").read_text(errors="replace")
+            for f in folders
+            if (f / "container.log").exists()
+        )
 
     # --- what the kubelet puts into a container ----------------------------------------------------
 
@@ -345,6 +358,8 @@ class PodRunner:
             "HOSTNAME": pod.spec.hostname or pod.metadata.name,
             "KUBERNETES_SERVICE_HOST": self.api_host,
             "KUBERNETES_SERVICE_PORT": str(self.api_port),
+            # every process of the container inherits it: the stand-in for its cgroup (_container_pids)
+            CONTAINER_MARK: pod.metadata.uid,
         }
         for var in container.env or []:
             if var.value_from is None:
@@ -506,9 +521,23 @@ def _should_start(pod: Any) -> bool:
     return all((cs.state and cs.state.running) for cs in status.container_statuses or [])
 
 
-def _kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+def _container_pids(uid: str) -> list[int]:
+    """The processes of a pod's container: those whose environment carries its mark."""
+    mark = f"{CONTAINER_MARK}={uid}".encode()
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                out.append(int(proc.name))
+    return out
+
+
+def _kill_container(uid: str, sig: int) -> None:
+    for pid in _container_pids(uid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _write_keys(folder: Path, data: dict[str, str], items: Any) -> None:
