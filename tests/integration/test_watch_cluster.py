@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.support.controlplane import REPO, ControlPlane
-from tests.unit.test_lua_health import (
+from tests.integration.test_argocd_health import (
     PENDING,
     PROGRESS,
     REGISTERED,
@@ -21,6 +20,7 @@ from tests.unit.test_lua_health import (
     TRAINING_FAILED,
     drive,
 )
+from tests.support.controlplane import REPO, ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
