@@ -433,6 +433,7 @@ class Cluster:
             workdir=self.workdir / "runner",
             image_files=self.image_files,
             python_bin=Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "python",
+            keep_visible=(REPO, Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")).resolve()),
             namespaces=set(),
         )
         del client

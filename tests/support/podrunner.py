@@ -85,6 +85,7 @@ class PodRunner:
     image_files: dict[str, Path] = field(default_factory=dict)
     python_bin: Path | None = None  # put first on PATH: what `python` in a command runs
     namespaces: set[str] | None = None  # run pods only in these (None: all but kube-*)
+    keep_visible: tuple[Path, ...] = ()  # folders the commands run from: never hidden by a volume
     _pods: dict[str, RunningPod] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -184,6 +185,10 @@ class PodRunner:
         term_file.write_text("")
         term_file.chmod(0o666)  # the container's user writes it, whoever that is
         mounts.append((term_path, term_file))
+        # A volume mounted over a folder that holds the "image" (this repository and its Python
+        # environment: a clone under /tmp, where the pod's /tmp emptyDir goes) would hide it: such a
+        # volume is left out, and the container uses the machine's folder there.
+        mounts = [(t, src) for t, src in mounts if not any(k.is_relative_to(t) for k in self.keep_visible)]
         env = self._env(pod, container)
         command = [*(container.command or []), *(container.args or [])]
         binds = []
