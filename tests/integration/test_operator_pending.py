@@ -227,7 +227,7 @@ def test_a_pod_the_training_operator_cannot_create_shows_its_message_until_it_is
     refused = f'Error creating: pods "{pod}" is forbidden: no PriorityClass with name training-preemptible was found'
     # the event comes after the pass that the PyTorchJob's status brought: the operator looks again
     _ptj_event(kube, ptj, "FailedCreatePod", refused, "Warning")
-    obj = wait_for(lambda: _training(kube, namespace, name, "PodsNotCreated"), 15, "PodsNotCreated")
+    obj = wait_for(lambda: _training(kube, namespace, name, "PodsNotCreated"), 60, "PodsNotCreated")
     assert obj["status"]["phase"] == "Pending"
     message = condition(obj, "Training")["message"]
     assert f"the Training Operator cannot create pod {pod} of PyTorchJob {name}-train: {refused}" in message

@@ -309,7 +309,7 @@ def _containers(obj: Any) -> list[dict[str, Any]]:
 def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
     """POD_ENV, OPERATOR_ENV and KUBETUNE_MOUNTS against what the builders really put in the pods (with
     every secret set, multi-node, registration on): a name a builder adds later must join the rules."""
-    from kubetune_operator.builders import TRAINING_OPERATOR_ENV, build_children
+    from kubetune_operator.builders import build_children
     from kubetune_operator.settings import Settings
 
     doc = yaml.safe_load((REPO / "examples" / "multinode-lora.yaml").read_text())
@@ -322,7 +322,7 @@ def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
         "mlflowTrackingPassword": ref,
     }
     job = spec.parse_job(doc)
-    names: set[str] = set(TRAINING_OPERATOR_ENV)
+    names: set[str] = set(rules.TRAINING_OPERATOR_ENV)
     mounts: set[str] = set()
     for obj in build_children(job, Settings.from_env(), registration=True):
         for container in _containers(obj):

@@ -190,8 +190,14 @@ def test_shipped_tiny_data_is_what_the_generator_makes() -> None:
     assert 200 <= len(shipped) <= 400
 
 
-def test_local_run_maps_the_tiny_assets_and_relative_paths(tmp_path: Path) -> None:
+def test_local_run_maps_the_tiny_assets_and_relative_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kubetune_cli.run import local_config
+
+    # a local run in this process before (mlflow.set_tracking_uri) leaves its URI in the environment,
+    # which local runs now honour
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
     manifest = REPO / "examples" / "tiny-local.yaml"
     cfg, tiny, cache = local_config(
