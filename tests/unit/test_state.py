@@ -6,28 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from tests.support.state_obs import T0, T1, obs
 
 from kubetune_api.spec import FineTuneJobStatus
 from kubetune_operator import state
-from kubetune_operator.state import Observation, RegistrationObservation, TrainingObservation
-
-T0 = "2026-01-01T00:00:00Z"
-T1 = "2026-01-01T01:00:00Z"
-
-
-def obs(**kw: Any) -> Observation:
-    base: dict[str, Any] = {
-        "generation": 1,
-        "now": T0,
-        "namespace": "ml",
-        "job_name": "j",
-        "pytorchjob_name": "j-train",
-        "registration_job_name": "j-register",
-        "checkpoint_claim": "j-ckpt",
-        "children": {"checkpointClaim": "j-ckpt", "configMap": "j-config", "pytorchJob": "j-train"},
-    }
-    base.update(kw)
-    return Observation(**base)
+from kubetune_operator.state import RegistrationObservation, TrainingObservation
 
 
 def training(condition: str | None, message: str = "") -> TrainingObservation:

@@ -7,14 +7,13 @@ import json
 from typing import Any
 
 import pytest
+from tests.support.state_obs import T0, T1, obs
 
 from kubetune_api.spec import FineTuneJobStatus
 from kubetune_operator import state
 from kubetune_operator.kube import ApiError, Kube
 from kubetune_operator.state import ChildError, Observation, TrainingObservation
 
-T0 = "2026-01-01T00:00:00Z"
-T1 = "2026-01-01T01:00:00Z"
 QUOTA = (
     'persistentvolumeclaims "j-ckpt" is forbidden: exceeded quota: no-pvcs, requested: '
     "persistentvolumeclaims=1, used: persistentvolumeclaims=0, limited: persistentvolumeclaims=0"
@@ -23,21 +22,6 @@ INVALID = (
     'PyTorchJob.kubeflow.org "j-train" is invalid: spec.pytorchReplicaSpecs.Master.template.spec.'
     "tolerations[0].operator: Invalid value: \"Exists\": value must be empty when `operator` is 'Exists'"
 )
-
-
-def obs(**kw: Any) -> Observation:
-    base: dict[str, Any] = {
-        "generation": 1,
-        "now": T0,
-        "namespace": "ml",
-        "job_name": "j",
-        "pytorchjob_name": "j-train",
-        "registration_job_name": "j-register",
-        "checkpoint_claim": "j-ckpt",
-        "children": {"checkpointClaim": "j-ckpt", "configMap": "j-config", "pytorchJob": "j-train"},
-    }
-    base.update(kw)
-    return Observation(**base)
 
 
 def rejected(attempts: int = 1) -> ChildError:
