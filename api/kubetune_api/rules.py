@@ -252,7 +252,8 @@ def _quantity_rule(place: str) -> Rule:
 
 
 def _env_rules() -> list[Rule]:
-    from .spec import OPERATOR_ENV, SECRET_LIKE_ENV, TUNING_ENV
+    from .spec import OPERATOR_ENV, SECRET_LIKE_ENV
+    from .tuning import TUNING_ENV
 
     at = ("spec.env[]",)
     out = [

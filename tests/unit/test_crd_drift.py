@@ -125,14 +125,14 @@ def test_reference_docs_match_models() -> None:
 
 
 def test_tuning_patterns_fit_in_a_single_quoted_cel_string() -> None:
-    from kubetune_api.spec import TUNING_ENV
+    from kubetune_api.tuning import TUNING_ENV
 
     for name, (pattern, _) in TUNING_ENV.items():
         assert not set("'\\") & set(pattern), name
 
 
 def test_the_readme_lists_every_tuning_variable() -> None:
-    from kubetune_api.spec import TUNING_ENV
+    from kubetune_api.tuning import TUNING_ENV
 
     readme = (CRD_FILE.parents[1] / "README.md").read_text()
     missing = [name for name in TUNING_ENV if f"| `{name}` |" not in readme]

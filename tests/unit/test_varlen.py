@@ -105,7 +105,7 @@ def test_kernel_choice_is_read_at_registration_and_bad_values_name_the_variable(
 
 
 def test_the_admitted_values_are_the_kernels_the_trainer_has() -> None:
-    from kubetune_api.spec import tuning_env_error
+    from kubetune_api.tuning import tuning_env_error
 
     assert all(tuning_env_error(varlen.KERNEL_ENV, k) is None for k in varlen.KERNELS)
     assert tuning_env_error(varlen.KERNEL_ENV, "cudnn") is not None

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import Precision, Toggle, TrainingSpec, tuning_env
+from kubetune_api.spec import Precision, Toggle, TrainingSpec
+from kubetune_api.tuning import tuning_env
 
 from .varlen import NAME as VARLEN
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import DatasetFormat, DatasetSource, Method, tuning_env
+from kubetune_api.spec import DatasetFormat, DatasetSource, Method
 from kubetune_api.trainer_config import (
     COMPLETE_MARKER,
     EXIT_PREEMPTED,
@@ -43,6 +43,7 @@ from kubetune_api.trainer_config import (
     TrainerConfig,
     dump_json,
 )
+from kubetune_api.tuning import tuning_env
 
 from . import checkpoints, data_check
 from .data_check import (

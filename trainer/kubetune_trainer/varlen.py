@@ -41,7 +41,7 @@ def kernel() -> str:
     >>> import os; os.environ.pop(KERNEL_ENV, None) and None; kernel()
     'flash'
     """
-    from kubetune_api.spec import tuning_env
+    from kubetune_api.tuning import tuning_env
 
     return tuning_env(KERNEL_ENV) or KERNELS[0]
 

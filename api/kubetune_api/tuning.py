@@ -1,0 +1,52 @@
+"""kubetune's tuning variables: the one table the admission rules (CEL), the operator and the trainer share."""
+
+from __future__ import annotations
+
+import os
+import re
+
+# kubetune's own tuning variables, read by the trainer: name -> (the values it takes, as a regular
+# expression; what they are, for the error). Checked where a FineTuneJob is admitted (CEL) and by the
+# trainer, so a typo stops the job before anything is created instead of being ignored, or failing
+# in the pod. An empty value means unset. Not by the operator's own parsing of the spec: a job
+# admitted before a rule existed must not turn Failed when the operator is upgraded. The patterns
+# go into single-quoted CEL strings as they are: no quotes or backslashes.
+TUNING_ENV: dict[str, tuple[str, str]] = {
+    "KUBETUNE_SHARDING": ("^(ddp|fsdp2)$", "ddp or fsdp2"),
+    "KUBETUNE_DATALOADER_WORKERS": ("^[0-9]{1,3}$", "a whole number of data-loader workers, 0 to 999"),
+    "KUBETUNE_DDP_BUCKET_MB": ("^[1-9][0-9]{0,4}$", "a whole number of megabytes, 1 to 99999"),
+    "KUBETUNE_FSDP_RESHARD": (
+        "^[01]$",
+        "1 (free each layer's gathered weights after its forward) or 0 (keep them)",
+    ),
+    "KUBETUNE_VARLEN_KERNEL": ("^(flash|flash-repeat)$", "flash or flash-repeat"),
+    "KUBETUNE_FP8": ("^(off|tensorwise)$", "off or tensorwise"),
+    "KUBETUNE_GPU_MEMORY_GIB": (
+        "^[1-9][0-9]{0,3}([.][0-9]+)?$",
+        "a number of GiB, at least 1 and below 10000",
+    ),
+}
+
+
+def tuning_env_error(name: str, value: str) -> str | None:
+    """Why ``value`` is not one a kubetune tuning variable takes (None: fine, or not one of them).
+
+    >>> tuning_env_error("KUBETUNE_SHARDING", "fsdp")
+    "KUBETUNE_SHARDING must be ddp or fsdp2, got 'fsdp'"
+    >>> tuning_env_error("KUBETUNE_SHARDING", "fsdp2") is None and tuning_env_error("NCCL_DEBUG", "x") is None
+    True
+    """
+    known = TUNING_ENV.get(name)
+    if known is None or value == "" or re.fullmatch(known[0], value):
+        return None
+    return f"{name} must be {known[1]}, got {value!r}"
+
+
+def tuning_env(name: str) -> str | None:
+    """A tuning variable's value from the environment: None when unset or empty, ValueError (naming the
+    variable) when it is not one the variable takes."""
+    raw = os.environ.get(name, "").strip()
+    error = tuning_env_error(name, raw)
+    if error:
+        raise ValueError(error)
+    return raw or None
