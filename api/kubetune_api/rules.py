@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .schema import list_type_problems, schema_at, schema_problems
+
 # The ValidationInfo context key that says "this spec was admitted by an API server already": the
 # operator's parsing of a job that started under an earlier version of the rules (see parse_job).
 ADMITTED = "admitted"
@@ -647,7 +649,7 @@ def check(obj: dict[str, Any], *, under: str = "", only_root: bool = False) -> l
                     where = _where(path, rule.field)
                     problems.append(f"{where}: {rule.message}" if where else rule.message)
     if not only_root:
-        problems += list_type_problems(obj, _schema_at(under), under)
+        problems += list_type_problems(obj, schema_at(under), under)
     return problems
 
 
@@ -656,64 +658,6 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [
         f"spec{rule.field}: {rule.message}" for rule in all_rules() if rule.old and not rule.check(new, old)
     ]
-
-
-@functools.cache
-def _openapi() -> dict[str, Any]:
-    from .crd import openapi_schema
-
-    return openapi_schema()
-
-
-def _schema_at(place: str) -> dict[str, Any]:
-    node = _openapi()
-    for part in filter(None, place.split(".")):
-        node = node["properties"][part]
-    return node
-
-
-def list_type_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
-    """The Python twin of ``x-kubernetes-list-type`` anywhere in ``schema``: the items of a ``set``
-    and the keys of a ``map`` list's items are unique (the API server: "Duplicate value")."""
-    out: list[str] = []
-    if isinstance(value, dict):
-        for key, sub in schema.get("properties", {}).items():
-            if key in value:
-                out += list_type_problems(value[key], sub, f"{path}.{key}" if path else key)
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key, item in value.items():
-                out += list_type_problems(item, extra, f"{path}[{key}]")
-    elif isinstance(value, list):
-        kind = schema.get("x-kubernetes-list-type")
-        keys = schema.get("x-kubernetes-list-map-keys", [])
-        seen: set[str] = set()
-        for i, item in enumerate(value):
-            identity = repr([item.get(k) for k in keys]) if kind == "map" else repr(item)
-            if kind in ("set", "map") and identity in seen:
-                what = ", ".join(f"{k}={item.get(k)!r}" for k in keys) if kind == "map" else repr(item)
-                out.append(f"{path}[{i}]: Duplicate value: {what} is already in the list")
-            seen.add(identity)
-            out += list_type_problems(item, schema.get("items", {}), f"{path}[{i}]")
-    return out
-
-
-def field_path(loc: tuple[Any, ...]) -> str:
-    """``spec.env[0].name`` from a pydantic error location (type tags of unions left out)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in _BRANCH_TAGS or re.fullmatch(r"[a-z-]+\[.*\]", str(part)):
-            continue  # the branch of a union pydantic tried, not a field
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
-            out += f".{part}" if out else str(part)
-        else:  # a map key
-            out += f"[{part}]"
-    return out
-
-
-_BRANCH_TAGS = {"str", "int", "float", "bool", "none", "list", "dict", "literal"}
 
 
 def problems(doc: dict[str, Any]) -> list[str]:
@@ -729,16 +673,6 @@ def problems(doc: dict[str, Any]) -> list[str]:
     except ValidationError as e:
         return schema_problems(e)
     return check(job.model_dump(by_alias=True, exclude_none=True, mode="json"))
-
-
-def schema_problems(error: Any) -> list[str]:
-    """One ``path: what`` line per field a pydantic ``ValidationError`` names (values left out)."""
-    out = []
-    for err in error.errors(include_url=False):
-        where = field_path(tuple(err.get("loc") or ()))
-        text = "unknown field" if err.get("type") == "extra_forbidden" else str(err.get("msg"))
-        out.append(f"{where}: {text}" if where else text)
-    return list(dict.fromkeys(out))
 
 
 class RuleError(ValueError):

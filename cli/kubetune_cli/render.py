@@ -72,7 +72,7 @@ def dump_yaml(docs: list[dict[str, Any]]) -> str:
 def _run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from kubetune_api.rules import schema_problems
+    from kubetune_api.schema import schema_problems
 
     try:
         text = render(args.manifest, namespace=args.namespace, registration=not args.no_registration)

@@ -86,7 +86,7 @@ def validation_lines(error: Any) -> list[str]:
     training.maxSteps: Input should be a valid integer, unable to parse string as an integer (got 'ten')
     training.learningRat: unknown field
     """
-    from kubetune_api.rules import field_path
+    from kubetune_api.schema import field_path
 
     from .mlflow_client import redact
 
