@@ -46,7 +46,8 @@ _KEEP = {
 }
 
 
-def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+def _inlined(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with its ``$ref`` put in place and its nullable union (``X | None``) reduced to ``X``."""
     node = dict(node)
     if "$ref" in node:
         target = copy.deepcopy(defs[node.pop("$ref").split("/")[-1]])
@@ -65,6 +66,11 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if merged_validations:
             inner["x-kubernetes-validations"] = merged_validations
         node = inner
+    return node
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    node = _inlined(node, defs)
     if "const" in node:
         node["enum"] = [node.pop("const")]
     # JSON Schema's numeric exclusive bounds become OpenAPI v3.0's boolean flags (once).

@@ -164,20 +164,19 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+# JSON's kinds of value, as a row's problem names them (bool before int: a bool is an int in Python)
+_KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (type(None), "null"),
+    (bool, "true/false"),
+    ((int, float), "a number"),
+    (str, "a string"),
+    (list, "a list"),
+    (dict, "an object"),
+)
+
+
 def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return f"a {type(value).__name__}"
+    return next((name for kind, name in _KINDS if isinstance(value, kind)), f"a {type(value).__name__}")
 
 
 def _json_rows(file: Path) -> Iterator[tuple[str, Any]]:
@@ -296,7 +295,11 @@ def problem_in_row(row: dict[str, Any], fmt: str, *, assistant_only_loss: bool =
             what = "missing" if text is None else _kind(text)
             return f"column 'text' is {what}; expected a string"
         return None
-    prompt, completion = row.get("prompt"), row.get("completion")
+    return _pair_problem(row.get("prompt"), row.get("completion"))
+
+
+def _pair_problem(prompt: Any, completion: Any) -> str | None:
+    """What is wrong with a prompt/completion row's two values (None: both strings or both messages)."""
     for column, value in (("prompt", prompt), ("completion", completion)):
         if isinstance(value, list):
             problem = _messages_problem(value, column, assistant_needed=False)
