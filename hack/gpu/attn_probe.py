@@ -20,7 +20,8 @@ import traceback
 
 import torch
 
-from kubetune_trainer import bench, varlen
+from kubetune_bench import bench
+from kubetune_trainer import varlen
 
 SHAPES = {
     # name: (rows of 1,024 tokens, query heads, key/value heads, head dim)

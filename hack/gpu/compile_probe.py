@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from kubetune_trainer import bench
+from kubetune_bench import bench
 
 
 def generated_files(root: Path) -> dict[str, object]:

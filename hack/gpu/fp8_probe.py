@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from attn_probe import timed
 
-from kubetune_trainer import bench, fast, plan, varlen
+from kubetune_bench import bench
+from kubetune_trainer import fast, plan, varlen
 
 LAYERS = 4
 ROWS, ROW = 8, 1024  # notebook B's eight sequences, packed as the trainer packs them

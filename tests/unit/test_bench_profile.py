@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kubetune_trainer.bench import _union_us
+from kubetune_bench.bench import _union_us
 
 
 def test_union_counts_overlaps_once() -> None:
@@ -20,7 +20,7 @@ def test_union_of_nested_and_disjoint_spans() -> None:
 
 
 def test_idle_gaps_are_attributed_to_the_host_events_in_flight() -> None:
-    from kubetune_trainer.bench import idle_gaps
+    from kubetune_bench.bench import idle_gaps
 
     # kernels busy 0-100, 150-300 (two overlapping streams), 305-400; gaps 100-150 (50 us) and
     # 300-305 (5 us, under the threshold)

@@ -14,6 +14,7 @@ PACKAGES = {
     "operator": "kubetune_operator",
     "trainer": "kubetune_trainer",
     "cli": "kubetune_cli",
+    "bench": "kubetune_bench",
 }
 
 

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV, peak_bf16_flops
+from kubetune_trainer.plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV, peak_bf16_flops
 
 REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -370,7 +370,7 @@ def _build_model(model_name: str, dtype: Any, attn: str, device: str) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from . import varlen
+    from kubetune_trainer import varlen
 
     if attn == varlen.NAME:
         varlen.register()
@@ -435,7 +435,7 @@ def run_case(
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if cuda and memory_cap_gib:
         # the plan and PyTorch's allocator, both held to the cap, as the trainer does it
-        from .plan import limit_gpu_memory
+        from kubetune_trainer.plan import limit_gpu_memory
 
         os.environ[GPU_MEMORY_ENV] = str(memory_cap_gib)
         limit_gpu_memory()
@@ -505,8 +505,8 @@ def run_case(
                 "gradient_accumulation_steps": settings["gradient_accumulation_steps"],
             }
         else:
-            from . import train as trainer_module
-            from .plan import Hardware, make_plan
+            from kubetune_trainer import train as trainer_module
+            from kubetune_trainer.plan import Hardware, make_plan
 
             data_dir = tmp / "data"
             data_dir.mkdir()
@@ -541,7 +541,7 @@ def run_case(
             # (the check's unpacked forward holds all 16 examples' logits at once: a capped case
             # leaves it to its uncapped row, which checks the same packing)
             if cuda and world == 1 and not epoch_tokens and not memory_cap_gib:
-                from .fast import check_packing_exact
+                from kubetune_trainer.fast import check_packing_exact
 
                 packing_check = check_packing_exact(trainer.model, dataset[:16]["input_ids"])
 
@@ -971,11 +971,11 @@ def _command(job: Job, target: Path, *, warmup: int, steps: int, rows: int, extr
     for key, value in job.training:
         one += ["--training", f"{key}={value}"]
     if job.gpus == 1:
-        return [sys.executable, "-m", "kubetune_trainer.bench", *one]
+        return [sys.executable, "-m", "kubetune_bench", *one]
     # exactly as a PyTorchJob pod starts the trainer: the launcher (torchrun in process)
     launch = [sys.executable, "-m", "kubetune_trainer.launch", "--nproc_per_node", str(job.gpus)]
     launch += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    return [*launch, "-m", "kubetune_trainer.bench", *one]
+    return [*launch, "-m", "kubetune_bench", *one]
 
 
 def job_env(job: Job, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -1210,7 +1210,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
         if int(os.environ.get("RANK", "0")) == 0:
             args.json.write_text(json.dumps(asdict(result), indent=2))
-        from .train import close_process_group
+        from kubetune_trainer.train import close_process_group
 
         close_process_group()
         return 0
