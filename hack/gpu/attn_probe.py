@@ -20,7 +20,7 @@ import traceback
 
 import torch
 
-from kubetune_bench import bench
+from kubetune_bench import workload
 from kubetune_trainer import varlen
 
 SHAPES = {
@@ -31,7 +31,7 @@ SHAPES = {
 
 
 def packed_boundaries(rows: int, row: int = 1024) -> list[int]:
-    lengths = iter(bench.capybara_like_lengths(10 * rows, seed=1))
+    lengths = iter(workload.capybara_like_lengths(10 * rows, seed=1))
     cu = [0]
     for r in range(rows):
         end, pos = (r + 1) * row, cu[-1]

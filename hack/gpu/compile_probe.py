@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from kubetune_bench import bench
+from kubetune_bench import measure, runners
 
 
 def generated_files(root: Path) -> dict[str, object]:
@@ -41,12 +41,10 @@ def generated_files(root: Path) -> dict[str, object]:
     return {"by_suffix": kinds, "cpp_heads": cpp}
 
 
-def _count_syncs() -> Counter[str]:
-    """Count the host syncs of the first two measured steps by the stack that made them."""
+def sync_counting_timing(stacks: Counter[str]) -> measure.TimingFactory:
+    """A timing factory (``CaseHooks.timing``) whose callback also counts the host syncs of the first
+    two measured steps in ``stacks``, by the Python call stack that made them."""
     import torch
-
-    stacks: Counter[str] = Counter()
-    original = bench._timing_callback
 
     def record(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
         if "synchronizing" in str(message):
@@ -56,7 +54,7 @@ def _count_syncs() -> Counter[str]:
             ] += 1
 
     def timing(meter, warmup, sync, profiler=None):  # type: ignore[no-untyped-def]
-        callback = original(meter, warmup, sync, profiler)
+        callback = measure.timing_callback(meter, warmup, sync, profiler)
         begin, end = callback.on_step_begin, callback.on_step_end
 
         def on_step_begin(args, state, control, **kw):  # type: ignore[no-untyped-def]
@@ -74,8 +72,7 @@ def _count_syncs() -> Counter[str]:
         callback.on_step_begin, callback.on_step_end = on_step_begin, on_step_end
         return callback
 
-    bench._timing_callback = timing
-    return stacks
+    return timing
 
 
 def main() -> None:
@@ -91,31 +88,26 @@ def main() -> None:
         AsyncCompile.warm_pool()
         AsyncCompile.wait_pool_ready(timeout=120)
     pool_seconds = time.perf_counter() - started
-    make = bench._kubetune_config
 
-    def patched(*args, **kwargs):  # type: ignore[no-untyped-def]
-        cfg = make(*args, **kwargs)
+    def set_dropout(cfg):  # type: ignore[no-untyped-def]
         cfg.spec.lora.dropout = dropout
-        return cfg
 
-    bench._kubetune_config = patched
-    syncs = _count_syncs() if "syncs" in sys.argv[2:] else None
+    syncs: Counter[str] | None = Counter() if "syncs" in sys.argv[2:] else None
+    # the benchmark's public hooks: the dropout set on the resolved config, the syncs counted by the timing
+    timing = sync_counting_timing(syncs) if syncs is not None else measure.timing_callback
+    hooks = runners.CaseHooks(timing=timing, configure=set_dropout)
     profiler = None
     if "cprofile" in sys.argv[2:]:
         import cProfile
 
         profiler = cProfile.Profile()
         profiler.enable()
-    r = asdict(
-        bench.run_case(
-            "qwen2-0.5b:kubetune",
-            warmup=int(os.environ.get("PROBE_WARMUP", "1")),
-            steps=int(os.environ.get("PROBE_STEPS", "2")),
-            n_rows=400,
-            memory_cap_gib=None,
-            peak_tflops=None,
-        )
+    options = runners.CaseOptions(
+        warmup=int(os.environ.get("PROBE_WARMUP", "1")),
+        steps=int(os.environ.get("PROBE_STEPS", "2")),
+        rows=400,
     )
+    r = asdict(runners.run_case("qwen2-0.5b:kubetune", options, hooks))
     if profiler is not None:
         import io
         import pstats

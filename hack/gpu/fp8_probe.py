@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from attn_probe import timed
 
-from kubetune_bench import bench
+from kubetune_bench import cases, workload
 from kubetune_trainer import fast, plan, varlen
 
 LAYERS = 4
@@ -63,7 +63,7 @@ def packed(position_ids: torch.Tensor) -> dict[str, Any]:
 
 def packed_position_ids() -> torch.Tensor:
     """Position ids of eight 1,024-token rows of Capybara-like examples; a row's last example is cut."""
-    lengths = iter(bench.capybara_like_lengths(10 * ROWS, seed=1))
+    lengths = iter(workload.capybara_like_lengths(10 * ROWS, seed=1))
     positions: list[int] = []
     for _ in range(ROWS):
         row: list[int] = []
@@ -77,7 +77,7 @@ def build(variant: str) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     varlen.register()
-    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], num_hidden_layers=LAYERS)
+    cfg = dict(cases.MODEL_CONFIGS["qwen3-4b"], num_hidden_layers=LAYERS)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(
@@ -169,7 +169,7 @@ def learnable_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One packed micro-step of learnable data, the same for every variant: each example is a random
     motif of 8-32 tokens repeated to a Capybara-like length (a model learns to copy it in context)."""
     g = torch.Generator().manual_seed(1000 + step)
-    lengths = iter(bench.capybara_like_lengths(64, seed=step))
+    lengths = iter(workload.capybara_like_lengths(64, seed=step))
     ids: list[int] = []
     positions: list[int] = []
     while len(ids) < ROWS * ROW:
@@ -194,7 +194,7 @@ def curve_model(variant: str, lr: float, warmup: int, **overrides: Any) -> tuple
     varlen.register()
     torch._dynamo.reset()
     torch.cuda.reset_peak_memory_stats()  # each variant's own peak (the runs share one process)
-    cfg = dict(bench.MODEL_CONFIGS["qwen3-4b"], **overrides)
+    cfg = dict(cases.MODEL_CONFIGS["qwen3-4b"], **overrides)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(
@@ -265,7 +265,7 @@ def text_batches() -> tuple[list[tuple[torch.Tensor, ...]], list[tuple[torch.Ten
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if not {"test", "tests", "site-packages"} & set(p.parts))
     data = b"".join(p.read_bytes() for p in files)
-    lengths = bench.capybara_like_lengths(len(data) // 700, seed=7)
+    lengths = workload.capybara_like_lengths(len(data) // 700, seed=7)
     docs, at = [], 0
     for n in lengths:
         if at + n > len(data):

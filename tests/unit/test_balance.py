@@ -13,7 +13,7 @@ from accelerate.data_loader import BatchSamplerShard  # noqa: E402
 from torch.utils.data import BatchSampler, RandomSampler  # noqa: E402
 from trl.data_utils import pack_dataset  # noqa: E402
 
-from kubetune_bench.bench import synthetic_dataset  # noqa: E402
+from kubetune_bench.workload import synthetic_dataset  # noqa: E402
 from kubetune_trainer.balance import RankBalancedSampler, balanced_sampler, row_cost  # noqa: E402
 
 RANKS, ROWS = 2, 8

@@ -6,21 +6,21 @@ import pytest
 
 pytest.importorskip("torch")
 
-from kubetune_bench.bench import _union_us
+from kubetune_bench.gpu_profile import union_us
 
 
 def test_union_counts_overlaps_once() -> None:
     # computation 0-10 and 20-30; a collective 5-25 overlapping both: busy 0-30
-    assert _union_us([(20.0, 30.0), (0.0, 10.0), (5.0, 25.0)]) == 30.0
+    assert union_us([(20.0, 30.0), (0.0, 10.0), (5.0, 25.0)]) == 30.0
 
 
 def test_union_of_nested_and_disjoint_spans() -> None:
-    assert _union_us([(0.0, 10.0), (2.0, 3.0), (40.0, 41.0)]) == 11.0
-    assert _union_us([]) == 0.0
+    assert union_us([(0.0, 10.0), (2.0, 3.0), (40.0, 41.0)]) == 11.0
+    assert union_us([]) == 0.0
 
 
 def test_idle_gaps_are_attributed_to_the_host_events_in_flight() -> None:
-    from kubetune_bench.bench import idle_gaps
+    from kubetune_bench.gpu_profile import idle_gaps
 
     # kernels busy 0-100, 150-300 (two overlapping streams), 305-400; gaps 100-150 (50 us) and
     # 300-305 (5 us, under the threshold)

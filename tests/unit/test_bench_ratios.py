@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubetune_bench.bench import Job, _ratio_rows
+from kubetune_bench.cases import Job
+from kubetune_bench.report import ratio_rows
 
 
 def _row(case: str, kind: str, tps: float, **extra: Any) -> dict[str, Any]:
@@ -19,7 +20,7 @@ def _row(case: str, kind: str, tps: float, **extra: Any) -> dict[str, Any]:
 
 
 def test_a_float8_row_is_compared_with_its_notebook_but_is_nobody_s_baseline() -> None:
-    rows = _ratio_rows(
+    rows = ratio_rows(
         [
             _row("qwen3-4b:kubetune (fp8 tensorwise)", "kubetune-full", 22_000.0, fp8="tensorwise"),
             _row("qwen3-4b:notebook-b", "notebook-b", 2_000.0),
@@ -40,7 +41,7 @@ def test_float8_jobs_have_their_own_result_files() -> None:
 
 
 def test_a_job_runs_with_its_own_tuning_variables_only() -> None:
-    from kubetune_bench.bench import job_env
+    from kubetune_bench.jobs import job_env
 
     caller = {"PATH": "/bin", "KUBETUNE_FP8": "tensorwise", "KUBETUNE_GPU_MEMORY_GIB": "40"}
     plain = job_env(Job("qwen3-4b:notebook-b"), caller)
@@ -52,7 +53,7 @@ def test_a_job_runs_with_its_own_tuning_variables_only() -> None:
 
 
 def test_a_row_with_the_notebook_s_step_size_is_compared_but_is_nobody_s_baseline() -> None:
-    rows = _ratio_rows(
+    rows = ratio_rows(
         [
             _row(
                 "qwen3-4b:kubetune (notebook's step: 6 rows)", "kubetune-full", 19_000.0, notebook_step_rows=6
@@ -69,7 +70,7 @@ def test_a_row_with_the_notebook_s_step_size_is_compared_but_is_nobody_s_baselin
 
 
 def test_the_notebook_s_step_in_packed_rows() -> None:
-    from kubetune_bench.bench import notebook_step_rows
+    from kubetune_bench.workload import notebook_step_rows
 
     # notebook B: 8 sequences a step; at the cap each fills a row, shorter ones share rows
     assert notebook_step_rows("kubetune-full", [1024] * 5) == 8
@@ -80,7 +81,9 @@ def test_the_notebook_s_step_in_packed_rows() -> None:
 
 
 def _jobs(*argv: str) -> list[Job]:
-    from kubetune_bench.bench import build_parser, parse_training_overrides, plan_jobs
+    from kubetune_bench.cases import parse_training_overrides
+    from kubetune_bench.cli import build_parser
+    from kubetune_bench.jobs import plan_jobs
 
     args = build_parser().parse_args(list(argv))
     return plan_jobs(args, args.cases.split(","), parse_training_overrides(args.training))
@@ -107,7 +110,8 @@ def test_notebook_memory_runs_come_after_the_notebooks_and_name_their_settings()
 def test_a_notebook_memory_job_is_capped_at_its_notebook_s_peak_or_fails_without_it(tmp_path: Any) -> None:
     import json
 
-    from kubetune_bench.bench import notebook_of, notebook_peak_gib, run_job
+    from kubetune_bench.cases import notebook_of
+    from kubetune_bench.jobs import notebook_peak_gib, run_job
 
     assert notebook_of("qwen3-4b:kubetune") == "qwen3-4b:notebook-b"
     assert notebook_peak_gib(tmp_path, "qwen3-4b:kubetune") is None
@@ -124,7 +128,7 @@ def test_training_overrides_are_checked_like_the_spec() -> None:
     import pytest
 
     from kubetune_api.spec import Toggle, TrainingSpec
-    from kubetune_bench.bench import apply_training_overrides, parse_training_overrides
+    from kubetune_bench.cases import apply_training_overrides, parse_training_overrides
 
     base = TrainingSpec(max_steps=10)
     pairs = parse_training_overrides(["gradientCheckpointing=always", "tokensPerStep=8192"])
@@ -140,7 +144,7 @@ def test_training_overrides_are_checked_like_the_spec() -> None:
 
 
 def test_a_row_with_training_overrides_is_compared_but_is_nobody_s_baseline() -> None:
-    rows = _ratio_rows(
+    rows = ratio_rows(
         [
             _row(
                 "qwen3-4b:kubetune (gradientCheckpointing=always)",
