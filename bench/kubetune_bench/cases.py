@@ -104,6 +104,18 @@ BASELINE = {"kubetune-lora": "notebook-a", "kubetune-full": "notebook-b"}
 EXAMPLES = {"kubetune-lora": "qwen2-0.5b-lora-8gpu.yaml", "kubetune-full": "qwen3-4b-full.yaml"}
 
 MAX_LENGTH = 1024
+# A model's own cut where it is not MAX_LENGTH: the tiny model's conversations are eight times
+# shorter (median ~106 tokens, cut at 128), so that the CPU smoke takes every path in seconds.
+MODEL_MAX_LENGTH = {"tiny": 128}
+
+
+def max_length_of(model: str) -> int:
+    """The longest conversation of a model's cases, in tokens (their data is cut there).
+
+    >>> max_length_of("qwen3-4b"), max_length_of("tiny")
+    (1024, 128)
+    """
+    return MODEL_MAX_LENGTH.get(model, MAX_LENGTH)
 
 
 def is_kubetune(kind: str) -> bool:

@@ -36,6 +36,7 @@ from .cases import (
     example_path,
     is_kubetune,
     is_lora,
+    max_length_of,
 )
 from .gpu_profile import profile_summary
 from .measure import (
@@ -214,13 +215,14 @@ def kubetune_config(
     return resolve(job, output_dir=out)
 
 
-def _case_data(kind: str, vocab: int, options: CaseOptions) -> tuple[Any, int | None]:
+def _case_data(model: str, kind: str, options: CaseOptions) -> tuple[Any, int | None]:
     """The case's synthetic conversations, and its packed rows a step when it takes its notebook's."""
-    rows = epoch_rows(options.epoch_tokens) if options.epoch_tokens else options.rows
-    dataset = synthetic_dataset(rows, vocab, seed=0)
+    cut = max_length_of(model)
+    rows = epoch_rows(options.epoch_tokens, cut) if options.epoch_tokens else options.rows
+    dataset = synthetic_dataset(rows, MODEL_CONFIGS[model]["vocab_size"], seed=0, max_length=cut)
     step_rows = None
     if options.notebook_steps and is_kubetune(kind):
-        step_rows = notebook_step_rows(kind, [len(x) for x in dataset["input_ids"]])
+        step_rows = notebook_step_rows(kind, [len(x) for x in dataset["input_ids"]], cut)
     return dataset, step_rows
 
 
@@ -268,7 +270,7 @@ def _notebook_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
         save_strategy="no",
         eval_strategy="no",
         report_to="none",
-        max_length=MAX_LENGTH,
+        max_length=max_length_of(ctx.model),
         use_cpu=not cuda,
         disable_tqdm=True,
         **settings,
@@ -296,6 +298,8 @@ def _kubetune_trainer_config(ctx: _Case, dataset: Any, step_rows: int | None) ->
         step_rows=step_rows,
         examples=options.examples,
     )
+    if max_length_of(ctx.model) != MAX_LENGTH:  # the tiny model's shorter conversations
+        tcfg.spec.training.max_length = max_length_of(ctx.model)
     if ctx.hooks.configure is not None:
         ctx.hooks.configure(tcfg)
     if options.epoch_tokens:
@@ -459,11 +463,10 @@ def run_case(case: str, options: CaseOptions, hooks: CaseHooks | None = None) ->
     Liger patches classes, and GPU memory must start empty)."""
     model_name, kind = CASES[case]
     device = _device(options.memory_cap_gib)
-    vocab = MODEL_CONFIGS[model_name]["vocab_size"]
     with tempfile.TemporaryDirectory(prefix="kubetune-bench-") as tmp_name:
         ctx = _Case(case, model_name, kind, device, options, hooks or CaseHooks(), Path(tmp_name))
-        tokenizer = _tokenizer(vocab)
-        dataset, step_rows = _case_data(kind, vocab, options)
+        tokenizer = _tokenizer(MODEL_CONFIGS[model_name]["vocab_size"])
+        dataset, step_rows = _case_data(model_name, kind, options)
         if is_kubetune(kind):
             built = _kubetune_trainer(ctx, dataset, tokenizer, step_rows)
         else:

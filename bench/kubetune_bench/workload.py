@@ -25,21 +25,32 @@ def capybara_like_lengths(
     return [max(16, min(cap, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
 
 
-def synthetic_dataset(n: int, vocab: int, *, seed: int = 0) -> Any:
+def scaled_lengths(n: int, *, seed: int = 0, max_length: int = MAX_LENGTH) -> list[int]:
+    """Capybara-like lengths for conversations cut at ``max_length``: the median scaled with the cut.
+
+    >>> scaled_lengths(5, seed=0) == capybara_like_lengths(5, seed=0)
+    True
+    >>> max(scaled_lengths(1000, max_length=128))
+    128
+    """
+    return capybara_like_lengths(n, seed=seed, median=850.0 * max_length / MAX_LENGTH, cap=max_length)
+
+
+def synthetic_dataset(n: int, vocab: int, *, seed: int = 0, max_length: int = MAX_LENGTH) -> Any:
     """Pre-tokenized rows (``input_ids``) with Capybara-like lengths; ids avoid the special tokens."""
     import torch
     from datasets import Dataset
 
     gen = torch.Generator().manual_seed(seed)
-    lengths = capybara_like_lengths(n, seed=seed)
+    lengths = scaled_lengths(n, seed=seed, max_length=max_length)
     low = min(16, vocab // 4)
     rows = [torch.randint(low, vocab, (length,), generator=gen).tolist() for length in lengths]
     return Dataset.from_dict({"input_ids": rows})
 
 
-def epoch_rows(epoch_tokens: int) -> int:
+def epoch_rows(epoch_tokens: int, max_length: int = MAX_LENGTH) -> int:
     """Conversations that hold about ``epoch_tokens`` real tokens (Capybara: ~12M in one epoch)."""
-    mean = sum(capybara_like_lengths(2000, seed=1)) / 2000
+    mean = sum(scaled_lengths(2000, seed=1, max_length=max_length)) / 2000
     return math.ceil(epoch_tokens / mean)
 
 

@@ -1,4 +1,9 @@
-"""`kubetune bench --smoke`: the benchmark's whole path on the CPU with the tiny model."""
+"""`kubetune bench --smoke`: the benchmark's whole path on the CPU with the tiny model.
+
+Light enough for a busy two-core machine: the tiny model's conversations are cut at 128 tokens, and
+each process trains on one thread (``trainer_env``), so that its processes do not thrash each other
+or whatever else runs there.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.e2e.conftest import REPO, trainer_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
@@ -35,6 +41,8 @@ def test_bench_smoke_writes_table_chart_and_ratios(tmp_path: Path) -> None:
             "20000",
             "--fp8",
         ],
+        cwd=REPO,  # the FineTuneJob examples: ./examples by default
+        env=trainer_env(),
         capture_output=True,
         text=True,
         timeout=600,
