@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kubetune_trainer.plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV
+from kubetune_api.tuning import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV
 
 from .cases import CASES, Job, is_kubetune, notebook_of
 from .report import report

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetune_trainer.plan import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV
+from kubetune_api.tuning import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV, TuningConfig
 
 from .cases import (
     CASES,
@@ -321,11 +321,14 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
 
     tcfg = _kubetune_trainer_config(ctx, dataset, step_rows)
     shape = trainer_module.shape_from_config(MODEL_CONFIGS[ctx.model])
-    plan = make_plan(tcfg.spec.training, Hardware.detect(), shape=shape, lora=is_lora(ctx.kind))
+    tuning = TuningConfig.from_env()  # the job's own tuning variables (jobs.job_env)
+    plan = make_plan(
+        tcfg.spec.training, Hardware.detect(tuning), shape=shape, lora=is_lora(ctx.kind), tuning=tuning
+    )
     model = _build_model(
         ctx.model, getattr(torch, plan.dtype_name), plan.attn_implementation, ctx.device.kind
     )
-    args = trainer_module.build_sft_config(tcfg, plan, has_eval=False, progress_bar=False)
+    args = trainer_module.build_sft_config(tcfg, plan, has_eval=False, progress_bar=False, tuning=tuning)
     trainer = trainer_module.build_trainer(
         model,
         tokenizer,

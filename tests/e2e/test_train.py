@@ -103,7 +103,7 @@ def test_full_fine_tuning_trains_and_its_loss_falls(
     # The run holds the allocator to KUBETUNE_GPU_MEMORY_GIB before anything reaches the GPU (the
     # cap itself is tested with a faked GPU in tests/unit and on a real one in tests/gpu).
     capped: list[bool] = []
-    monkeypatch.setattr(plan, "limit_gpu_memory", lambda: capped.append(True) and None)
+    monkeypatch.setattr(plan, "limit_gpu_memory", lambda tuning=None: capped.append(True) and None)
     out = tmp_path / "full"
     config = trainer_config(out, tiny_model, method="full", tracking_uri=mlflow_server.uri, maxSteps=10)
     result = _train(config)

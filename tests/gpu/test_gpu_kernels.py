@@ -181,7 +181,8 @@ def test_fp8_layers_train_like_bf16() -> None:
 
 def test_the_gpu_memory_cap_holds_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     """KUBETUNE_GPU_MEMORY_GIB: past the cap an allocation fails in this process."""
-    from kubetune_trainer.plan import GPU_MEMORY_ENV, limit_gpu_memory
+    from kubetune_api.tuning import GPU_MEMORY_ENV
+    from kubetune_trainer.plan import limit_gpu_memory
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "4")
     torch.cuda.empty_cache()

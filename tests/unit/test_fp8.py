@@ -14,7 +14,8 @@ import pytest
 
 from kubetune_api.spec import TrainingSpec
 from kubetune_api.trainer_config import TrainerConfig
-from kubetune_trainer.plan import FP8_ENV, Hardware, ModelShape, Plan, make_plan
+from kubetune_api.tuning import FP8_ENV, TuningConfig
+from kubetune_trainer.plan import Hardware, ModelShape, Plan, make_plan
 
 H200 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=141 * 2**30, varlen=True, fp8=True)
 A100 = replace(H200, gpu_memory_bytes=80 * 2**30, fp8=False)
@@ -22,7 +23,9 @@ QWEN3_4B = ModelShape(params=4_000_000_000, hidden_size=2560, num_layers=36, voc
 
 
 def _plan(hw: Hardware = H200, *, lora: bool = False, **training: object) -> Plan:
-    return make_plan(TrainingSpec(max_steps=1, **training), hw, shape=QWEN3_4B, lora=lora)  # type: ignore[arg-type]
+    return make_plan(
+        TrainingSpec(max_steps=1, **training), hw, shape=QWEN3_4B, lora=lora, tuning=TuningConfig.from_env()
+    )  # type: ignore[arg-type]
 
 
 def test_fp8_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +63,9 @@ def test_fp8_asked_where_it_cannot_pay_is_off_with_the_reason(
 def test_fp8_is_off_for_a_model_too_small_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FP8_ENV, "tensorwise")
     qwen2_05b = ModelShape(params=500_000_000, hidden_size=896, num_layers=24, vocab_size=151_936)
-    plan = make_plan(TrainingSpec(max_steps=1), H200, shape=qwen2_05b, lora=False)
+    plan = make_plan(
+        TrainingSpec(max_steps=1), H200, shape=qwen2_05b, lora=False, tuning=TuningConfig.from_env()
+    )
     assert plan.fp8 == "off" and "hidden size (896) is below 2048" in plan.reasons["fp8"]
 
 
@@ -121,7 +126,7 @@ def test_fp8_micro_steps_are_padded_to_multiples_of_16(
         }
     )
     monkeypatch.setenv(FP8_ENV, "tensorwise")
-    plan = make_plan(cfg.spec.training, H200, shape=QWEN3_4B, lora=False)
+    plan = make_plan(cfg.spec.training, H200, shape=QWEN3_4B, lora=False, tuning=TuningConfig.from_env())
     # built on this CPU: the same arguments with the device set aside
     on = build_sft_config(cfg, replace(plan, device="cpu"), has_eval=False, progress_bar=False)
     off = build_sft_config(cfg, replace(plan, device="cpu", fp8="off"), has_eval=False, progress_bar=False)

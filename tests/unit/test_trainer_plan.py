@@ -9,6 +9,7 @@ import pytest
 
 from kubetune_api.spec import TrainingSpec
 from kubetune_api.trainer_config import TrainerConfig
+from kubetune_api.tuning import TuningConfig
 from kubetune_trainer import tiny_data
 from kubetune_trainer.plan import Hardware, ModelShape, estimate_training_bytes, make_plan
 
@@ -267,12 +268,16 @@ def test_sharding_ddp_for_lora_and_for_a_replica_that_fits_fsdp2_otherwise(
     # sharded, the states no longer bound the micro-step: the memory plan fits more rows than a replica would
     assert plan.gradient_checkpointing is False
     monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp2")
-    forced = make_plan(TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False)
+    forced = make_plan(
+        TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False, tuning=TuningConfig.from_env()
+    )
     assert forced.sharding == "fsdp2" and "KUBETUNE_SHARDING" in forced.reasons["sharding"]
     # a typo is an error naming the variable, not silently the plan's own choice
     monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp")
     with pytest.raises(ValueError, match="KUBETUNE_SHARDING must be ddp or fsdp2, got 'fsdp'"):
-        make_plan(TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False)
+        make_plan(
+            TrainingSpec(max_steps=1), h200x8, shape=QWEN3_4B, lora=False, tuning=TuningConfig.from_env()
+        )
 
 
 def test_fsdp2_divides_the_training_states_by_the_gpus() -> None:
@@ -287,7 +292,8 @@ def test_fsdp2_divides_the_training_states_by_the_gpus() -> None:
 
 def test_multi_process_cpu_full_fine_tuning_is_ddp_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBETUNE_SHARDING", "fsdp2")  # cannot be honoured without GPUs
-    plan = make_plan(TrainingSpec(max_steps=1), Hardware(cuda=False, bf16=False, world_size=8), lora=False)
+    cpus = Hardware(cuda=False, bf16=False, world_size=8)
+    plan = make_plan(TrainingSpec(max_steps=1), cpus, lora=False, tuning=TuningConfig.from_env())
     assert plan.sharding == "ddp" and "FSDP needs GPUs" in plan.reasons["sharding"]
 
 
@@ -356,15 +362,15 @@ def test_the_plan_reaches_the_trainer_arguments(tmp_path: Path) -> None:
 def test_data_loader_workers_can_be_set_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = TrainingSpec(max_steps=1)
     monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "0")
-    plan = make_plan(spec, H200, shape=QWEN2_05B)
+    plan = make_plan(spec, H200, shape=QWEN2_05B, tuning=TuningConfig.from_env())
     assert plan.dataloader_workers == 0 and "KUBETUNE_DATALOADER_WORKERS" in plan.reasons["dataloader"]
     monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "3")
-    assert make_plan(spec, CPU).dataloader_workers == 3
+    assert make_plan(spec, CPU, tuning=TuningConfig.from_env()).dataloader_workers == 3
     monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "many")  # not a count: an error naming it
     with pytest.raises(ValueError, match="KUBETUNE_DATALOADER_WORKERS must be a whole number"):
-        make_plan(spec, H200, shape=QWEN2_05B)
+        make_plan(spec, H200, shape=QWEN2_05B, tuning=TuningConfig.from_env())
     monkeypatch.setenv("KUBETUNE_DATALOADER_WORKERS", "")  # empty: unset, the plan's own choice
-    assert make_plan(spec, H200, shape=QWEN2_05B).dataloader_workers == 2
+    assert make_plan(spec, H200, shape=QWEN2_05B, tuning=TuningConfig.from_env()).dataloader_workers == 2
 
 
 def test_sharding_overrides_reach_the_trainer_arguments(
@@ -380,32 +386,33 @@ def test_sharding_overrides_reach_the_trainer_arguments(
     plan = replace(
         make_plan(cfg.spec.training, h100x8, shape=big, lora=False), device="cpu", precision="fp32"
     )
-    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False, tuning=TuningConfig.from_env())
     assert args.ddp_bucket_cap_mb is None and args.fsdp_plugin_args["reshard_after_forward"] is True
     monkeypatch.setenv("KUBETUNE_DDP_BUCKET_MB", "200")
     monkeypatch.setenv("KUBETUNE_FSDP_RESHARD", "0")
-    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+    args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False, tuning=TuningConfig.from_env())
     assert args.ddp_bucket_cap_mb == 200 and args.fsdp_plugin_args["reshard_after_forward"] is False
     for name, bad in (("KUBETUNE_DDP_BUCKET_MB", "lots"), ("KUBETUNE_FSDP_RESHARD", "yes")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
-            build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
+            build_sft_config(cfg, plan, has_eval=False, progress_bar=False, tuning=TuningConfig.from_env())
         monkeypatch.setenv(name, "1")
 
 
 def test_a_gpu_memory_cap_is_validated_and_shrinks_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from kubetune_trainer.plan import GPU_MEMORY_ENV, gpu_memory_cap_bytes, limit_gpu_memory
+    from kubetune_api.tuning import GPU_MEMORY_ENV
+    from kubetune_trainer.plan import limit_gpu_memory
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "40 GiB")
     with pytest.raises(
         ValueError,
         match="KUBETUNE_GPU_MEMORY_GIB must be a number of GiB, at least 1 and below 10000, got '40 GiB'",
     ):
-        gpu_memory_cap_bytes()
+        TuningConfig.from_env()
     monkeypatch.setenv(GPU_MEMORY_ENV, "40")
-    assert gpu_memory_cap_bytes() == 40 * 2**30
+    assert TuningConfig.from_env().gpu_memory_cap_bytes == 40 * 2**30
 
     # Hardware.detect on a (faked) 141 GiB H200 plans with the cap, and limit_gpu_memory holds the
     # allocator of this process's GPU (LOCAL_RANK) to the same 40 GiB
@@ -508,3 +515,24 @@ def test_the_step_time_model_ranks_what_was_measured() -> None:
         > t(QWEN3_4B_BENCH, 8, 1, False, None)
         > t(QWEN3_4B_BENCH, 8, 1, False)
     )
+
+
+def test_make_plan_reads_no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tuning variables reach the plan as its ``tuning`` argument only: with every one of them
+    (and the launcher's) set to nonsense, make_plan plans as in a clean environment."""
+    from kubetune_api.tuning import TUNING_ENV
+
+    h100x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=80 * 2**30, varlen=True)
+    cases = [(CPU, None, True), (H200, QWEN3_4B, False), (h100x8, QWEN3_4B, False), (H200, QWEN2_05B, True)]
+    for name in TUNING_ENV:
+        monkeypatch.delenv(name, raising=False)
+    clean = [make_plan(TrainingSpec(max_steps=1), hw, shape=shape, lora=lora) for hw, shape, lora in cases]
+    for name in [*TUNING_ENV, "WORLD_SIZE", "LOCAL_RANK", "RANK"]:
+        monkeypatch.setenv(name, "nonsense")
+    dirty = [make_plan(TrainingSpec(max_steps=1), hw, shape=shape, lora=lora) for hw, shape, lora in cases]
+    assert dirty == clean
+    # and the tuning config is where a value does count
+    forced = make_plan(
+        TrainingSpec(max_steps=1), h100x8, shape=QWEN3_4B, lora=False, tuning=TuningConfig(sharding="fsdp2")
+    )
+    assert forced.sharding == "fsdp2" and clean[2].sharding == "ddp"

@@ -21,14 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from kubetune_api.spec import Precision, Toggle, TrainingSpec
-from kubetune_api.tuning import tuning_env
+from kubetune_api.tuning import (
+    DATALOADER_WORKERS_ENV,
+    FP8_ENV,
+    SHARDING_ENV,
+    TuningConfig,
+)
 
 from .varlen import NAME as VARLEN
 
 # Data-loader worker processes per GPU process (each keeps prefetch_factor=2 micro-steps ready).
 DATALOADER_WORKERS = 2
 # overrides it (0: collate in the training process, e.g. in a pod with few CPUs)
-DATALOADER_WORKERS_ENV = "KUBETUNE_DATALOADER_WORKERS"
 
 # Logits the fused loss head may hold at once (elements; bf16: 1 GiB). Liger's default keeps them
 # to tokens x hidden, which cuts a 152k vocabulary into chunks of ~256 tokens: dozens of small
@@ -95,7 +99,8 @@ class Hardware:
     peak_flops: float | None = None
 
     @staticmethod
-    def detect() -> Hardware:
+    def detect(tuning: TuningConfig | None = None) -> Hardware:
+        """This process's hardware; a GPU memory cap in ``tuning`` (default: from the environment) counts."""
         import torch
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -103,7 +108,7 @@ class Hardware:
             total = torch.cuda.get_device_properties(0).total_memory
             # A GPU shared or capped (KUBETUNE_GPU_MEMORY_GIB, which limit_gpu_memory enforces; or
             # an 80 GiB plan rehearsed on a bigger card) plans with what it may use.
-            cap = gpu_memory_cap_bytes()
+            cap = (tuning or TuningConfig.from_env()).gpu_memory_cap_bytes
             if cap:
                 total = min(total, cap)
             return Hardware(
@@ -120,29 +125,14 @@ class Hardware:
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
 
 
-GPU_MEMORY_ENV = "KUBETUNE_GPU_MEMORY_GIB"
-
-
-def gpu_memory_cap_bytes() -> int | None:
-    """``KUBETUNE_GPU_MEMORY_GIB`` in bytes: the GPU memory each process may take (None: the whole GPU).
-
-    >>> import os; os.environ[GPU_MEMORY_ENV] = "79.5"; gpu_memory_cap_bytes() == int(79.5 * 2**30)
-    True
-    >>> del os.environ[GPU_MEMORY_ENV]; gpu_memory_cap_bytes() is None
-    True
-    """
-    cap = tuning_env(GPU_MEMORY_ENV)
-    return int(float(cap) * 2**30) if cap else None
-
-
-def limit_gpu_memory() -> float | None:
+def limit_gpu_memory(tuning: TuningConfig | None = None) -> float | None:
     """Hold PyTorch's allocator on this process's GPU to ``KUBETUNE_GPU_MEMORY_GIB``; the fraction set.
 
     The plan fits micro-steps and recomputation into the cap; this makes the process keep to it (an
     allocation past it fails with an out-of-memory error in this process instead of taking memory
     from whatever shares the GPU). None: no cap, or no GPU.
     """
-    cap = gpu_memory_cap_bytes()
+    cap = (tuning or TuningConfig.from_env()).gpu_memory_cap_bytes
     if cap is None:
         return None
     import torch
@@ -280,226 +270,47 @@ def estimate_step_seconds(
     return micro_steps * max(MICRO_STEP_SECONDS, compute)
 
 
+# no tuning variable set: the plan decides everything
+NO_TUNING = TuningConfig()
+
+
 def make_plan(
-    training: TrainingSpec, hw: Hardware, *, shape: ModelShape | None = None, lora: bool = True
+    training: TrainingSpec,
+    hw: Hardware,
+    *,
+    shape: ModelShape | None = None,
+    lora: bool = True,
+    tuning: TuningConfig = NO_TUNING,
 ) -> Plan:
-    """Decide how to train on ``hw``; pure, so that every branch is unit-tested."""
+    """Decide how to train on ``hw``; pure (it reads no environment: the tuning variables come in
+    ``tuning``, read once where the process starts), so that every branch is unit-tested. Each
+    decision writes why into the plan's ``reasons``."""
     reasons: dict[str, str] = {}
-
-    # Precision: what was asked, unless the hardware cannot do it.
-    precision = str(training.precision)
-    if precision == Precision.BF16 and not hw.bf16:
-        precision = "fp32"
-        reasons["precision"] = (
-            "bf16 asked, but this CPU has no native bf16 (AVX512-BF16/AMX): fp32"
-            if not hw.cuda
-            else "bf16 asked, but this GPU does not support it: fp32"
-        )
-    elif precision == Precision.FP16 and not hw.cuda:
-        precision = "fp32"
-        reasons["precision"] = "fp16 mixed precision needs a GPU: fp32"
-    else:
-        reasons["precision"] = f"{precision} as asked"
-
-    # Liger's kernels are Triton kernels: CUDA only.
-    liger = bool(training.liger and hw.cuda)
-    if training.liger and not hw.cuda:
-        reasons["liger"] = "Liger kernels are Triton (CUDA) kernels: off on CPU"
-    else:
-        reasons["liger"] = "on" if liger else "off as asked"
-
-    # Packing, padding-free: sequences are concatenated with position_ids restarting at 0 and no
-    # attention mask. FlashAttention-2's varlen kernel uses the boundaries directly; SDPA and eager
-    # get a block-diagonal causal mask that transformers builds from the position_ids. Either way
-    # no token attends across examples.
-    packing = bool(training.packing)
-    if packing and hw.cuda and hw.varlen:
-        attn = VARLEN
-        reasons["packing"] = "padding-free packing, PyTorch varlen FlashAttention (kubetune_varlen)"
-    elif packing and hw.flash_attn:
-        attn = "flash_attention_2"
-        reasons["packing"] = "padding-free packing, FlashAttention-2 varlen kernel"
-    elif packing:
-        attn = "sdpa"
-        reasons["packing"] = (
-            "padding-free packing with SDPA and a block-diagonal mask from position_ids "
-            "(no varlen kernel here: exact, but slower than FlashAttention)"
-        )
-    else:
-        attn = "sdpa"
-        reasons["packing"] = "off as asked: padded batches"
-
-    # Micro-batch and accumulation. An optimizer step keeps the rows the spec asks for
-    # (batchSize x gradientAccumulationSteps per GPU, each up to maxLength tokens: with packing a
-    # row holds one or more whole sequences, as in TRL). With packing on a GPU the plan regroups
-    # them into as few micro-steps as memory allows without recomputation: big micro-steps keep the
-    # GPU busy, and the optimizer still sees the same rows per step.
-    toggle = str(training.gradient_checkpointing)
+    precision = _precision(training, hw, reasons)
+    liger = _liger(training, hw, reasons)
+    attn = _attention(training, hw, reasons)
     # fp32 weights: fp32 runs, and fp16 mixed precision of a full fine-tune (fp32 master weights)
     param_bytes = 4 if precision == "fp32" or (precision == "fp16" and not lora) else 2
-    rows_per_step = training.batch_size * training.gradient_accumulation_steps
-    batch, accumulation = training.batch_size, training.gradient_accumulation_steps
     budget = int(hw.gpu_memory_bytes * MEMORY_HEADROOM) if hw.gpu_memory_bytes else None
-    planned_recompute: bool | None = None  # set when the memory plan chose the micro-steps
-
-    sharding = _sharding(hw, shape, lora=lora, param_bytes=param_bytes, budget=budget, reasons=reasons)
-
-    def need(tokens: int, recompute: bool) -> int:
-        assert shape is not None
-        return estimate_training_bytes(
-            shape,
-            lora=lora,
-            tokens=tokens,
-            checkpointing=recompute,
-            param_bytes=param_bytes,
-            sharding=sharding,
-            world_size=hw.world_size,
-        )
-
-    def fits(rows: int, recompute: bool) -> bool:
-        assert budget is not None
-        return need(rows * training.max_length, recompute) <= budget
-
-    if packing and training.tokens_per_step:
-        batch = max(1, training.tokens_per_step // training.max_length)
-        accumulation = max(1, -(-rows_per_step // batch))
-        reasons["batch"] = (
-            f"tokensPerStep {training.tokens_per_step} / maxLength {training.max_length} = {batch} packed rows "
-            f"x {accumulation} micro-steps"
-        )
-    elif packing and hw.cuda and shape is not None and budget is not None and toggle != Toggle.ALWAYS:
-        # Every layout of the step's rows into equal micro-steps that fits, without recomputation
-        # and (auto) with it; the one the step-time model makes fastest. The whole step in one
-        # micro-step without recomputation, where it fits, is always that one.
-        divisors = [r for r in range(rows_per_step, 0, -1) if rows_per_step % r == 0]
-        options = [(r, False) for r in divisors if fits(r, recompute=False)]
-        if toggle == Toggle.AUTO:
-            options += [(r, True) for r in divisors if fits(r, recompute=True)]
-
-        def seconds(option: tuple[int, bool]) -> float:
-            assert shape is not None
-            rows, recompute = option
-            return estimate_step_seconds(
-                shape,
-                tokens=rows * training.max_length,
-                micro_steps=rows_per_step // rows,
-                checkpointing=recompute,
-                peak_flops=hw.peak_flops,
-            )
-
-        step = (
-            f"(= batchSize {training.batch_size} x gradientAccumulationSteps "
-            f"{training.gradient_accumulation_steps} packed rows per step) in a {budget / 2**30:.0f} GiB budget"
-        )
-        if options:
-            # ties: no recomputation, then the bigger micro-step
-            best = min(options, key=lambda o: (round(seconds(o), 4), o[1], -o[0]))
-            batch, accumulation, planned_recompute = best[0], rows_per_step // best[0], best[1]
-            reasons["batch"] = (
-                f"memory plan: {batch} packed rows of {training.max_length} tokens x {accumulation} micro-steps "
-                f"{'with' if planned_recompute else 'without'} recomputation {step}"
-            )
-            if len(options) > 1:
-                runner_up = min((o for o in options if o != best), key=seconds)
-                reasons["batch"] += (
-                    f"; estimated {seconds(best):.2f} s a step against {seconds(runner_up):.2f} s for "
-                    f"{runner_up[0]} rows x {rows_per_step // runner_up[0]} "
-                    f"{'with' if runner_up[1] else 'without'} recomputation"
-                )
-        elif toggle == Toggle.AUTO:
-            batch, accumulation, planned_recompute = 1, rows_per_step, True
-            reasons["batch"] = (
-                f"memory plan: not even 1 packed row of {training.max_length} tokens fits by the estimate "
-                f"(~{need(training.max_length, True) / 2**30:.1f} GiB) "
-                f"{step}: 1 row x {accumulation} micro-steps with recomputation, the leanest layout"
-            )
+    sharding = _sharding(
+        hw, shape, lora=lora, param_bytes=param_bytes, budget=budget, forced=tuning.sharding, reasons=reasons
+    )
+    memory = _Memory(shape, lora, param_bytes, sharding, hw.world_size, budget)
+    batch, accumulation, planned_recompute = _micro_steps(training, hw, memory, reasons)
     tokens = batch * training.max_length
-
-    # Gradient checkpointing: always/never as asked; auto only when the estimate does not fit.
-    if toggle == Toggle.ALWAYS:
-        checkpointing = True
-        reasons["gradient_checkpointing"] = "always, as asked"
-    elif toggle == Toggle.NEVER:
-        checkpointing = False
-        reasons["gradient_checkpointing"] = "never, as asked"
-    elif not hw.cuda:
-        checkpointing = False
-        reasons["gradient_checkpointing"] = "auto on CPU: off (memory is not the limit, time is)"
-    elif shape is None or budget is None:
-        checkpointing = True
-        reasons["gradient_checkpointing"] = "auto without a memory estimate: on (safe)"
-    elif planned_recompute is not None:
-        checkpointing = planned_recompute
-        reasons["gradient_checkpointing"] = f"auto: {'on' if checkpointing else 'off'}, by the memory plan"
-    else:
-        without = need(tokens, False)
-        checkpointing = without > budget
-        reasons["gradient_checkpointing"] = (
-            f"auto: ~{without / 2**30:.1f} GiB needed without it vs {budget / 2**30:.1f} GiB budget: "
-            + ("on" if checkpointing else "off")
-        )
-
-    # torch.compile, per decoder layer (kubetune_trainer.fast.compile_layers): inductor fuses the
-    # norms, rotary embedding, SwiGLU, residual adds and LoRA adapters that otherwise run as many
-    # small kernels. Auto: on a GPU with the varlen kernel and no recomputation (the pair measured).
-    compile_toggle = str(training.torch_compile)
-    if compile_toggle == Toggle.ALWAYS:
-        torch_compile, reasons["torch_compile"] = True, "always, as asked: decoder layers compiled"
-    elif compile_toggle == Toggle.NEVER:
-        torch_compile, reasons["torch_compile"] = False, "never, as asked"
-    elif not hw.cuda:
-        torch_compile, reasons["torch_compile"] = (
-            False,
-            "auto on CPU: off (compilation would outlast the run)",
-        )
-    elif attn != VARLEN:
-        torch_compile = False
-        reasons["torch_compile"] = "auto: off (measured only with the varlen kernel)"
-    else:
-        # with recomputation too: measured working on an H200 (Qwen2-0.5B LoRA held to 3.6 GiB,
-        # Qwen3-4B full at 32.7 and 48 GiB; docs/benchmarks.md), where its fused element-wise
-        # kernels run twice; not yet timed side by side against uncompiled recomputation
-        torch_compile = True
-        reasons["torch_compile"] = "auto: decoder layers compiled (GPU, varlen attention)"
-
-    # The fused loss head's chunks: ~1 GiB of logits at a time instead of Liger's tokens x hidden.
-    loss_chunk_factor = 1
-    if liger and shape is not None and shape.hidden_size and budget is not None:
-        # within what the micro-step leaves of the budget: a chunk of n elements can take ~4n bytes
-        # (bf16, rounded up to a power of two of rows); MIN_LOSS_CHUNK_ELEMENTS at the least, so
-        # that a squeezed plan does not split its LM head into dozens of thin products
-        spare = budget - need(tokens, checkpointing)
-        elements = min(LOSS_CHUNK_ELEMENTS, max(MIN_LOSS_CHUNK_ELEMENTS, spare // 4))
-        loss_chunk_factor = max(1, elements // (tokens * shape.hidden_size))
-        reasons["loss_chunks"] = (
-            f"fused linear cross-entropy holds up to {loss_chunk_factor} x tokens x hidden logits at once "
-            f"(~{min(loss_chunk_factor * tokens * shape.hidden_size, LOSS_CHUNK_ELEMENTS) * 2 / 2**30:.1f} GiB): "
-            "few large matrix products instead of dozens of small ones"
-        )
-
-    # Data loading: on a GPU the collation of the next micro-step (packing, position ids, pinning)
-    # runs in worker processes, so it overlaps training instead of leaving the GPU idle between steps.
-    forced_workers = tuning_env(DATALOADER_WORKERS_ENV)
-    if forced_workers is not None:
-        workers = int(forced_workers)
-        reasons["dataloader"] = f"{workers} worker processes, from {DATALOADER_WORKERS_ENV}"
-    elif hw.cuda:
-        workers = DATALOADER_WORKERS
-        reasons["dataloader"] = (
-            f"{workers} worker processes prepare the next micro-steps while the GPU trains"
-        )
-    else:
-        workers = 0
-        reasons["dataloader"] = "CPU: batches collated in the training process"
-
-    fp8 = _fp8(hw, shape, lora=lora, precision=precision, compiled=torch_compile, reasons=reasons)
-
+    checkpointing = _checkpointing(training, hw, memory, tokens, planned_recompute, reasons)
+    torch_compile = _compile(training, hw, attn, reasons)
+    loss_chunk_factor = _loss_chunks(liger, memory, tokens, checkpointing, reasons)
+    workers = _workers(tuning, hw, reasons)
+    fp8 = _fp8(
+        hw, shape, lora=lora, precision=precision, compiled=torch_compile, asked=tuning.fp8, reasons=reasons
+    )
     return Plan(
         precision=precision,
         liger=liger,
         gradient_checkpointing=checkpointing,
-        packing=packing,
-        padding_free=packing,
+        packing=bool(training.packing),
+        padding_free=bool(training.packing),
         attn_implementation=attn,
         per_device_batch_size=batch,
         gradient_accumulation_steps=accumulation,
@@ -515,7 +326,259 @@ def make_plan(
     )
 
 
-FP8_ENV = "KUBETUNE_FP8"
+def _precision(training: TrainingSpec, hw: Hardware, reasons: dict[str, str]) -> str:
+    """What was asked, unless the hardware cannot do it."""
+    precision = str(training.precision)
+    if precision == Precision.BF16 and not hw.bf16:
+        reasons["precision"] = (
+            "bf16 asked, but this CPU has no native bf16 (AVX512-BF16/AMX): fp32"
+            if not hw.cuda
+            else "bf16 asked, but this GPU does not support it: fp32"
+        )
+        return "fp32"
+    if precision == Precision.FP16 and not hw.cuda:
+        reasons["precision"] = "fp16 mixed precision needs a GPU: fp32"
+        return "fp32"
+    reasons["precision"] = f"{precision} as asked"
+    return precision
+
+
+def _liger(training: TrainingSpec, hw: Hardware, reasons: dict[str, str]) -> bool:
+    """Liger's kernels are Triton kernels: CUDA only."""
+    liger = bool(training.liger and hw.cuda)
+    if training.liger and not hw.cuda:
+        reasons["liger"] = "Liger kernels are Triton (CUDA) kernels: off on CPU"
+    else:
+        reasons["liger"] = "on" if liger else "off as asked"
+    return liger
+
+
+def _attention(training: TrainingSpec, hw: Hardware, reasons: dict[str, str]) -> str:
+    """The attention implementation. Packing, padding-free: sequences are concatenated with
+    position_ids restarting at 0 and no attention mask. FlashAttention-2's varlen kernel uses the
+    boundaries directly; SDPA and eager get a block-diagonal causal mask that transformers builds
+    from the position_ids. Either way no token attends across examples."""
+    packing = bool(training.packing)
+    if packing and hw.cuda and hw.varlen:
+        reasons["packing"] = "padding-free packing, PyTorch varlen FlashAttention (kubetune_varlen)"
+        return VARLEN
+    if packing and hw.flash_attn:
+        reasons["packing"] = "padding-free packing, FlashAttention-2 varlen kernel"
+        return "flash_attention_2"
+    reasons["packing"] = (
+        "padding-free packing with SDPA and a block-diagonal mask from position_ids "
+        "(no varlen kernel here: exact, but slower than FlashAttention)"
+        if packing
+        else "off as asked: padded batches"
+    )
+    return "sdpa"
+
+
+@dataclass(frozen=True)
+class _Memory:
+    """What the memory estimate of a micro-step needs; ``budget`` None: no estimate (no GPU size)."""
+
+    shape: ModelShape | None
+    lora: bool
+    param_bytes: int
+    sharding: str
+    world_size: int
+    budget: int | None
+
+    @property
+    def known(self) -> bool:
+        return self.shape is not None and self.budget is not None
+
+    def need(self, tokens: int, recompute: bool) -> int:
+        assert self.shape is not None
+        return estimate_training_bytes(
+            self.shape,
+            lora=self.lora,
+            tokens=tokens,
+            checkpointing=recompute,
+            param_bytes=self.param_bytes,
+            sharding=self.sharding,
+            world_size=self.world_size,
+        )
+
+    def fits(self, tokens: int, recompute: bool) -> bool:
+        assert self.budget is not None
+        return self.need(tokens, recompute) <= self.budget
+
+
+def _micro_steps(
+    training: TrainingSpec, hw: Hardware, memory: _Memory, reasons: dict[str, str]
+) -> tuple[int, int, bool | None]:
+    """(rows per micro-step, micro-steps per optimizer step, recomputation if the memory plan chose it).
+
+    An optimizer step keeps the rows the spec asks for (batchSize x gradientAccumulationSteps per
+    GPU, each up to maxLength tokens: with packing a row holds one or more whole sequences, as in
+    TRL). With packing on a GPU the plan regroups them into as few micro-steps as memory allows
+    without recomputation: big micro-steps keep the GPU busy, and the optimizer still sees the same
+    rows per step."""
+    rows_per_step = training.batch_size * training.gradient_accumulation_steps
+    if training.packing and training.tokens_per_step:
+        batch = max(1, training.tokens_per_step // training.max_length)
+        accumulation = max(1, -(-rows_per_step // batch))
+        reasons["batch"] = (
+            f"tokensPerStep {training.tokens_per_step} / maxLength {training.max_length} = {batch} packed rows "
+            f"x {accumulation} micro-steps"
+        )
+        return batch, accumulation, None
+    toggle = str(training.gradient_checkpointing)
+    if training.packing and hw.cuda and memory.known and toggle != Toggle.ALWAYS:
+        planned = _memory_plan(training, hw, memory, reasons)
+        if planned is not None:
+            return planned
+    return training.batch_size, training.gradient_accumulation_steps, None
+
+
+def _memory_plan(
+    training: TrainingSpec, hw: Hardware, memory: _Memory, reasons: dict[str, str]
+) -> tuple[int, int, bool] | None:
+    """Every layout of the step's rows into equal micro-steps that fits, without recomputation and
+    (auto) with it; the one the step-time model makes fastest. The whole step in one micro-step
+    without recomputation, where it fits, is always that one. None: nothing fits and recomputation
+    is not the plan's to choose."""
+    assert memory.shape is not None and memory.budget is not None
+    shape, length = memory.shape, training.max_length
+    rows_per_step = training.batch_size * training.gradient_accumulation_steps
+    auto = str(training.gradient_checkpointing) == Toggle.AUTO
+    divisors = [r for r in range(rows_per_step, 0, -1) if rows_per_step % r == 0]
+    options = [(r, False) for r in divisors if memory.fits(r * length, recompute=False)]
+    if auto:
+        options += [(r, True) for r in divisors if memory.fits(r * length, recompute=True)]
+
+    def seconds(option: tuple[int, bool]) -> float:
+        rows, recompute = option
+        return estimate_step_seconds(
+            shape,
+            tokens=rows * length,
+            micro_steps=rows_per_step // rows,
+            checkpointing=recompute,
+            peak_flops=hw.peak_flops,
+        )
+
+    step = (
+        f"(= batchSize {training.batch_size} x gradientAccumulationSteps "
+        f"{training.gradient_accumulation_steps} packed rows per step) in a {memory.budget / 2**30:.0f} GiB budget"
+    )
+    if not options:
+        if not auto:
+            return None
+        reasons["batch"] = (
+            f"memory plan: not even 1 packed row of {length} tokens fits by the estimate "
+            f"(~{memory.need(length, True) / 2**30:.1f} GiB) "
+            f"{step}: 1 row x {rows_per_step} micro-steps with recomputation, the leanest layout"
+        )
+        return 1, rows_per_step, True
+    # ties: no recomputation, then the bigger micro-step
+    best = min(options, key=lambda o: (round(seconds(o), 4), o[1], -o[0]))
+    batch, recompute = best
+    reasons["batch"] = (
+        f"memory plan: {batch} packed rows of {length} tokens x {rows_per_step // batch} micro-steps "
+        f"{'with' if recompute else 'without'} recomputation {step}"
+    )
+    if len(options) > 1:
+        runner_up = min((o for o in options if o != best), key=seconds)
+        reasons["batch"] += (
+            f"; estimated {seconds(best):.2f} s a step against {seconds(runner_up):.2f} s for "
+            f"{runner_up[0]} rows x {rows_per_step // runner_up[0]} "
+            f"{'with' if runner_up[1] else 'without'} recomputation"
+        )
+    return batch, rows_per_step // batch, recompute
+
+
+def _checkpointing(
+    training: TrainingSpec,
+    hw: Hardware,
+    memory: _Memory,
+    tokens: int,
+    planned: bool | None,
+    reasons: dict[str, str],
+) -> bool:
+    """Gradient checkpointing: always/never as asked; auto only when the estimate does not fit."""
+    toggle = str(training.gradient_checkpointing)
+    if toggle == Toggle.ALWAYS:
+        checkpointing, why = True, "always, as asked"
+    elif toggle == Toggle.NEVER:
+        checkpointing, why = False, "never, as asked"
+    elif not hw.cuda:
+        checkpointing, why = False, "auto on CPU: off (memory is not the limit, time is)"
+    elif not memory.known:
+        checkpointing, why = True, "auto without a memory estimate: on (safe)"
+    elif planned is not None:
+        checkpointing, why = planned, f"auto: {'on' if planned else 'off'}, by the memory plan"
+    else:
+        assert memory.budget is not None
+        without = memory.need(tokens, False)
+        checkpointing = without > memory.budget
+        why = (
+            f"auto: ~{without / 2**30:.1f} GiB needed without it vs {memory.budget / 2**30:.1f} GiB budget: "
+            + ("on" if checkpointing else "off")
+        )
+    reasons["gradient_checkpointing"] = why
+    return checkpointing
+
+
+def _compile(training: TrainingSpec, hw: Hardware, attn: str, reasons: dict[str, str]) -> bool:
+    """torch.compile, per decoder layer (kubetune_trainer.fast.compile_layers): inductor fuses the
+    norms, rotary embedding, SwiGLU, residual adds and LoRA adapters that otherwise run as many
+    small kernels. Auto: on a GPU with the varlen kernel and no recomputation (the pair measured)."""
+    toggle = str(training.torch_compile)
+    if toggle == Toggle.ALWAYS:
+        compiled, why = True, "always, as asked: decoder layers compiled"
+    elif toggle == Toggle.NEVER:
+        compiled, why = False, "never, as asked"
+    elif not hw.cuda:
+        compiled, why = False, "auto on CPU: off (compilation would outlast the run)"
+    elif attn != VARLEN:
+        compiled, why = False, "auto: off (measured only with the varlen kernel)"
+    else:
+        # with recomputation too: measured working on an H200 (Qwen2-0.5B LoRA held to 3.6 GiB,
+        # Qwen3-4B full at 32.7 and 48 GiB; docs/benchmarks.md), where its fused element-wise
+        # kernels run twice; not yet timed side by side against uncompiled recomputation
+        compiled, why = True, "auto: decoder layers compiled (GPU, varlen attention)"
+    reasons["torch_compile"] = why
+    return compiled
+
+
+def _loss_chunks(
+    liger: bool, memory: _Memory, tokens: int, checkpointing: bool, reasons: dict[str, str]
+) -> int:
+    """The fused loss head's chunks: ~1 GiB of logits at a time instead of Liger's tokens x hidden."""
+    shape, budget = memory.shape, memory.budget
+    if not (liger and shape is not None and shape.hidden_size and budget is not None):
+        return 1
+    # within what the micro-step leaves of the budget: a chunk of n elements can take ~4n bytes
+    # (bf16, rounded up to a power of two of rows); MIN_LOSS_CHUNK_ELEMENTS at the least, so
+    # that a squeezed plan does not split its LM head into dozens of thin products
+    spare = budget - memory.need(tokens, checkpointing)
+    elements = min(LOSS_CHUNK_ELEMENTS, max(MIN_LOSS_CHUNK_ELEMENTS, spare // 4))
+    factor = max(1, elements // (tokens * shape.hidden_size))
+    reasons["loss_chunks"] = (
+        f"fused linear cross-entropy holds up to {factor} x tokens x hidden logits at once "
+        f"(~{min(factor * tokens * shape.hidden_size, LOSS_CHUNK_ELEMENTS) * 2 / 2**30:.1f} GiB): "
+        "few large matrix products instead of dozens of small ones"
+    )
+    return factor
+
+
+def _workers(tuning: TuningConfig, hw: Hardware, reasons: dict[str, str]) -> int:
+    """Data loading: on a GPU the collation of the next micro-step (packing, position ids, pinning)
+    runs in worker processes, so it overlaps training instead of leaving the GPU idle between steps."""
+    if tuning.dataloader_workers is not None:
+        reasons["dataloader"] = f"{tuning.dataloader_workers} worker processes, from {DATALOADER_WORKERS_ENV}"
+        return tuning.dataloader_workers
+    if hw.cuda:
+        reasons["dataloader"] = (
+            f"{DATALOADER_WORKERS} worker processes prepare the next micro-steps while the GPU trains"
+        )
+        return DATALOADER_WORKERS
+    reasons["dataloader"] = "CPU: batches collated in the training process"
+    return 0
+
+
 # float8 pays only for large products: a linear layer with fewer features than this on either side
 # stays bf16 (its casts and scales cost about what the faster product saves: torchao's H100 tables)
 FP8_MIN_FEATURES = 2048
@@ -528,6 +591,7 @@ def _fp8(
     lora: bool,
     precision: str,
     compiled: bool,
+    asked: str,
     reasons: dict[str, str],
 ) -> str:
     """The float8 recipe for the decoder layers' matrix products: off unless ``KUBETUNE_FP8`` asks.
@@ -543,7 +607,6 @@ def _fp8(
     ``FP8_MIN_FEATURES`` features (smaller ones would all stay bf16). Multi-GPU runs (DDP, FSDP2)
     are allowed but not yet measured.
     """
-    asked = tuning_env(FP8_ENV) or "off"
     why_not = None
     if asked == "off":
         reasons["fp8"] = f"off ({FP8_ENV} unset or off)"
@@ -569,16 +632,14 @@ def _fp8(
     return asked
 
 
-SHARDING_ENV = "KUBETUNE_SHARDING"
-
-
-def _sharding(
+def _sharding(  # noqa: PLR0911  one return per rule, in the order they apply
     hw: Hardware,
     shape: ModelShape | None,
     *,
     lora: bool,
     param_bytes: int,
     budget: int | None,
+    forced: str | None,
     reasons: dict[str, str],
 ) -> str:
     """How several processes share the work: DDP replicas, or FSDP2 shards for what does not fit.
@@ -592,7 +653,6 @@ def _sharding(
     if hw.world_size <= 1:
         reasons["sharding"] = "one process: none"
         return "none"
-    forced = tuning_env(SHARDING_ENV)
     if forced is not None and (hw.cuda or forced == "ddp"):
         reasons["sharding"] = f"{forced}, from {SHARDING_ENV}"
         return forced

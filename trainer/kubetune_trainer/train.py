@@ -43,7 +43,7 @@ from kubetune_api.trainer_config import (
     TrainerConfig,
     dump_json,
 )
-from kubetune_api.tuning import tuning_env
+from kubetune_api.tuning import GPU_MEMORY_ENV, TuningConfig
 
 from . import checkpoints, data_check
 from .data_check import (
@@ -247,25 +247,17 @@ def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tupl
 # --- trainer ---------------------------------------------------------------------------------------
 
 
-DDP_BUCKET_ENV = "KUBETUNE_DDP_BUCKET_MB"
-FSDP_RESHARD_ENV = "KUBETUNE_FSDP_RESHARD"
-
-
-def sharding_overrides() -> tuple[int | None, bool]:
-    """Tuning overrides from the environment: DDP's all-reduce bucket size (MB; None: PyTorch's 25)
-    and whether FSDP2 frees the gathered weights after each layer's forward (``1``, the default:
-    least memory) or keeps them for the backward (``0``: one all-gather a step instead of two, the
-    memory of a replica's weights). For measuring on a given machine; the plan does not set them.
-    """
-    bucket = tuning_env(DDP_BUCKET_ENV)
-    reshard = tuning_env(FSDP_RESHARD_ENV) or "1"
-    return (int(bucket) if bucket else None), reshard == "1"
-
-
-def build_sft_config(cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool) -> Any:
+def build_sft_config(
+    cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool, tuning: TuningConfig | None = None
+) -> Any:
+    """TRL's arguments for ``plan``. ``tuning`` (default: none set) may size DDP's all-reduce buckets
+    (MB; PyTorch's 25 otherwise) and keep FSDP2's gathered weights from the forward for the backward
+    (``fsdp_reshard`` off: one all-gather a step instead of two, the memory of a replica's weights).
+    For measuring on a given machine; the plan does not set them."""
     from trl import SFTConfig
 
-    bucket_mb, reshard = sharding_overrides()
+    tuning = tuning or TuningConfig()
+    bucket_mb, reshard = tuning.ddp_bucket_mb, tuning.fsdp_reshard
 
     t = cfg.spec.training
     root = checkpoints.checkpoints_root(cfg.output_dir)
@@ -652,7 +644,7 @@ def _run(
 
     from .callbacks import PreemptionGuard, RunCallback
     from .chat import ensure_chat_format
-    from .plan import GPU_MEMORY_ENV, Hardware, limit_gpu_memory, make_plan
+    from .plan import Hardware, limit_gpu_memory, make_plan
     from .progress import ProgressReporter, in_cluster_patcher
     from .tracking import MlflowTracker
 
@@ -713,11 +705,14 @@ def _run(
 
     status = "FAILED"
     try:
-        hw = Hardware.detect()
-        fraction = limit_gpu_memory()
+        tuning = TuningConfig.from_env()  # the tuning variables, read once (ValueError naming a bad one)
+        hw = Hardware.detect(tuning)
+        fraction = limit_gpu_memory(tuning)
         if fraction is not None:
             log.info("GPU memory capped at %.0f%% of the GPU (%s)", 100 * fraction, GPU_MEMORY_ENV)
-        plan = make_plan(cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA)
+        plan = make_plan(
+            cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA, tuning=tuning
+        )
         for what, why in plan.reasons.items():
             log.info("plan: %s: %s", what, why)
 
@@ -725,7 +720,9 @@ def _run(
         model = build_model(cfg, plan)
         ensure_chat_format(model, tokenizer)
 
-        args = build_sft_config(cfg, plan, has_eval=eval_ds is not None, progress_bar=progress_bar)
+        args = build_sft_config(
+            cfg, plan, has_eval=eval_ds is not None, progress_bar=progress_bar, tuning=tuning
+        )
         patcher = None
         if cfg.report_progress and dist.is_rank0:
             try:
