@@ -316,7 +316,7 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
     """kubetune's own functions (plan, model dtype and attention, SFT config, trainer) on the example."""
     import torch
 
-    from kubetune_trainer import train as trainer_module
+    from kubetune_trainer import build as trainer_module
     from kubetune_trainer.plan import Hardware, make_plan
 
     tcfg = _kubetune_trainer_config(ctx, dataset, step_rows)

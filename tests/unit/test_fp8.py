@@ -74,7 +74,8 @@ def test_the_trainer_converts_the_layers_to_fp8_before_compiling_them(
 ) -> None:
     """build_trainer, as a pod and the benchmark run it: float8 first, then compilation (inductor
     must see the float8 layers to fuse their casts); neither without the plan asking."""
-    from kubetune_trainer import fast, train
+    from kubetune_trainer import build as builders
+    from kubetune_trainer import fast
 
     calls: list[str] = []
 
@@ -82,7 +83,7 @@ def test_the_trainer_converts_the_layers_to_fp8_before_compiling_them(
         def __init__(self, model: object, **_: object) -> None:
             self.model = model
 
-    monkeypatch.setattr(train, "trainer_class", lambda: Trainer)
+    monkeypatch.setattr(builders, "trainer_class", lambda: Trainer)
     monkeypatch.setattr(fast, "apply_fp8", lambda model, recipe: calls.append(f"fp8 {recipe}") or 10)
     monkeypatch.setattr(fast, "compile_layers", lambda model: calls.append("compile") or 2)
     monkeypatch.setenv(FP8_ENV, "tensorwise")
@@ -90,7 +91,7 @@ def test_the_trainer_converts_the_layers_to_fp8_before_compiling_them(
     assert plan.fp8 == "tensorwise"
 
     def build(p: Plan) -> None:
-        train.build_trainer(
+        builders.build_trainer(
             object(), None, None, train=None, evaluation=None, peft=None, callbacks=[], plan=p
         )
 

@@ -29,10 +29,12 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
-from kubetune_api.trainer_config import CHECKPOINTS_DIR, COMPLETE_MARKER
+from kubetune_api.trainer_config import CHECKPOINTS_DIR, COMPLETE_MARKER, FINAL_DIR
 
 log = logging.getLogger(__name__)
 
@@ -193,3 +195,40 @@ def prune(root: Path, keep: int) -> list[Checkpoint]:
         _fsync_path(ckpt.path)
         shutil.rmtree(ckpt.path, ignore_errors=True)
     return doomed
+
+
+class AttemptKind(StrEnum):
+    TRAIN = "train"  # from the newest complete checkpoint (``Attempt.resume``), or from the start
+    ALREADY_COMPLETE = "already-complete"  # an earlier attempt wrote the final model
+    REFUSE = "refuse"  # the folder holds another training's work (``Attempt.refusal`` says whose)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    kind: AttemptKind
+    resume: Checkpoint | None = None
+    refusal: str | None = None
+
+
+def decide_attempt(
+    output_dir: Path, foreign: Callable[[Path | None], str | None], *, clean_up: bool
+) -> Attempt:
+    """What this attempt does with what the output folder holds.
+
+    ``foreign(path)`` says why a final model or checkpoint folder belongs to another training (None:
+    to this one): such a folder is never resumed nor taken as this run's result. A complete final
+    model means an earlier attempt finished (and died before it could exit 0). Otherwise the attempt
+    trains, from the newest complete checkpoint; ``clean_up`` (rank 0) first deletes the folders of
+    saves that were cut short.
+    """
+    final = output_dir / FINAL_DIR
+    root = checkpoints_root(output_dir)
+    newest = latest_complete(root)
+    refusal = foreign(final) or foreign(newest.path if newest else None)
+    if refusal:
+        return Attempt(AttemptKind.REFUSE, refusal=refusal)
+    if is_complete(final):
+        return Attempt(AttemptKind.ALREADY_COMPLETE)
+    if clean_up:
+        remove_incomplete(root)
+    return Attempt(AttemptKind.TRAIN, resume=latest_complete(root))
