@@ -44,16 +44,6 @@ def tuning_env_error(name: str, value: str) -> str | None:
     return f"{name} must be {known[1]}, got {value!r}"
 
 
-def tuning_env(name: str) -> str | None:
-    """A tuning variable's value from the environment: None when unset or empty, ValueError (naming the
-    variable) when it is not one the variable takes."""
-    raw = os.environ.get(name, "").strip()
-    error = tuning_env_error(name, raw)
-    if error:
-        raise ValueError(error)
-    return raw or None
-
-
 SHARDING_ENV = "KUBETUNE_SHARDING"
 DATALOADER_WORKERS_ENV = "KUBETUNE_DATALOADER_WORKERS"
 DDP_BUCKET_ENV = "KUBETUNE_DDP_BUCKET_MB"

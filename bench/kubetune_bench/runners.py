@@ -177,7 +177,7 @@ def _build_model(model_name: str, dtype: Any, attn: str, device: str) -> Any:
     from kubetune_trainer import varlen
 
     if attn == varlen.NAME:
-        varlen.register()
+        varlen.register(TuningConfig.from_env().varlen_kernel)
     config = AutoConfig.for_model(**dict(MODEL_CONFIGS[model_name]))
     torch.manual_seed(0)
     with torch.device(device):

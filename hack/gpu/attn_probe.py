@@ -80,7 +80,7 @@ def probe(name: str) -> dict[str, object]:
     # fp32 reference, key/value heads repeated, example by example
     ref_in = [t.detach().float().reshape(total, -1, dim).requires_grad_(True) for t in base]
     kk, vv = (t.repeat_interleave(hq // hkv, dim=1) for t in ref_in[1:])
-    ref = varlen._reference(ref_in[0], kk, vv, cu, scale, None)
+    ref = varlen.reference(ref_in[0], kk, vv, cu, scale, None)
     ref.backward(grad.float().reshape(total, hq, dim))
     ref_grads = [t.grad for t in ref_in]
 
@@ -92,7 +92,7 @@ def probe(name: str) -> dict[str, object]:
         "heads": [hq, hkv, dim],
     }
     for kernel in varlen.KERNELS:
-        varlen._kernel = kernel
+        varlen.use_kernel(kernel)
         entry: dict[str, object] = {}
         try:
 

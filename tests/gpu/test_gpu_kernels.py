@@ -17,7 +17,8 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("kernel", varlen.KERNELS)
 def test_varlen_kernel_matches_reference_with_gqa(kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every KUBETUNE_VARLEN_KERNEL choice: output and gradients against fp32 SDPA per example."""
-    monkeypatch.setattr(varlen, "_kernel", kernel)
+    monkeypatch.setattr(varlen, "_kernel", varlen._kernel)  # put back afterwards
+    varlen.use_kernel(kernel)
     torch.manual_seed(0)
     lengths = [300, 17, 1024, 5, 700]
     total = sum(lengths)
@@ -33,7 +34,7 @@ def test_varlen_kernel_matches_reference_with_gqa(kernel: str, monkeypatch: pyte
     out.backward(grad)
     ref_in = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
     kk, vv = (t.repeat_interleave(4, dim=1) for t in ref_in[1:])
-    ref = varlen._reference(ref_in[0], kk, vv, cu, 128**-0.5, None)
+    ref = varlen.reference(ref_in[0], kk, vv, cu, 128**-0.5, None)
     ref.backward(grad[0].float())
     torch.testing.assert_close(out[0].float(), ref, atol=2e-2, rtol=2e-2)
     for got, want in zip((q, k, v), ref_in, strict=True):

@@ -87,20 +87,23 @@ def test_forward_skips_transformers_mask_preparation(monkeypatch: pytest.MonkeyP
     assert scans == [1]
 
 
-def test_kernel_choice_is_read_at_registration_and_bad_values_name_the_variable(
+def test_kernel_choice_comes_from_the_tuning_config_and_bad_values_name_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(varlen.KERNEL_ENV, raising=False)
+    from kubetune_api.tuning import TuningConfig
+
+    monkeypatch.setattr(varlen, "_kernel", varlen._kernel)  # put back afterwards
     varlen.register()
     assert varlen._kernel == "flash"
-    monkeypatch.setenv(varlen.KERNEL_ENV, "flash-repeat")
-    varlen.register()
+    varlen.register(TuningConfig.from_env({varlen.KERNEL_ENV: "flash-repeat"}).varlen_kernel)
     assert varlen._kernel == "flash-repeat"
-    monkeypatch.setenv(varlen.KERNEL_ENV, "xformers")
+    monkeypatch.setenv(varlen.KERNEL_ENV, "flash")  # the environment is the config's, not varlen's
+    varlen.register(None)
+    assert varlen._kernel == "flash"
     with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be flash or flash-repeat"):
-        varlen.register()
-    monkeypatch.delenv(varlen.KERNEL_ENV)
-    varlen.register()
+        TuningConfig.from_env({varlen.KERNEL_ENV: "xformers"})
+    with pytest.raises(ValueError, match="KUBETUNE_VARLEN_KERNEL must be one of flash, flash-repeat"):
+        varlen.use_kernel("xformers")
     assert varlen._kernel == "flash"
 
 

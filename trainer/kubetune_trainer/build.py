@@ -51,7 +51,7 @@ def build_tokenizer(cfg: TrainerConfig) -> Any:
     return AutoTokenizer.from_pretrained(where, trust_remote_code=cfg.spec.model.trust_remote_code, **kwargs)
 
 
-def build_model(cfg: TrainerConfig, plan: Any) -> Any:
+def build_model(cfg: TrainerConfig, plan: Any, *, varlen_kernel: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -60,7 +60,7 @@ def build_model(cfg: TrainerConfig, plan: Any) -> Any:
     where, kwargs = model_source(cfg)
     dtype = getattr(torch, plan.dtype_name)
     if plan.attn_implementation == varlen.NAME:
-        varlen.register()
+        varlen.register(varlen_kernel)
     model = AutoModelForCausalLM.from_pretrained(
         where,
         dtype=dtype,

@@ -346,7 +346,7 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
     train_ds, eval_ds, fmt = data
     plan, tuning = _plan(cfg)
     tokenizer = build_tokenizer(cfg)
-    model = build_model(cfg, plan)
+    model = build_model(cfg, plan, varlen_kernel=tuning.varlen_kernel)
     ensure_chat_format(model, tokenizer)
     args = build_sft_config(
         cfg, plan, has_eval=eval_ds is not None, progress_bar=attempt.progress_bar, tuning=tuning

@@ -35,15 +35,19 @@ KERNELS = ("flash", "flash-repeat")
 _registered = False
 
 
-def kernel() -> str:
-    """The CUDA kernel variant from ``KUBETUNE_VARLEN_KERNEL`` (default ``flash``).
+def use_kernel(name: str | None = None) -> str:
+    """Choose the CUDA kernel variant the attention function runs (None: ``flash``, the default);
+    the trainer passes ``KUBETUNE_VARLEN_KERNEL`` from its tuning config, probes pass each in turn.
 
-    >>> import os; os.environ.pop(KERNEL_ENV, None) and None; kernel()
-    'flash'
+    >>> use_kernel(), use_kernel("flash-repeat"), use_kernel(None)
+    ('flash', 'flash-repeat', 'flash')
     """
-    from kubetune_api.tuning import tuning_env
-
-    return tuning_env(KERNEL_ENV) or KERNELS[0]
+    global _kernel
+    chosen = name or KERNELS[0]
+    if chosen not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV} must be one of {', '.join(KERNELS)}, got {chosen!r}")
+    _kernel = chosen
+    return chosen
 
 
 def cu_seqlens_from_position_ids(position_ids: Any) -> tuple[Any, int]:
@@ -117,11 +121,11 @@ def varlen_attention_forward(
 
         out: Any = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
     else:
-        out = _reference(q, k, v, cu, scaling, sliding_window)
+        out = reference(q, k, v, cu, scaling, sliding_window)
     return out.reshape(batch, seq, q_heads, dim), None
 
 
-def _reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_window: int | None) -> Any:
+def reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_window: int | None) -> Any:
     """Example-by-example causal SDPA: the exact semantics of the varlen kernel."""
     import torch
     import torch.nn.functional as F
@@ -143,7 +147,7 @@ def _reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_w
     return out
 
 
-def register() -> str:
+def register(kernel: str | None = None) -> str:
     """Register the attention function with transformers; idempotent.
 
     No mask builder is registered on purpose: the kernel needs no mask (the boundaries come from
@@ -152,8 +156,8 @@ def register() -> str:
     position ids for packed sequences and reads the result back to the host: a wait for the GPU at
     the start of every forward (found on the H200 with ``torch.cuda.set_sync_debug_mode``).
     """
-    global _registered, _kernel
-    _kernel = kernel()
+    global _registered
+    use_kernel(kernel)
     if not _registered:
         from transformers import AttentionInterface
 
