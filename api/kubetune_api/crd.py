@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from . import rules
 from . import spec as api
+from .status import FineTuneJobStatus
 
 # JSON Schema keys that carry over unchanged into the OpenAPI v3 structural schema.
 _KEEP = {
@@ -99,13 +101,13 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _model_schema(model: type[api.BaseModel]) -> dict[str, Any]:
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     return _structural(raw, defs)
 
 
-def _add_factory_defaults(schema: dict[str, Any], model: type[api.BaseModel]) -> None:
+def _add_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
     """pydantic leaves default_factory values out of JSON Schema; put them in."""
     for name, info in model.model_fields.items():
         wire = info.alias or name
@@ -116,15 +118,15 @@ def _add_factory_defaults(schema: dict[str, Any], model: type[api.BaseModel]) ->
         nested = _pydantic_model_of(annotation)
         if info.default_factory is not None:
             value = info.default_factory()  # type: ignore[call-arg]
-            sub["default"] = {} if isinstance(value, api.BaseModel) else value
+            sub["default"] = {} if isinstance(value, BaseModel) else value
         if nested is not None:
             _add_factory_defaults(sub, nested)
 
 
-def _pydantic_model_of(annotation: Any) -> type[api.BaseModel] | None:
+def _pydantic_model_of(annotation: Any) -> type[BaseModel] | None:
     import typing
 
-    if isinstance(annotation, type) and issubclass(annotation, api.BaseModel):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
         found = _pydantic_model_of(arg)
@@ -153,7 +155,7 @@ def _attach_rules(root: dict[str, Any]) -> None:
 def openapi_schema() -> dict[str, Any]:
     spec_schema = _model_schema(api.FineTuneJobSpec)
     _add_factory_defaults(spec_schema, api.FineTuneJobSpec)
-    status_schema = _model_schema(api.FineTuneJobStatus)
+    status_schema = _model_schema(FineTuneJobStatus)
     root = {
         "type": "object",
         "description": "FineTuneJob fine-tunes a language model on a data set and registers it in MLflow.",

@@ -486,7 +486,9 @@ def _spec_rules() -> list[Rule]:
 
 def _immutable_rules() -> list[Rule]:
     """Transition rules (oldSelf): what shapes the training cannot change once created."""
-    from .spec import MUTABLE_SPEC_FIELDS, FineTuneJobSpec, to_camel
+    from pydantic.alias_generators import to_camel
+
+    from .spec import MUTABLE_SPEC_FIELDS, FineTuneJobSpec
 
     out = []
     for name, info in FineTuneJobSpec.model_fields.items():

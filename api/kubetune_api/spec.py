@@ -18,10 +18,11 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 
 from . import rules as _rules
+from .base import ApiModel
+from .status import FineTuneJobStatus
 
 GROUP = "kubetune.io"
 VERSION = "v1alpha1"
@@ -64,20 +65,6 @@ SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CRE
 OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_enum_values=True,
-        validate_default=True,
-    )
-
-    def wire(self) -> dict[str, Any]:
-        """The object as the API server stores it: camelCase, without unset optionals."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
 # --- enums ------------------------------------------------------------------------------------------
 
 
@@ -107,19 +94,10 @@ class DatasetFormat(StrEnum):
     TEXT = "text"
 
 
-class Phase(StrEnum):
-    PENDING = "Pending"
-    TRAINING = "Training"
-    SUSPENDED = "Suspended"
-    REGISTERING = "Registering"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-
 # --- references -----------------------------------------------------------------------------------
 
 
-class SecretKeyRef(_Model):
+class SecretKeyRef(ApiModel):
     """A key in a Secret in the FineTuneJob's namespace. Secrets are only ever referenced."""
 
     name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
@@ -130,7 +108,7 @@ class SecretKeyRef(_Model):
     )
 
 
-class VolumeSource(_Model):
+class VolumeSource(ApiModel):
     """A PersistentVolumeClaim that holds a model or data set, mounted read-only."""
 
     claim_name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
@@ -144,7 +122,7 @@ class VolumeSource(_Model):
 HUB_ID_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$"
 
 
-class ModelSource(_Model):
+class ModelSource(ApiModel):
     """The base model: a Hugging Face Hub id with a revision, or a path on a volume."""
 
     name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
@@ -163,7 +141,7 @@ class ModelSource(_Model):
     )
 
 
-class DatasetSource(_Model):
+class DatasetSource(ApiModel):
     """The training data: a Hub data set, or a JSONL/Parquet file or folder on a volume."""
 
     name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
@@ -195,7 +173,7 @@ class DatasetSource(_Model):
     seed: Annotated[int, Field(ge=0)] = Field(default=42, description="Seed for the eval hold-out shuffle.")
 
 
-class LoraSpec(_Model):
+class LoraSpec(ApiModel):
     """LoRA adapter settings (method: lora)."""
 
     r: Annotated[int, Field(ge=1, le=1024)] = Field(default=8, description="Adapter rank.")
@@ -210,7 +188,7 @@ class LoraSpec(_Model):
     )
 
 
-class TrainingSpec(_Model):
+class TrainingSpec(ApiModel):
     """Hyperparameters. Defaults follow the notebooks where they are sane, and are fast."""
 
     epochs: Annotated[float, Field(gt=0, le=1000)] | None = Field(
@@ -296,7 +274,7 @@ class TrainingSpec(_Model):
     seed: Annotated[int, Field(ge=0)] = Field(default=42, description="Training seed.")
 
 
-class Toleration(_Model):
+class Toleration(ApiModel):
     """A pod toleration (same fields as in a Pod spec)."""
 
     key: Annotated[str, Field(max_length=317)] | None = Field(
@@ -312,7 +290,7 @@ class Toleration(_Model):
     toleration_seconds: int | None = Field(default=None, description="For NoExecute: seconds to stay bound.")
 
 
-class ResourcesSpec(_Model):
+class ResourcesSpec(ApiModel):
     """Where and on what the training runs."""
 
     gpus_per_node: Annotated[int, Field(ge=0, le=16)] = Field(
@@ -350,7 +328,7 @@ class ResourcesSpec(_Model):
     )
 
 
-class StorageSpec(_Model):
+class StorageSpec(ApiModel):
     """The checkpoint volume: a new PVC, or an existing claim."""
 
     size: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
@@ -394,7 +372,7 @@ def registration_error(alias: str | None, tracking_uri: str | None) -> str | Non
     return None
 
 
-class RegistrationSpec(_Model):
+class RegistrationSpec(ApiModel):
     """Registering the trained model in MLflow."""
 
     enabled: bool = Field(default=True, description="Register the model after training.")
@@ -422,7 +400,7 @@ class RegistrationSpec(_Model):
     )
 
 
-class SecretsSpec(_Model):
+class SecretsSpec(ApiModel):
     """Credentials, by reference only. They reach the pods as secretKeyRef environment variables."""
 
     hugging_face_token: SecretKeyRef | None = Field(
@@ -439,11 +417,11 @@ class SecretsSpec(_Model):
     )
 
 
-class EnvFromSecret(_Model):
+class EnvFromSecret(ApiModel):
     secret_key_ref: SecretKeyRef = Field(description="Secret key to read the value from.")
 
 
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     """An extra environment variable for the trainer (e.g. NCCL settings)."""
 
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = Field(
@@ -457,7 +435,7 @@ class EnvVar(_Model):
 MUTABLE_SPEC_FIELDS = ("suspend", "registration")
 
 
-class FineTuneJobSpec(_Model):
+class FineTuneJobSpec(ApiModel):
     """What to fine-tune, on what data, how, where, and where to register the result."""
 
     model: ModelSource = Field(description="Base model to fine-tune.")
@@ -496,98 +474,10 @@ class FineTuneJobSpec(_Model):
         return self.lora or LoraSpec()
 
 
-# --- status ---------------------------------------------------------------------------------------
-
-
-class Condition(_Model):
-    """A Kubernetes-style condition."""
-
-    type: str = Field(description="Condition type (CamelCase).")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="CamelCase reason.")
-    message: str = Field(default="", description="What happened, for a person.")
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(default=None, description="spec generation this reflects.")
-
-
-class Progress(_Model):
-    step: int | None = Field(default=None, description="Optimizer steps done.")
-    total_steps: int | None = Field(default=None, description="Optimizer steps planned.")
-    percent: int | None = Field(default=None, description="step / totalSteps in percent.")
-    epoch: float | None = Field(default=None, description="Epochs done (fractional).")
-    loss: float | None = Field(default=None, description="Latest training loss.")
-    eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
-    tokens_per_second: float | None = Field(
-        default=None, description="Training tokens per second (all GPUs)."
-    )
-    eta_seconds: int | None = Field(default=None, description="Estimated seconds to the end of training.")
-    updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
-
-
-class CheckpointStatus(_Model):
-    latest: str | None = Field(default=None, description="Newest complete checkpoint (path on the volume).")
-    latest_step: int | None = Field(default=None, description="Step of the newest complete checkpoint.")
-    count: int | None = Field(default=None, description="Complete checkpoints kept.")
-
-
-class MlflowStatus(_Model):
-    tracking_uri: str | None = Field(default=None, description="Tracking server used.")
-    experiment_id: str | None = Field(default=None, description="MLflow experiment id.")
-    run_id: str | None = Field(
-        default=None, description="MLflow run (one per FineTuneJob, kept across restarts)."
-    )
-
-
-class RegisteredModelStatus(_Model):
-    name: str | None = Field(default=None, description="Registered model name.")
-    version: str | None = Field(default=None, description="Registered model version.")
-    uri: str | None = Field(default=None, description="models:/<name>/<version>.")
-    alias: str | None = Field(default=None, description="Alias set on that version.")
-
-
-class ChildrenStatus(_Model):
-    checkpoint_claim: str | None = Field(
-        default=None, description="PersistentVolumeClaim with the checkpoints."
-    )
-    config_map: str | None = Field(default=None, description="ConfigMap with the trainer config.")
-    py_torch_job: str | None = Field(default=None, alias="pytorchJob", description="Kubeflow PyTorchJob.")
-    registration_job: str | None = Field(default=None, description="Registration batch/v1 Job.")
-
-
-class FineTuneJobStatus(_Model):
-    model_config = ConfigDict(extra="ignore")
-
-    phase: Phase | None = Field(
-        default=None, description="Pending, Training, Suspended, Registering, Succeeded, Failed."
-    )
-    observed_generation: int | None = Field(default=None, description="Latest spec generation acted on.")
-    conditions: list[Condition] | None = Field(
-        default=None,
-        description="Ready, Training, Registered, Suspended, ... (Kubernetes conventions).",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
-    checkpoints: CheckpointStatus | None = Field(default=None, description="Checkpoints on the volume.")
-    mlflow: MlflowStatus | None = Field(default=None, description="MLflow tracking.")
-    registered_model: RegisteredModelStatus | None = Field(default=None, description="The registered model.")
-    children: ChildrenStatus | None = Field(
-        default=None, description="Names of the objects kubetune created."
-    )
-    start_time: str | None = Field(default=None, description="When training started (RFC 3339).")
-    completion_time: str | None = Field(
-        default=None, description="When the job succeeded or failed (RFC 3339)."
-    )
-    registration_retry: str | None = Field(
-        default=None,
-        description="The kubetune.io/retry-registration annotation's value last acted on: a failed "
-        "registration was retried (or, with registration turned off, finished without registering).",
-    )
-
-
 # --- the whole object -----------------------------------------------------------------------------
 
 
-class ObjectMeta(_Model):
+class ObjectMeta(ApiModel):
     model_config = ConfigDict(extra="allow", alias_generator=None)
 
     name: str
@@ -598,7 +488,7 @@ class ObjectMeta(_Model):
     annotations: dict[str, str] | None = None
 
 
-class FineTuneJob(_Model):
+class FineTuneJob(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
     api_version: Literal["kubetune.io/v1alpha1"] = Field(default="kubetune.io/v1alpha1", alias="apiVersion")

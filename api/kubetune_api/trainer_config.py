@@ -25,7 +25,8 @@ import yaml
 from pydantic import Field
 
 from . import rules
-from .spec import FineTuneJob, FineTuneJobSpec, _Model
+from .base import ApiModel
+from .spec import FineTuneJob, FineTuneJobSpec
 
 CONFIG_KEY = "config.yaml"
 CONFIG_MOUNT_DIR = "/etc/kubetune"
@@ -42,7 +43,7 @@ REGISTER_RESULT_FILE = "register-result.json"
 EXIT_PREEMPTED = 143
 
 
-class JobRef(_Model):
+class JobRef(ApiModel):
     name: str = Field(description="FineTuneJob name.")
     namespace: str = Field(default="default", description="FineTuneJob namespace.")
     uid: str | None = Field(default=None, description="FineTuneJob uid (lineage tag).")
@@ -63,7 +64,7 @@ HOW_THE_RUN_GOES = (
 )
 
 
-class TrainerConfig(_Model):
+class TrainerConfig(ApiModel):
     """Everything the trainer and the registration step need."""
 
     job: JobRef

@@ -31,6 +31,7 @@ from typing import Any
 import kopf
 
 from kubetune_api import spec as api
+from kubetune_api.status import Phase
 
 from . import builders, state
 from .kube import ApiError, Kube, load_api_client
@@ -149,9 +150,7 @@ async def finetunejob_unobserved(
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     retry = (meta.get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)
-    asked = (
-        status.get("phase") == api.Phase.FAILED.value and retry and retry != status.get("registrationRetry")
-    )
+    asked = status.get("phase") == Phase.FAILED and retry and retry != status.get("registrationRetry")
     generation = meta.get("generation")
     observed = status.get("observedGeneration")
     if not asked and (generation is None or observed is None or generation == observed):

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubetune_api import spec as api
+from kubetune_api.status import FineTuneJobStatus, Phase
 
 from . import builders, state
 from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_suspend
@@ -97,22 +98,22 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     generation = int(meta.get("generation") or 1)
     raw_status = obj.get("status") or {}
     try:
-        previous = api.FineTuneJobStatus.model_validate(raw_status)
+        previous = FineTuneJobStatus.model_validate(raw_status)
     except ValidationError:
-        previous = api.FineTuneJobStatus(phase=raw_status.get("phase"))
+        previous = FineTuneJobStatus(phase=raw_status.get("phase"))
     retry = None
-    if previous.phase == api.Phase.SUCCEEDED.value:
+    if previous.phase == Phase.SUCCEEDED:
         retry = _registration_turned_on(ctx, obj, previous)
         if retry is None:
             return _follow_alias(ctx, obj, previous, generation)
         # trained with registration off, now turned on: register the trained model
-        previous = previous.model_copy(update={"phase": api.Phase.REGISTERING.value})
+        previous = previous.model_copy(update={"phase": Phase.REGISTERING})
     elif previous.phase in state.FINAL_PHASES and not state.reopens(previous, generation):
         retry = _registration_retry(ctx, obj, previous)
         if retry is None:
             return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
         # the user asked for a retry (the annotation its message names): register again
-        previous = previous.model_copy(update={"phase": api.Phase.REGISTERING.value})
+        previous = previous.model_copy(update={"phase": Phase.REGISTERING})
 
     try:
         job = api.parse_job(obj)
@@ -185,7 +186,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             0,
             state.Event(
                 "Normal",
-                state.REGISTRATION_RETRIED,
+                state.EventReason.REGISTRATION_RETRIED,
                 f"{api.RETRY_REGISTRATION_ANNOTATION}={requested}: registering the trained model again "
                 f"(registration Job {builders.registration_job_name(job)} created anew, training not repeated)",
             ),
@@ -195,7 +196,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             0,
             state.Event(
                 "Normal",
-                state.REGISTRATION_ENABLED,
+                state.EventReason.REGISTRATION_ENABLED,
                 "spec.registration.enabled was turned on after training: registering the trained model",
             ),
         )
@@ -221,7 +222,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
 def _children(
     ctx: Context,
     job: api.FineTuneJob,
-    previous: api.FineTuneJobStatus,
+    previous: FineTuneJobStatus,
     created: list[dict[str, Any]],
     children: dict[str, str],
 ) -> tuple[str | None, state.TrainingObservation, state.RegistrationObservation, state.PodsObservation]:
@@ -327,18 +328,16 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
     return state.pods_observation(pytorchjob, pods, events)
 
 
-def _follow_alias(
-    ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus, generation: int
-) -> Outcome:
+def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus, generation: int) -> Outcome:
     """Succeeded, then ``registration.alias`` changed: run the (idempotent) registration again to move it."""
-    done = Outcome(phase=api.Phase.SUCCEEDED.value)
+    done = Outcome(phase=Phase.SUCCEEDED)
     model = previous.registered_model
     try:
         job = api.parse_job(obj)
     except ValidationError:
         return _observed(ctx, obj, done, generation)
     wanted = job.spec.registration.alias or None
-    synced = next((c for c in previous.conditions or [] if c.type == state.ALIAS_SYNCED), None)
+    synced = next((c for c in previous.conditions or [] if c.type == state.ConditionType.ALIAS_SYNCED), None)
     # An alias the status shows is only settled when no move is under way: after production, then
     # champion again while production's Job runs, that Job would leave production in MLflow.
     settled = synced is None or synced.status == "True"
@@ -391,7 +390,7 @@ def _parsed(obj: dict[str, Any]) -> api.FineTuneJob | None:
         return None
 
 
-def _trained(ctx: Context, job: api.FineTuneJob, previous: api.FineTuneJobStatus) -> bool:
+def _trained(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) -> bool:
     """Whether training finished: the status says so (the pass then never creates the PyTorchJob
     again, see ``_pass``), or the job's PyTorchJob is there and Succeeded. A pass that registers
     never trains again."""
@@ -403,7 +402,7 @@ def _trained(ctx: Context, job: api.FineTuneJob, previous: api.FineTuneJobStatus
     return state.training_observation(trained).condition == "Succeeded"
 
 
-def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
     """``enabled``: the job succeeded with registration off and ``registration.enabled`` is now
     true, and training is known to have finished (``_trained``); the pass registers. None otherwise."""
     if not state.finished_without_registration(previous) or (job := _parsed(obj)) is None:
@@ -411,14 +410,14 @@ def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: api.Fin
     return "enabled" if job.spec.registration.enabled and _trained(ctx, job, previous) else None
 
 
-def retry_requested(obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+def retry_requested(obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
     """The ``kubetune.io/retry-registration`` annotation's value when no pass has acted on it yet
     (``status.registrationRetry``); None otherwise."""
     value = ((obj.get("metadata") or {}).get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)
     return value if value and value != previous.registration_retry else None
 
 
-def _registration_retry(ctx: Context, obj: dict[str, Any], previous: api.FineTuneJobStatus) -> str | None:
+def _registration_retry(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
     """Whether a job that failed in registration is registered again now, and how.
 
     Only the user's request retries: the ``kubetune.io/retry-registration`` annotation set to a

@@ -40,71 +40,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubetune_api.spec import (
-    RETRY_REGISTRATION_ANNOTATION,
+from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
+from kubetune_api.status import (
     Condition,
+    ConditionType,
+    EventReason,
     FineTuneJobStatus,
     Phase,
+    Reason,
     RegisteredModelStatus,
 )
 
-# --- condition types ------------------------------------------------------------------------------
-
-READY = "Ready"
-CHILDREN_READY = "ChildrenReady"
-TRAINING = "Training"
-SUSPENDED = "Suspended"
-REGISTERED = "Registered"
-# after Succeeded: whether the registered version carries the spec's registration.alias
-ALIAS_SYNCED = "AliasSynced"
-MOVING_ALIAS = "MovingAlias"
-ALIAS_MOVED = "AliasMoved"
-ALIAS_FAILED = "AliasFailed"
-CONDITION_TYPES = (READY, CHILDREN_READY, TRAINING, SUSPENDED, REGISTERED)
-
-# --- reasons ----------------------------------------------------------------------------------------
-
-CHILDREN_CREATED = "ChildrenCreated"
-CREATING_CHILDREN = "CreatingChildren"
-CHILD_CONFLICT = "ChildConflict"
-CHILD_REJECTED = "ChildRejected"
-CHILD_FORBIDDEN = "ChildForbidden"
-CHILD_API_ERROR = "ChildApiError"
-INVALID_SPEC = "InvalidSpec"
-WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
-TRAINING_CREATED = "TrainingCreated"
-TRAINING_RUNNING = "TrainingRunning"
-TRAINING_RESTARTING = "TrainingRestarting"
-TRAINING_SUCCEEDED = "TrainingSucceeded"
-TRAINING_FAILED = "TrainingFailed"
-SUSPENDED_BY_USER = "SuspendedByUser"
-QUEUED = "Queued"
-RESUMING = "Resuming"
-NOT_SUSPENDED = "NotSuspended"
-REGISTRATION_PENDING = "RegistrationPending"
-REGISTRATION_RUNNING = "RegistrationRunning"
-REGISTRATION_FAILED = "RegistrationFailed"
-REGISTRATION_DISABLED = "RegistrationDisabled"
-REGISTRATION_RESULT_PENDING = "RegistrationResultPending"
-MODEL_REGISTERED = "ModelRegistered"
-SUCCEEDED = "Succeeded"
-NOT_READY = "NotReady"
+CONDITION_TYPES = (
+    ConditionType.READY,
+    ConditionType.CHILDREN_READY,
+    ConditionType.TRAINING,
+    ConditionType.SUSPENDED,
+    ConditionType.REGISTERED,
+)
 # the training pods cannot start (Training, and Ready while not trained): most decisive first
-PODS_NOT_CREATED = "PodsNotCreated"
-UNSCHEDULABLE = "Unschedulable"
-IMAGE_PULL_FAILED = "ImagePullFailed"
-POD_TROUBLE = (PODS_NOT_CREATED, UNSCHEDULABLE, IMAGE_PULL_FAILED)
-
-# Events (reason constants) emitted on transitions, beside the condition reasons above.
-TRAINING_STARTED = "TrainingStarted"
-REGISTRATION_STARTED = "RegistrationStarted"
-RESUMED = "Resumed"
-FAILED = "Failed"
-
-REGISTRATION_RETRIED = "RegistrationRetried"
-REGISTRATION_ENABLED = "RegistrationEnabled"
-# a new spec generation of a job Failed with ChildRejected: the children are created again
-CHILDREN_RETRIED = "ChildrenRetried"
+POD_TROUBLE = (Reason.PODS_NOT_CREATED, Reason.UNSCHEDULABLE, Reason.IMAGE_PULL_FAILED)
 
 FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
 
@@ -118,22 +73,22 @@ def failed_in_registration(status: FineTuneJobStatus) -> bool:
     """
     if status.phase != Phase.FAILED.value:
         return False
-    ready = next((c for c in status.conditions or [] if c.type == READY), None)
-    return ready is not None and ready.reason == REGISTRATION_FAILED
+    ready = next((c for c in status.conditions or [] if c.type == ConditionType.READY), None)
+    return ready is not None and ready.reason == Reason.REGISTRATION_FAILED
 
 
 def training_succeeded(status: FineTuneJobStatus) -> bool:
     """The status says training finished (its Training condition is TrainingSucceeded)."""
-    training = next((c for c in status.conditions or [] if c.type == TRAINING), None)
-    return training is not None and training.reason == TRAINING_SUCCEEDED
+    training = next((c for c in status.conditions or [] if c.type == ConditionType.TRAINING), None)
+    return training is not None and training.reason == Reason.TRAINING_SUCCEEDED
 
 
 def finished_without_registration(status: FineTuneJobStatus) -> bool:
     """Succeeded with registration off: turning ``registration.enabled`` on registers the model."""
     if status.phase != Phase.SUCCEEDED.value or status.registered_model is not None:
         return False
-    registered = next((c for c in status.conditions or [] if c.type == REGISTERED), None)
-    return registered is not None and registered.reason == REGISTRATION_DISABLED
+    registered = next((c for c in status.conditions or [] if c.type == ConditionType.REGISTERED), None)
+    return registered is not None and registered.reason == Reason.REGISTRATION_DISABLED
 
 
 # PyTorchJob condition types, most decisive first: the first one that is True wins.
@@ -274,7 +229,7 @@ def pods_observation(
         if failure is None:
             unexplained.append(name)
         else:
-            troubles.append(PodTrouble(PODS_NOT_CREATED, name, failure[1], since=failure[0]))
+            troubles.append(PodTrouble(Reason.PODS_NOT_CREATED, name, failure[1], since=failure[0]))
     for name in sorted(live):
         troubles.extend(_pod_troubles(live[name]))
     if not troubles:
@@ -312,17 +267,19 @@ def _pod_troubles(pod: dict[str, Any]) -> list[PodTrouble]:
             if (
                 c.get("type") == "PodScheduled"
                 and c.get("status") == "False"
-                and c.get("reason") == UNSCHEDULABLE
+                and c.get("reason") == Reason.UNSCHEDULABLE
             ):
                 message = c.get("message") or "no node fits the pod"
-                out.append(PodTrouble(UNSCHEDULABLE, name, message, since=c.get("lastTransitionTime") or ""))
+                out.append(
+                    PodTrouble(Reason.UNSCHEDULABLE, name, message, since=c.get("lastTransitionTime") or "")
+                )
     for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in IMAGE_PULL_REASONS:
             detail = f"container {cs.get('name')} (image {cs.get('image')}): {waiting['reason']}"
             if waiting.get("message"):
                 detail += f": {waiting['message']}"
-            out.append(PodTrouble(IMAGE_PULL_FAILED, name, detail))
+            out.append(PodTrouble(Reason.IMAGE_PULL_FAILED, name, detail))
             break
     return out
 
@@ -391,12 +348,17 @@ def settling(status: dict[str, Any] | None) -> bool:
     if status.get("phase") not in (Phase.PENDING.value, Phase.TRAINING.value):
         return False
     training = next(
-        (c for c in status.get("conditions") or [] if isinstance(c, dict) and c.get("type") == TRAINING), None
+        (
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") == ConditionType.TRAINING
+        ),
+        None,
     )
     return training is not None and training.get("reason") in (
-        WAITING_FOR_TRAINING_OPERATOR,
-        TRAINING_CREATED,
-        TRAINING_RESTARTING,
+        Reason.WAITING_FOR_TRAINING_OPERATOR,
+        Reason.TRAINING_CREATED,
+        Reason.TRAINING_RESTARTING,
     )
 
 
@@ -462,8 +424,8 @@ def rejected_child(status: FineTuneJobStatus) -> bool:
     """Failed because the API server refused to create a child as this spec builds it."""
     if status.phase != Phase.FAILED.value:
         return False
-    ready = next((c for c in status.conditions or [] if c.type == READY), None)
-    return ready is not None and ready.reason == CHILD_REJECTED
+    ready = next((c for c in status.conditions or [] if c.type == ConditionType.READY), None)
+    return ready is not None and ready.reason == Reason.CHILD_REJECTED
 
 
 def reopens(status: FineTuneJobStatus, generation: int) -> bool:
@@ -475,7 +437,7 @@ def reopens(status: FineTuneJobStatus, generation: int) -> bool:
     """
     if not rejected_child(status):
         return False
-    ready = next(c for c in status.conditions or [] if c.type == READY)
+    ready = next(c for c in status.conditions or [] if c.type == ConditionType.READY)
     return (ready.observed_generation or 0) < generation
 
 
@@ -664,7 +626,7 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         opening.append(
             Event(
                 "Normal",
-                CHILDREN_RETRIED,
+                EventReason.CHILDREN_RETRIED,
                 f"spec generation {obs.generation}: creating the children the API server refused again",
             )
         )
@@ -726,30 +688,30 @@ def _held(
     forbidden = err.verdict == "forbidden"
     if forbidden or err.attempts >= SHOW_TRANSIENT_AFTER:
         if forbidden:
-            reason = CHILD_FORBIDDEN
+            reason = Reason.CHILD_FORBIDDEN
             msg = (
                 f"{err.describe()}. A ResourceQuota, the operator's RBAC or an admission policy forbids it; "
                 f"retrying with backoff (attempt {err.attempts}) until it is allowed"
             )
         else:
-            reason = CHILD_API_ERROR
+            reason = Reason.CHILD_API_ERROR
             msg = f"{err.describe()}. Retrying with backoff ({err.attempts} attempts in a row failed)"
             if err.kind == "PyTorchJob" and err.code == 404:
                 msg += "; is the Kubeflow Training Operator (its PyTorchJob CRD) installed?"
         reasons["children"] = (False, reason, msg)
         if phase == Phase.PENDING:
             reasons["ready"] = (False, reason, msg)
-    elif CHILDREN_READY not in prev_conditions:
+    elif ConditionType.CHILDREN_READY not in prev_conditions:
         reasons["children"] = (
             False,
-            CREATING_CHILDREN,
+            Reason.CREATING_CHILDREN,
             "creating the checkpoint volume, trainer config and PyTorchJob",
         )
-        reasons["ready"] = (False, NOT_READY, "creating the children")
+        reasons["ready"] = (False, Reason.NOT_READY, "creating the children")
     # Training has not started because of it: say so there too (what `kubectl describe` and Argo CD
     # show first while Pending), unless the Training condition already knows the PyTorchJob.
-    training = prev_conditions.get(TRAINING)
-    held = (CREATING_CHILDREN, CHILD_FORBIDDEN, CHILD_API_ERROR)
+    training = prev_conditions.get(ConditionType.TRAINING)
+    held = (Reason.CREATING_CHILDREN, Reason.CHILD_FORBIDDEN, Reason.CHILD_API_ERROR)
     if phase == Phase.PENDING and "children" in reasons and (training is None or training.reason in held):
         reasons["training"] = reasons["children"]
     conditions = _conditions(str(phase), reasons, obs, prev_conditions)
@@ -770,8 +732,8 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     out: dict[str, Any] = {}
 
     if obs.invalid_spec:
-        out["children"] = (False, INVALID_SPEC, obs.invalid_spec)
-        out["ready"] = (False, INVALID_SPEC, obs.invalid_spec)
+        out["children"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
+        out["ready"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
         return Phase.FAILED.value, out
 
     if obs.child_error is not None:  # rejected (``advance`` holds the others)
@@ -782,17 +744,21 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
             "When an admission policy refused it, any accepted change of the spec makes the operator try "
             "again once the policy allows the object"
         )
-        out["children"] = (False, CHILD_REJECTED, msg)
-        out["ready"] = (False, CHILD_REJECTED, msg)
+        out["children"] = (False, Reason.CHILD_REJECTED, msg)
+        out["ready"] = (False, Reason.CHILD_REJECTED, msg)
         return Phase.FAILED.value, out
 
     if obs.conflict:
         msg = obs.conflict
-        out["children"] = (False, CHILD_CONFLICT, msg)
-        out["ready"] = (False, CHILD_CONFLICT, msg)
+        out["children"] = (False, Reason.CHILD_CONFLICT, msg)
+        out["ready"] = (False, Reason.CHILD_CONFLICT, msg)
         out["waiting"] = True
         return Phase.PENDING.value, out
-    out["children"] = (True, CHILDREN_CREATED, "checkpoint volume, trainer config and PyTorchJob exist")
+    out["children"] = (
+        True,
+        Reason.CHILDREN_CREATED,
+        "checkpoint volume, trainer config and PyTorchJob exist",
+    )
 
     logs_hint = (
         f"trainer logs: kubectl logs -n {obs.namespace} -l training.kubeflow.org/job-name={obs.pytorchjob_name} "
@@ -807,12 +773,12 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
             "retried up to the backoff limit; checkpoints stay on PVC "
             f"{obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
         )
-        out["training"] = (False, TRAINING_FAILED, msg)
-        out["ready"] = (False, TRAINING_FAILED, msg)
+        out["training"] = (False, Reason.TRAINING_FAILED, msg)
+        out["ready"] = (False, Reason.TRAINING_FAILED, msg)
         return Phase.FAILED.value, out
 
     if tr.condition == "Succeeded":
-        out["training"] = (False, TRAINING_SUCCEEDED, tr.message or "training finished")
+        out["training"] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
         job = f"registration Job {obs.registration_job_name}"
         retry = (
             f"kubectl annotate ftj -n {obs.namespace} {obs.job_name} "
@@ -825,8 +791,8 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         elif reg.state == "Skipped" and not obs.registration_enabled:
             disabled = f"{job} ended without registering: spec.registration.enabled is false"
         if disabled is not None:
-            out["registered"] = (False, REGISTRATION_DISABLED, disabled)
-            out["ready"] = (True, SUCCEEDED, "training finished; registration is disabled")
+            out["registered"] = (False, Reason.REGISTRATION_DISABLED, disabled)
+            out["ready"] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
             return Phase.SUCCEEDED.value, out
         failed = None  # Failed in registration, and the remedy
         if reg.state == "Skipped":
@@ -846,23 +812,23 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
                 f"creates it again): {retry}; {kept}"
             )
         if failed is not None:
-            out["registered"] = (False, REGISTRATION_FAILED, failed)
-            out["ready"] = (False, REGISTRATION_FAILED, failed)
+            out["registered"] = (False, Reason.REGISTRATION_FAILED, failed)
+            out["ready"] = (False, Reason.REGISTRATION_FAILED, failed)
             return Phase.FAILED.value, out
         if reg.state == "Complete" and reg.result is not None:
             r = reg.result
             msg = f"registered model {r['name']} version {r['version']}"
-            out["registered"] = (True, MODEL_REGISTERED, msg)
-            out["ready"] = (True, SUCCEEDED, msg)
+            out["registered"] = (True, Reason.MODEL_REGISTERED, msg)
+            out["ready"] = (True, Reason.SUCCEEDED, msg)
             return Phase.SUCCEEDED.value, out
         if reg.state == "Complete":
             msg = f"registration Job {obs.registration_job_name} completed; waiting for its result (pod termination message)"
-            out["registered"] = (False, REGISTRATION_RESULT_PENDING, msg)
+            out["registered"] = (False, Reason.REGISTRATION_RESULT_PENDING, msg)
             out["waiting"] = True
         elif reg.exists:
             out["registered"] = (
                 False,
-                REGISTRATION_RUNNING,
+                Reason.REGISTRATION_RUNNING,
                 f"registration Job {obs.registration_job_name} is running"
                 + (
                     ""
@@ -871,55 +837,59 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
                 ),
             )
         else:
-            out["registered"] = (False, REGISTRATION_PENDING, "creating the registration Job")
-        out["ready"] = (False, REGISTRATION_RUNNING, "training finished; registering the model")
+            out["registered"] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
+        out["ready"] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
         return Phase.REGISTERING.value, out
 
     # Training not finished.
     out["registered"] = (
-        (False, REGISTRATION_PENDING, "registers after training")
+        (False, Reason.REGISTRATION_PENDING, "registers after training")
         if obs.registration_enabled
-        else (False, REGISTRATION_DISABLED, "spec.registration.enabled is false")
+        else (False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
     )
     if obs.suspend:
-        out["suspended"] = (True, SUSPENDED_BY_USER, "spec.suspend is true: the PyTorchJob is suspended")
-        out["training"] = (False, SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
-        out["ready"] = (False, SUSPENDED_BY_USER, "suspended")
+        out["suspended"] = (
+            True,
+            Reason.SUSPENDED_BY_USER,
+            "spec.suspend is true: the PyTorchJob is suspended",
+        )
+        out["training"] = (False, Reason.SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
+        out["ready"] = (False, Reason.SUSPENDED_BY_USER, "suspended")
         return Phase.SUSPENDED.value, out
     if tr.condition == "Suspended":
         if obs.queued_by_kueue:
             msg = "the PyTorchJob waits for Kueue to admit it (spec.resources.queueName)"
-            out["suspended"] = (True, QUEUED, msg)
-            out["training"] = (False, QUEUED, msg)
-            out["ready"] = (False, QUEUED, msg)
+            out["suspended"] = (True, Reason.QUEUED, msg)
+            out["training"] = (False, Reason.QUEUED, msg)
+            out["ready"] = (False, Reason.QUEUED, msg)
             return Phase.PENDING.value, out
         msg = "resuming the PyTorchJob"
-        out["suspended"] = (False, RESUMING, msg)
-        out["training"] = (False, RESUMING, msg)
-        out["ready"] = (False, RESUMING, msg)
+        out["suspended"] = (False, Reason.RESUMING, msg)
+        out["training"] = (False, Reason.RESUMING, msg)
+        out["ready"] = (False, Reason.RESUMING, msg)
         return Phase.PENDING.value, out
-    out["suspended"] = (False, NOT_SUSPENDED, "")
+    out["suspended"] = (False, Reason.NOT_SUSPENDED, "")
     if tr.condition == "Running":
         phase = Phase.TRAINING.value
-        out["training"] = (True, TRAINING_RUNNING, tr.message or "training")
-        out["ready"] = (False, TRAINING_RUNNING, "training")
+        out["training"] = (True, Reason.TRAINING_RUNNING, tr.message or "training")
+        out["ready"] = (False, Reason.TRAINING_RUNNING, "training")
     elif tr.condition == "Restarting":
         phase = Phase.TRAINING.value
         msg = (
             f"PyTorchJob {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
             "training resumes from the newest checkpoint"
         )
-        out["training"] = (True, TRAINING_RESTARTING, msg)
-        out["ready"] = (False, TRAINING_RESTARTING, msg)
+        out["training"] = (True, Reason.TRAINING_RESTARTING, msg)
+        out["ready"] = (False, Reason.TRAINING_RESTARTING, msg)
     else:
         phase = Phase.PENDING.value
         if tr.condition == "Created":
             msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
-            out["training"] = (False, TRAINING_CREATED, msg)
+            out["training"] = (False, Reason.TRAINING_CREATED, msg)
         else:
             msg = f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
-            out["training"] = (False, WAITING_FOR_TRAINING_OPERATOR, msg)
-        out["ready"] = (False, NOT_READY, msg)
+            out["training"] = (False, Reason.WAITING_FOR_TRAINING_OPERATOR, msg)
+        out["ready"] = (False, Reason.NOT_READY, msg)
     shown = _pod_trouble(obs)
     if shown is not None:
         # the phase stays what the PyTorchJob says; Training and Ready say why its pods do not start
@@ -937,24 +907,24 @@ def _pod_trouble(obs: Observation) -> tuple[str, str] | None:
         return None
     pod = f"pod {t.pod}" + (f" (and {t.others} more)" if t.others else "")
     describe = f"kubectl describe pod -n {obs.namespace} {t.pod}"
-    if t.reason == UNSCHEDULABLE:
+    if t.reason == Reason.UNSCHEDULABLE:
         began, now = parse_time(t.since), parse_time(obs.now)
         if began is not None and now is not None and (now - began).total_seconds() < SHOW_UNSCHEDULABLE_AFTER:
             return None
-        return UNSCHEDULABLE, (
+        return Reason.UNSCHEDULABLE, (
             f"the scheduler cannot place {pod}: {t.message}. Check spec.resources (gpusPerNode, gpuProduct: "
             "the nodes' nvidia.com/gpu.product label, cpu, memory, nodeSelector, tolerations) against the "
             "nodes and their free GPUs (kubectl get nodes -L nvidia.com/gpu.product); the pod starts by "
             "itself once a node fits"
         )
-    if t.reason == PODS_NOT_CREATED:
-        return PODS_NOT_CREATED, (
+    if t.reason == Reason.PODS_NOT_CREATED:
+        return Reason.PODS_NOT_CREATED, (
             f"the Training Operator cannot create {pod} of PyTorchJob {obs.pytorchjob_name}: {t.message}. "
             "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
             "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
             "with a growing backoff"
         )
-    return IMAGE_PULL_FAILED, (
+    return Reason.IMAGE_PULL_FAILED, (
         f"{pod} cannot pull its image: {t.message}. Check that the image (spec.image, else the operator's "
         f"trainer image) exists and that the nodes can pull it (registry reachable, credentials); {describe}"
     )
@@ -964,18 +934,18 @@ def _conditions(
     phase: str, reasons: dict[str, Any], obs: Observation, prev: dict[str, Condition]
 ) -> list[Condition]:
     defaults = {
-        "ready": (False, NOT_READY, ""),
-        "children": (False, CHILDREN_CREATED, ""),
-        "training": (False, WAITING_FOR_TRAINING_OPERATOR, ""),
-        "suspended": (False, NOT_SUSPENDED, ""),
-        "registered": (False, REGISTRATION_PENDING, ""),
+        "ready": (False, Reason.NOT_READY, ""),
+        "children": (False, Reason.CHILDREN_CREATED, ""),
+        "training": (False, Reason.WAITING_FOR_TRAINING_OPERATOR, ""),
+        "suspended": (False, Reason.NOT_SUSPENDED, ""),
+        "registered": (False, Reason.REGISTRATION_PENDING, ""),
     }
     keys = {
-        "ready": READY,
-        "children": CHILDREN_READY,
-        "training": TRAINING,
-        "suspended": SUSPENDED,
-        "registered": REGISTERED,
+        "ready": ConditionType.READY,
+        "children": ConditionType.CHILDREN_READY,
+        "training": ConditionType.TRAINING,
+        "suspended": ConditionType.SUSPENDED,
+        "registered": ConditionType.REGISTERED,
     }
     out = []
     for key, type_ in keys.items():
@@ -986,7 +956,7 @@ def _conditions(
             # Not decided this time (e.g. Suspended once training finished): keep what it said.
             old = prev[type_]
             if key == "suspended" and old.status == "True":
-                decided = (False, NOT_SUSPENDED, "")
+                decided = (False, Reason.NOT_SUSPENDED, "")
             else:
                 out.append(old.model_copy(update={"observed_generation": obs.generation}))
                 continue
@@ -1000,34 +970,38 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     events: list[Event] = []
     children = reasons.get("children")
     # a child that cannot be had: once when it starts (ChildRejected is the Failed event below)
-    if children and children[1] in (CHILD_CONFLICT, CHILD_FORBIDDEN, CHILD_API_ERROR):
-        old = prev.get(CHILDREN_READY)
+    if children and children[1] in (Reason.CHILD_CONFLICT, Reason.CHILD_FORBIDDEN, Reason.CHILD_API_ERROR):
+        old = prev.get(ConditionType.CHILDREN_READY)
         if old is None or old.reason != children[1]:
             events.append(Event("Warning", children[1], children[2]))
     training = reasons.get("training")
     # restarting, or pods that cannot start: once when it starts
-    if training and training[1] in (TRAINING_RESTARTING, *POD_TROUBLE):
-        old = prev.get(TRAINING)
+    if training and training[1] in (Reason.TRAINING_RESTARTING, *POD_TROUBLE):
+        old = prev.get(ConditionType.TRAINING)
         if old is None or old.reason != training[1]:
             events.append(Event("Warning", training[1], training[2]))
     if phase == prev_phase:
         return events
     ready = reasons.get("ready", (False, "", ""))
     if phase == Phase.TRAINING.value:
-        reason = RESUMED if prev_phase == Phase.SUSPENDED.value else TRAINING_STARTED
+        reason = EventReason.RESUMED if prev_phase == Phase.SUSPENDED.value else EventReason.TRAINING_STARTED
         events.append(Event("Normal", reason, "training is running"))
     elif phase == Phase.SUSPENDED.value:
-        events.append(Event("Normal", SUSPENDED_BY_USER, "suspended the PyTorchJob (spec.suspend)"))
+        events.append(Event("Normal", Reason.SUSPENDED_BY_USER, "suspended the PyTorchJob (spec.suspend)"))
     elif phase == Phase.PENDING.value and prev_phase == Phase.SUSPENDED.value:
-        events.append(Event("Normal", RESUMED, "resuming the PyTorchJob"))
+        events.append(Event("Normal", EventReason.RESUMED, "resuming the PyTorchJob"))
     elif phase == Phase.REGISTERING.value:
         events.append(
-            Event("Normal", REGISTRATION_STARTED, "training succeeded; registering the model in MLflow")
+            Event(
+                "Normal",
+                EventReason.REGISTRATION_STARTED,
+                "training succeeded; registering the model in MLflow",
+            )
         )
     elif phase == Phase.SUCCEEDED.value:
-        events.append(Event("Normal", SUCCEEDED, ready[2]))
+        events.append(Event("Normal", Reason.SUCCEEDED, ready[2]))
     elif phase == Phase.FAILED.value:
-        events.append(Event("Warning", ready[1] or FAILED, ready[2]))
+        events.append(Event("Warning", ready[1] or EventReason.FAILED, ready[2]))
     return events
 
 
@@ -1054,21 +1028,23 @@ def alias_transition(
         moved = str(job.result["alias"]) if job.result.get("alias") else None
         status["registeredModel"] = {**model.wire(), "alias": moved}
         text = f"alias {moved!r} points at {target}" if moved else f"{target} has no kubetune alias now"
-        decided = (True, ALIAS_MOVED, text)
+        decided = (True, Reason.ALIAS_MOVED, text)
         kind: Literal["Normal", "Warning"] = "Normal"
     elif job.state in ("Failed", "Skipped"):
-        decided = (False, ALIAS_FAILED, f"moving the alias to {wanted!r} failed: {job.message}")
+        decided = (False, Reason.ALIAS_FAILED, f"moving the alias to {wanted!r} failed: {job.message}")
         kind = "Warning"
     else:
-        decided = (False, MOVING_ALIAS, f"pointing alias {wanted!r} at {target}")
+        decided = (False, Reason.MOVING_ALIAS, f"pointing alias {wanted!r} at {target}")
         kind = "Normal"
     previous_conditions = {c.type: c for c in previous.conditions or []}
-    condition = _condition(previous_conditions, ALIAS_SYNCED, decided, now=now, generation=generation)
-    kept = [c for c in previous.conditions or [] if c.type != ALIAS_SYNCED]
+    condition = _condition(
+        previous_conditions, ConditionType.ALIAS_SYNCED, decided, now=now, generation=generation
+    )
+    kept = [c for c in previous.conditions or [] if c.type != ConditionType.ALIAS_SYNCED]
     status["conditions"] = [
         c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in [*kept, condition]
     ]
-    before = previous_conditions.get(ALIAS_SYNCED)
+    before = previous_conditions.get(ConditionType.ALIAS_SYNCED)
     events = (
         [] if before is not None and before.reason == decided[1] else [Event(kind, decided[1], decided[2])]
     )

@@ -21,6 +21,7 @@ from tests.support.controlplane import REPO, ControlPlane
 from tests.support.lua import run_health
 
 from kubetune_api import spec as api
+from kubetune_api.status import FineTuneJobStatus, Phase
 from kubetune_operator import state
 from kubetune_operator.kube import Kube
 
@@ -105,13 +106,13 @@ def _pods(reason: str, message: str, condition: str = "Created") -> state.Observ
     return _obs(training=_training(condition), pods=state.PodsObservation(trouble=trouble))
 
 
-UNSCHEDULABLE = _pods(state.UNSCHEDULABLE, SCHEDULER)
-WORKER_UNSCHEDULABLE = _pods(state.UNSCHEDULABLE, SCHEDULER, "Running")
+UNSCHEDULABLE = _pods(state.Reason.UNSCHEDULABLE, SCHEDULER)
+WORKER_UNSCHEDULABLE = _pods(state.Reason.UNSCHEDULABLE, SCHEDULER, "Running")
 NOT_CREATED = _pods(
-    state.PODS_NOT_CREATED,
+    state.Reason.PODS_NOT_CREATED,
     'Error creating: pods "job-train-master-0" is forbidden: no PriorityClass with name x was found',
 )
-IMAGE_PULL = _pods(state.IMAGE_PULL_FAILED, "container pytorch (image t:nope): ImagePullBackOff")
+IMAGE_PULL = _pods(state.Reason.IMAGE_PULL_FAILED, "container pytorch (image t:nope): ImagePullBackOff")
 FORBIDDEN = _obs(
     child_error=state.ChildError(
         "create", "PersistentVolumeClaim", "job-ckpt", 403, "Forbidden", "exceeded quota: no-pvcs"
@@ -152,7 +153,7 @@ def drive(kube: Kube, namespace: str, name: str, *steps: Step) -> dict[str, Any]
     for step in steps:
         obj = kube.get(api.API_VERSION, api.KIND, namespace, name)
         assert obj is not None
-        previous = api.FineTuneJobStatus.model_validate(obj.get("status") or {})
+        previous = FineTuneJobStatus.model_validate(obj.get("status") or {})
         if isinstance(step, dict):
             status = step
         elif isinstance(step, Alias):
@@ -257,7 +258,7 @@ def test_health_of_statuses_the_operator_writes(
         assert obj["status"]["phase"] == phase, (scenario, obj["status"])
         text = message(obj) if callable(message) else message
         assert health(obj) == {"status": expected, "message": text}, (scenario, obj["status"])
-    assert {phase for _, phase, _, _ in SCENARIOS.values()} == {p.value for p in api.Phase}
+    assert {phase for _, phase, _, _ in SCENARIOS.values()} == {p.value for p in Phase}
 
 
 def test_the_alias_messages_say_what_happened(

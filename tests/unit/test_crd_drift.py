@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kubetune_api import crd, spec
+from kubetune_api import crd, spec, status
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "kubetune.io_finetunejobs.yaml"
 
@@ -77,7 +77,7 @@ def test_every_model_field_is_in_the_crd_and_back() -> None:
     committed = yaml.safe_load(CRD_FILE.read_text())
     schema = committed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     assert _schema_fields(schema["spec"]) == _model_fields(spec.FineTuneJobSpec)
-    assert _schema_fields(schema["status"]) == _model_fields(spec.FineTuneJobStatus)
+    assert _schema_fields(schema["status"]) == _model_fields(status.FineTuneJobStatus)
 
 
 def test_every_spec_field_is_documented() -> None:

@@ -20,6 +20,7 @@ from tests.support.controlplane import REPO
 from tests.support.lua import LuaError, run_health
 
 from kubetune_api import spec as api
+from kubetune_api.status import Phase
 
 ARGOCD = REPO / "deploy" / "argocd"
 SCRIPT_PATH = ARGOCD / "health" / "finetunejob.lua"
@@ -610,7 +611,7 @@ def test_health(case: str, libs: str) -> None:
 def test_cases_cover_every_phase() -> None:
     statuses = [obj.get("status") for obj, _, _ in CASES.values()]
     phases = {s.get("phase") for s in statuses if isinstance(s, dict) and isinstance(s.get("phase"), str)}
-    assert {p.value for p in api.Phase} <= phases, {p.value for p in api.Phase} - phases
+    assert {p.value for p in Phase} <= phases, {p.value for p in Phase} - phases
 
 
 def test_loss_is_rounded_half_up_to_4_decimals() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from tests.support.state_obs import T0, T1, obs
 
-from kubetune_api.spec import FineTuneJobStatus
+from kubetune_api.status import FineTuneJobStatus
 from kubetune_operator import state
 from kubetune_operator.state import RegistrationObservation, TrainingObservation
 
@@ -57,7 +57,7 @@ def test_no_pytorchjob_yet() -> None:
 def test_the_happy_path() -> None:
     t = state.advance(None, obs(training=training(None)))
     assert t.phase == "Pending"
-    assert cond(t, "Training")["reason"] == state.WAITING_FOR_TRAINING_OPERATOR
+    assert cond(t, "Training")["reason"] == state.Reason.WAITING_FOR_TRAINING_OPERATOR
     assert cond(t, "ChildrenReady") == {
         "type": "ChildrenReady",
         "status": "True",
@@ -77,14 +77,14 @@ def test_the_happy_path() -> None:
 
     t = state.advance(status_of(t), obs(training=training("Succeeded")))
     assert t.phase == "Registering"
-    assert cond(t, "Registered")["reason"] == state.REGISTRATION_PENDING
+    assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_PENDING
     assert [e.reason for e in t.events] == ["RegistrationStarted"]
     assert "startTime" not in t.status  # set once, never again
 
     running = RegistrationObservation(exists=True, state="Running")
     t = state.advance(status_of(t), obs(training=training("Succeeded"), registration=running))
     assert t.phase == "Registering"
-    assert cond(t, "Registered")["reason"] == state.REGISTRATION_RUNNING
+    assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_RUNNING
     assert t.events == []
 
     result = {"name": "m", "version": 4, "uri": "models:/m/4", "run_id": "abc", "alias": "champion"}
@@ -100,7 +100,7 @@ def test_the_happy_path() -> None:
     assert t.status["mlflow"] == {"runId": "abc"}
     assert t.status["completionTime"] == T0
     assert cond(t, "Ready")["status"] == "True"
-    assert cond(t, "Registered")["reason"] == state.MODEL_REGISTERED
+    assert cond(t, "Registered")["reason"] == state.Reason.MODEL_REGISTERED
     assert [(e.type, e.reason) for e in t.events] == [("Normal", "Succeeded")]
 
     # Final: nothing changes any more, whatever the children say.
@@ -120,7 +120,7 @@ def test_training_failed_is_actionable() -> None:
     t = state.advance(prev, obs(training=training("Failed", "1 Master replica(s) failed.")))
     assert t.phase == "Failed"
     ready = cond(t, "Ready")
-    assert ready["reason"] == state.TRAINING_FAILED
+    assert ready["reason"] == state.Reason.TRAINING_FAILED
     assert "1 Master replica(s) failed." in ready["message"]
     assert "kubectl logs -n ml -l training.kubeflow.org/job-name=j-train" in ready["message"]
     assert "re-create" in ready["message"]
@@ -135,7 +135,7 @@ def test_registration_failed_is_actionable() -> None:
     t = state.advance(None, obs(training=training("Succeeded"), registration=failed))
     assert t.phase == "Failed"
     ready = cond(t, "Ready")
-    assert ready["reason"] == state.REGISTRATION_FAILED
+    assert ready["reason"] == state.Reason.REGISTRATION_FAILED
     assert "401" in ready["message"]
     # the remedy names the annotation that retries (deleting the Job alone does not)
     assert (
@@ -147,7 +147,7 @@ def test_registration_failed_is_actionable() -> None:
 def test_registration_disabled_succeeds_after_training() -> None:
     t = state.advance(None, obs(training=training("Succeeded"), registration_enabled=False))
     assert t.phase == "Succeeded"
-    assert cond(t, "Registered")["reason"] == state.REGISTRATION_DISABLED
+    assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_DISABLED
     assert "registeredModel" not in t.status
 
 
@@ -173,7 +173,7 @@ def test_complete_without_result_waits() -> None:
     t = state.advance(None, obs(training=training("Succeeded"), registration=done))
     assert t.phase == "Registering"
     assert t.waiting
-    assert cond(t, "Registered")["reason"] == state.REGISTRATION_RESULT_PENDING
+    assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_RESULT_PENDING
 
 
 def test_suspend_and_resume() -> None:
@@ -182,12 +182,12 @@ def test_suspend_and_resume() -> None:
     assert t.phase == "Suspended"
     assert cond(t, "Suspended")["status"] == "True"
     assert cond(t, "Suspended")["observedGeneration"] == 2
-    assert [e.reason for e in t.events] == [state.SUSPENDED_BY_USER]
+    assert [e.reason for e in t.events] == [state.Reason.SUSPENDED_BY_USER]
 
     t2 = state.advance(status_of(t), obs(generation=3, training=training("Suspended")))
     assert t2.phase == "Pending"
-    assert cond(t2, "Suspended")["reason"] == state.RESUMING
-    assert [e.reason for e in t2.events] == [state.RESUMED]
+    assert cond(t2, "Suspended")["reason"] == state.Reason.RESUMING
+    assert [e.reason for e in t2.events] == [state.EventReason.RESUMED]
 
     t3 = state.advance(status_of(t2), obs(generation=3, training=training("Running")))
     assert t3.phase == "Training"
@@ -202,15 +202,15 @@ def test_suspended_before_training_ends_only() -> None:
 def test_queued_by_kueue() -> None:
     t = state.advance(None, obs(queued_by_kueue=True, training=training("Suspended")))
     assert t.phase == "Pending"
-    assert cond(t, "Suspended")["reason"] == state.QUEUED
-    assert cond(t, "Ready")["reason"] == state.QUEUED
+    assert cond(t, "Suspended")["reason"] == state.Reason.QUEUED
+    assert cond(t, "Ready")["reason"] == state.Reason.QUEUED
 
 
 def test_restarting_warns_once() -> None:
     prev = status_of(state.advance(None, obs(training=training("Running"))))
     t = state.advance(prev, obs(training=training("Restarting", "pod exited with 143")))
     assert t.phase == "Training"
-    assert [(e.type, e.reason) for e in t.events] == [("Warning", state.TRAINING_RESTARTING)]
+    assert [(e.type, e.reason) for e in t.events] == [("Warning", state.Reason.TRAINING_RESTARTING)]
     again = state.advance(status_of(t), obs(training=training("Restarting", "pod exited with 143")))
     assert again.events == []
 
@@ -219,15 +219,15 @@ def test_conflict_keeps_pending_and_warns_once() -> None:
     t = state.advance(None, obs(conflict="ConfigMap j-config already exists ..."))
     assert t.phase == "Pending"
     assert t.waiting
-    assert cond(t, "ChildrenReady")["reason"] == state.CHILD_CONFLICT
-    assert [(e.type, e.reason) for e in t.events] == [("Warning", state.CHILD_CONFLICT)]
+    assert cond(t, "ChildrenReady")["reason"] == state.Reason.CHILD_CONFLICT
+    assert [(e.type, e.reason) for e in t.events] == [("Warning", state.Reason.CHILD_CONFLICT)]
     assert state.advance(status_of(t), obs(conflict="ConfigMap j-config already exists ...")).events == []
 
 
 def test_invalid_spec_fails() -> None:
     t = state.advance(None, obs(invalid_spec="the spec cannot be used: training: ..."))
     assert t.phase == "Failed"
-    assert cond(t, "Ready")["reason"] == state.INVALID_SPEC
+    assert cond(t, "Ready")["reason"] == state.Reason.INVALID_SPEC
 
 
 def _pod(uid: str, exit_code: int, message: str, created: str = T0) -> dict[str, Any]:
@@ -285,11 +285,11 @@ def test_a_registration_job_whose_pod_skipped() -> None:
     done = {"training": training("Succeeded"), "registration": o}
     t = state.advance(None, obs(registration_enabled=False, **done))
     assert t.phase == "Succeeded" and "registeredModel" not in t.status
-    assert cond(t, "Registered")["reason"] == state.REGISTRATION_DISABLED
+    assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_DISABLED
     assert "ended without registering" in cond(t, "Registered")["message"]
     # turned on again while that pod ran: nothing is registered, and the annotation retries
     t = state.advance(None, obs(**done))
-    assert t.phase == "Failed" and cond(t, "Ready")["reason"] == state.REGISTRATION_FAILED
+    assert t.phase == "Failed" and cond(t, "Ready")["reason"] == state.Reason.REGISTRATION_FAILED
     assert (
         "To register: kubectl annotate ftj -n ml j kubetune.io/retry-registration"
         in cond(t, "Ready")["message"]

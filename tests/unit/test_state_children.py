@@ -132,7 +132,7 @@ def test_a_job_kueue_holds_back_is_left_to_kueue() -> None:
 
 
 def _failed_status(reason: str) -> Any:
-    from kubetune_api.spec import FineTuneJobStatus
+    from kubetune_api.status import FineTuneJobStatus
 
     return FineTuneJobStatus.model_validate(
         {
@@ -209,7 +209,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
 def test_registration_turned_on_after_a_run_without_it() -> None:
     import yaml
 
-    from kubetune_api.spec import FineTuneJobStatus
+    from kubetune_api.status import FineTuneJobStatus
     from kubetune_operator.reconcile import Context, _registration_turned_on
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
@@ -251,7 +251,7 @@ def test_registration_turned_on_after_a_run_without_it() -> None:
 def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
     import yaml
 
-    from kubetune_api.spec import FineTuneJobStatus
+    from kubetune_api.status import FineTuneJobStatus
     from kubetune_operator.reconcile import Context, _registration_retry, _registration_turned_on
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kubetune_api.spec import FineTuneJobStatus
+from kubetune_api.status import FineTuneJobStatus
 from kubetune_operator import state
 from kubetune_operator.state import Observation, PodsObservation, PodTrouble, TrainingObservation
 
@@ -169,7 +169,7 @@ def test_pods_running_reads_the_training_operators_active_counts(ptj: Any, runni
 def test_an_unschedulable_pod_with_the_schedulers_message_and_since_when() -> None:
     got = state.pods_observation(pytorchjob(), [pod(unschedulable_since=T0)], [])
     assert got == PodsObservation(
-        trouble=PodTrouble(state.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=T0)
+        trouble=PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=T0)
     )
 
 
@@ -184,7 +184,7 @@ def test_a_scheduled_or_running_pod_is_no_trouble() -> None:
 def test_an_image_that_cannot_be_pulled(reason: str) -> None:
     got = state.pods_observation(pytorchjob(), [pod(waiting=(reason, PULL))], [])
     assert got.trouble is not None
-    assert got.trouble.reason == state.IMAGE_PULL_FAILED
+    assert got.trouble.reason == state.Reason.IMAGE_PULL_FAILED
     assert got.trouble.message == f"container trainer (image registry.example.com/t:nope): {reason}: {PULL}"
 
 
@@ -208,7 +208,7 @@ def test_a_pod_the_training_operator_cannot_create() -> None:
     got = state.pods_observation(pytorchjob(), [], events)
     assert got == PodsObservation(
         trouble=PodTrouble(
-            state.PODS_NOT_CREATED, "j-train-master-0", NO_PRIORITY_CLASS, since="2026-01-01T00:00:05Z"
+            state.Reason.PODS_NOT_CREATED, "j-train-master-0", NO_PRIORITY_CLASS, since="2026-01-01T00:00:05Z"
         )
     )
 
@@ -265,13 +265,13 @@ def test_the_most_decisive_trouble_is_reported_and_its_kind_counted() -> None:
     events = [event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS.replace("master-0", "worker-0"), T0)]
     got = state.pods_observation(pytorchjob(workers=3), pods, events).trouble
     assert got is not None and (got.reason, got.pod, got.others) == (
-        state.PODS_NOT_CREATED,
+        state.Reason.PODS_NOT_CREATED,
         "j-train-worker-0",
         0,
     )
     got = state.pods_observation(pytorchjob(workers=3), [*pods, pod("j-train-worker-0")], events).trouble
     assert got is not None and (got.reason, got.pod, got.others) == (
-        state.UNSCHEDULABLE,
+        state.Reason.UNSCHEDULABLE,
         "j-train-worker-1",
         1,
     )
@@ -314,25 +314,25 @@ def then(t: state.Transition) -> FineTuneJobStatus:
 
 def unschedulable(since: str = T0) -> PodsObservation:
     return PodsObservation(
-        trouble=PodTrouble(state.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=since)
+        trouble=PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=since)
     )
 
 
 def not_created() -> PodsObservation:
     return PodsObservation(
-        trouble=PodTrouble(state.PODS_NOT_CREATED, "j-train-master-0", NO_PRIORITY_CLASS, since=T0)
+        trouble=PodTrouble(state.Reason.PODS_NOT_CREATED, "j-train-master-0", NO_PRIORITY_CLASS, since=T0)
     )
 
 
 def image_pull() -> PodsObservation:
     detail = f"container trainer (image registry.example.com/t:nope): ErrImagePull: {PULL}"
-    return PodsObservation(trouble=PodTrouble(state.IMAGE_PULL_FAILED, "j-train-master-0", detail))
+    return PodsObservation(trouble=PodTrouble(state.Reason.IMAGE_PULL_FAILED, "j-train-master-0", detail))
 
 
 CASES = {
     # reason, the pods, the words the message must carry
     "unschedulable": (
-        state.UNSCHEDULABLE,
+        state.Reason.UNSCHEDULABLE,
         unschedulable(),
         [
             "the scheduler cannot place pod j-train-master-0",
@@ -342,7 +342,7 @@ CASES = {
         ],
     ),
     "pods-not-created": (
-        state.PODS_NOT_CREATED,
+        state.Reason.PODS_NOT_CREATED,
         not_created(),
         [
             "the Training Operator cannot create pod j-train-master-0 of PyTorchJob j-train",
@@ -351,7 +351,7 @@ CASES = {
         ],
     ),
     "image-pull-failed": (
-        state.IMAGE_PULL_FAILED,
+        state.Reason.IMAGE_PULL_FAILED,
         image_pull(),
         [
             "pod j-train-master-0 cannot pull its image",
@@ -367,11 +367,11 @@ CASES = {
 def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> None:
     reason, pods, words = CASES[case]
     created_ = state.advance(None, obs(PodsObservation(), now=T0))
-    assert cond(created_, state.TRAINING)["reason"] == state.TRAINING_CREATED
+    assert cond(created_, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
     # appears: Pending, Training and Ready say why, one Warning event
     first = state.advance(then(created_), obs(pods))
     assert first.phase == "Pending"
-    training, ready = cond(first, state.TRAINING), cond(first, state.READY)
+    training, ready = cond(first, state.ConditionType.TRAINING), cond(first, state.ConditionType.READY)
     assert (training["status"], training["reason"]) == ("False", reason)
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", reason, training["message"])
     for word in words:
@@ -380,95 +380,98 @@ def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> Non
     assert not state.settling(first.status)  # pod events (or the Training Operator's pod) bring the news now
     # the next pass with the same trouble: the same status, no second event
     again = state.advance(then(first), obs(pods, now="2026-01-01T00:02:00Z"))
-    assert cond(again, state.TRAINING)["reason"] == reason and again.events == []
+    assert cond(again, state.ConditionType.TRAINING)["reason"] == reason and again.events == []
     # cleared: the pods exist and are scheduled (Created), then run
     cleared = state.advance(then(again), obs(PodsObservation(), now="2026-01-01T00:03:00Z"))
     assert cleared.phase == "Pending"
-    assert cond(cleared, state.TRAINING)["reason"] == state.TRAINING_CREATED
-    assert cond(cleared, state.READY)["reason"] == state.NOT_READY
+    assert cond(cleared, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
+    assert cond(cleared, state.ConditionType.READY)["reason"] == state.Reason.NOT_READY
     assert cleared.events == []
     running = state.advance(then(cleared), obs(PodsObservation(), condition="Running"))
-    assert running.phase == "Training" and cond(running, state.TRAINING)["status"] == "True"
-    assert [e.reason for e in running.events] == [state.TRAINING_STARTED]
+    assert running.phase == "Training" and cond(running, state.ConditionType.TRAINING)["status"] == "True"
+    assert [e.reason for e in running.events] == [state.EventReason.TRAINING_STARTED]
 
 
 def test_a_pytorchjob_without_status_whose_pod_cannot_be_created() -> None:
     """The Training Operator v1.9 returns a pod creation error before its status update: the
     PyTorchJob never gets a condition, and the job would say "is the Training Operator running?"."""
     waiting = state.advance(None, obs(PodsObservation(missing=("j-train-master-0",)), condition=None, now=T0))
-    assert cond(waiting, state.TRAINING)["reason"] == state.WAITING_FOR_TRAINING_OPERATOR
+    assert cond(waiting, state.ConditionType.TRAINING)["reason"] == state.Reason.WAITING_FOR_TRAINING_OPERATOR
     assert state.settling(waiting.status)
     t = state.advance(then(waiting), obs(not_created(), condition=None))
     assert t.phase == "Pending"
-    assert cond(t, state.TRAINING)["reason"] == state.PODS_NOT_CREATED
-    assert NO_PRIORITY_CLASS in cond(t, state.TRAINING)["message"]
-    assert [e.reason for e in t.events] == [state.PODS_NOT_CREATED]
+    assert cond(t, state.ConditionType.TRAINING)["reason"] == state.Reason.PODS_NOT_CREATED
+    assert NO_PRIORITY_CLASS in cond(t, state.ConditionType.TRAINING)["message"]
+    assert [e.reason for e in t.events] == [state.Reason.PODS_NOT_CREATED]
 
 
 def test_a_pod_waiting_for_a_node_is_news_only_after_a_while() -> None:
     start = state.advance(None, obs(PodsObservation(), now=T0))
     early = state.advance(then(start), obs(unschedulable(since=T0), now="2026-01-01T00:00:29Z"))
-    assert cond(early, state.TRAINING)["reason"] == state.TRAINING_CREATED and early.events == []
+    assert (
+        cond(early, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
+        and early.events == []
+    )
     assert state.settling(early.status)  # the operator looks again without an event
     late = state.advance(then(early), obs(unschedulable(since=T0), now="2026-01-01T00:00:30Z"))
-    assert cond(late, state.TRAINING)["reason"] == state.UNSCHEDULABLE
-    assert [e.reason for e in late.events] == [state.UNSCHEDULABLE]
+    assert cond(late, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
+    assert [e.reason for e in late.events] == [state.Reason.UNSCHEDULABLE]
 
 
 def test_a_worker_that_cannot_be_placed_while_the_master_runs() -> None:
     """The PyTorchJob says Running (its Master runs): the phase is Training, and Training says why
     it cannot go on (the Master waits for the Worker at the rendezvous)."""
-    trouble = PodTrouble(state.UNSCHEDULABLE, "j-train-worker-0", SCHEDULER, since=T0)
+    trouble = PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-worker-0", SCHEDULER, since=T0)
     running = state.advance(None, obs(PodsObservation(), condition="Running", now=T0))
     t = state.advance(then(running), obs(PodsObservation(trouble=trouble), condition="Running"))
     assert t.phase == "Training"
-    assert cond(t, state.TRAINING)["status"] == "False"
-    assert cond(t, state.TRAINING)["reason"] == state.UNSCHEDULABLE
-    assert "pod j-train-worker-0" in cond(t, state.TRAINING)["message"]
+    assert cond(t, state.ConditionType.TRAINING)["status"] == "False"
+    assert cond(t, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
+    assert "pod j-train-worker-0" in cond(t, state.ConditionType.TRAINING)["message"]
     restarting = state.advance(then(t), obs(PodsObservation(trouble=trouble), condition="Restarting"))
-    assert cond(restarting, state.TRAINING)["reason"] == state.UNSCHEDULABLE
+    assert cond(restarting, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
 
 
 def test_more_pods_with_the_same_trouble_are_counted() -> None:
-    trouble = PodTrouble(state.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=T0, others=2)
+    trouble = PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=T0, others=2)
     t = state.advance(None, obs(PodsObservation(trouble=trouble)))
-    assert "pod j-train-master-0 (and 2 more)" in cond(t, state.TRAINING)["message"]
+    assert "pod j-train-master-0 (and 2 more)" in cond(t, state.ConditionType.TRAINING)["message"]
 
 
 @pytest.mark.parametrize(
     ("condition", "extra", "reason"),
     [
-        (None, {"exists": False}, state.WAITING_FOR_TRAINING_OPERATOR),  # no PyTorchJob
-        ("Suspended", {"queued_by_kueue": True}, state.QUEUED),  # Kueue holds it: no pods by design
-        ("Created", {"suspend": True}, state.SUSPENDED_BY_USER),
-        ("Succeeded", {}, state.TRAINING_SUCCEEDED),
-        ("Failed", {}, state.TRAINING_FAILED),
+        (None, {"exists": False}, state.Reason.WAITING_FOR_TRAINING_OPERATOR),  # no PyTorchJob
+        ("Suspended", {"queued_by_kueue": True}, state.Reason.QUEUED),  # Kueue holds it: no pods by design
+        ("Created", {"suspend": True}, state.Reason.SUSPENDED_BY_USER),
+        ("Succeeded", {}, state.Reason.TRAINING_SUCCEEDED),
+        ("Failed", {}, state.Reason.TRAINING_FAILED),
     ],
 )
 def test_pod_troubles_say_nothing_where_pods_are_not_expected_to_run(
     condition: str | None, extra: dict[str, Any], reason: str
 ) -> None:
     t = state.advance(None, obs(not_created(), condition=condition, **extra))
-    assert cond(t, state.TRAINING)["reason"] == reason
+    assert cond(t, state.ConditionType.TRAINING)["reason"] == reason
     assert all(e.reason not in state.POD_TROUBLE for e in t.events)
 
 
 @pytest.mark.parametrize(
     ("phase", "reason", "settling"),
     [
-        ("Pending", state.TRAINING_CREATED, True),
-        ("Training", state.TRAINING_RESTARTING, True),
-        ("Pending", state.UNSCHEDULABLE, False),
-        ("Pending", state.PODS_NOT_CREATED, False),
-        ("Pending", state.IMAGE_PULL_FAILED, False),
-        ("Pending", state.QUEUED, False),
+        ("Pending", state.Reason.TRAINING_CREATED, True),
+        ("Training", state.Reason.TRAINING_RESTARTING, True),
+        ("Pending", state.Reason.UNSCHEDULABLE, False),
+        ("Pending", state.Reason.PODS_NOT_CREATED, False),
+        ("Pending", state.Reason.IMAGE_PULL_FAILED, False),
+        ("Pending", state.Reason.QUEUED, False),
         (
             "Pending",
-            state.WAITING_FOR_TRAINING_OPERATOR,
+            state.Reason.WAITING_FOR_TRAINING_OPERATOR,
             True,
         ),  # a pod it cannot create changes nothing watched
-        ("Training", state.TRAINING_RUNNING, False),
-        ("Succeeded", state.TRAINING_SUCCEEDED, False),
+        ("Training", state.Reason.TRAINING_RUNNING, False),
+        ("Succeeded", state.Reason.TRAINING_SUCCEEDED, False),
     ],
 )
 def test_settling_while_pods_start_with_nothing_wrong_known(phase: str, reason: str, settling: bool) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.support.state_obs import T0, T1, obs
 
-from kubetune_api.spec import FineTuneJobStatus
+from kubetune_api.status import FineTuneJobStatus
 from kubetune_operator import state
 from kubetune_operator.kube import ApiError, Kube
 from kubetune_operator.state import ChildError, Observation, TrainingObservation
@@ -128,7 +128,7 @@ def test_describe_names_the_request_the_child_and_the_answer() -> None:
 def test_a_rejected_child_fails_a_new_job_with_the_api_servers_message() -> None:
     t = state.advance(None, obs(child_error=rejected()))
     assert t.phase == "Failed" and not t.waiting
-    for type_ in (state.READY, state.CHILDREN_READY):
+    for type_ in (state.ConditionType.READY, state.ConditionType.CHILDREN_READY):
         c = cond(t.status, type_)
         assert (c["status"], c["reason"]) == ("False", "ChildRejected")
         assert "creating PyTorchJob j-train: 422 Invalid" in c["message"]
@@ -146,7 +146,7 @@ def test_a_rejected_registration_job_fails_a_trained_job() -> None:
     refused = ChildError("create", "Job", "j-register", 422, "Invalid", "Job.batch is invalid: denied")
     t = state.advance(then(trained), obs(now=T1, child_error=refused))
     assert t.phase == "Failed"
-    assert cond(t.status, state.READY)["reason"] == "ChildRejected"
+    assert cond(t.status, state.ConditionType.READY)["reason"] == "ChildRejected"
     # training stays known as finished: a reopened job registers, it does not train again
     assert state.training_succeeded(parsed(t))
 
@@ -157,16 +157,16 @@ def test_a_rejected_registration_job_fails_a_trained_job() -> None:
 def test_a_forbidden_child_shows_at_once_and_keeps_the_job_pending() -> None:
     t = state.advance(None, obs(child_error=forbidden()))
     assert (t.phase, t.waiting) == ("Pending", True)
-    for type_ in (state.READY, state.CHILDREN_READY):
+    for type_ in (state.ConditionType.READY, state.ConditionType.CHILDREN_READY):
         c = cond(t.status, type_)
         assert (c["status"], c["reason"]) == ("False", "ChildForbidden")
         assert f"creating PersistentVolumeClaim j-ckpt: 403 Forbidden: {QUOTA}" in c["message"]
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildForbidden")]
-    assert cond(t.status, state.TRAINING)["reason"] == "ChildForbidden"
+    assert cond(t.status, state.ConditionType.TRAINING)["reason"] == "ChildForbidden"
     # the next refused pass says the attempt, and emits no second event
     again = state.advance(then(t), obs(now=T1, child_error=forbidden(2)))
     assert again.phase == "Pending" and again.events == []
-    children = cond(again.status, state.CHILDREN_READY)
+    children = cond(again.status, state.ConditionType.CHILDREN_READY)
     assert "attempt 2" in children["message"] and children["lastTransitionTime"] == T0
 
 
@@ -174,21 +174,21 @@ def test_a_forbidden_child_shows_at_once_and_keeps_the_job_pending() -> None:
 def test_a_transient_error_is_not_shown_before_a_few_attempts(attempts: int) -> None:
     t = state.advance(None, obs(child_error=unavailable(attempts)))
     assert (t.phase, t.waiting, t.events) == ("Pending", True, [])
-    assert cond(t.status, state.CHILDREN_READY)["reason"] == "CreatingChildren"
-    assert cond(t.status, state.READY)["reason"] == "NotReady"
+    assert cond(t.status, state.ConditionType.CHILDREN_READY)["reason"] == "CreatingChildren"
+    assert cond(t.status, state.ConditionType.READY)["reason"] == "NotReady"
 
 
 def test_a_transient_error_is_shown_after_a_few_attempts_without_failing() -> None:
     first = state.advance(None, obs(child_error=unavailable(1)))
     t = state.advance(then(first), obs(now=T1, child_error=unavailable(state.SHOW_TRANSIENT_AFTER)))
     assert (t.phase, t.waiting) == ("Pending", True)
-    children = cond(t.status, state.CHILDREN_READY)
+    children = cond(t.status, state.ConditionType.CHILDREN_READY)
     assert (children["status"], children["reason"]) == ("False", "ChildApiError")
     assert "500 InternalError" in children["message"] and "failed calling webhook" in children["message"]
     assert f"{state.SHOW_TRANSIENT_AFTER} attempts in a row" in children["message"]
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildApiError")]
     # Training has not started because of it, and says so (not "waiting for the Training Operator")
-    assert cond(t.status, state.TRAINING)["reason"] == "ChildApiError"
+    assert cond(t.status, state.ConditionType.TRAINING)["reason"] == "ChildApiError"
 
 
 def test_a_missing_pytorchjob_kind_hints_at_the_training_operator() -> None:
@@ -196,7 +196,7 @@ def test_a_missing_pytorchjob_kind_hints_at_the_training_operator() -> None:
         "create", "PyTorchJob", "j-train", 404, "NotFound", "the server could not find it", 3
     )
     t = state.advance(None, obs(child_error=missing))
-    assert "Kubeflow Training Operator" in cond(t.status, state.CHILDREN_READY)["message"]
+    assert "Kubeflow Training Operator" in cond(t.status, state.ConditionType.CHILDREN_READY)["message"]
 
 
 def test_a_refusal_while_training_keeps_the_phase_and_the_training_condition() -> None:
@@ -208,9 +208,9 @@ def test_a_refusal_while_training_keeps_the_phase_and_the_training_condition() -
     t = state.advance(then(running), obs(now=T1, child_error=refused))
     assert t.phase == "Training"
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildApiError")]
-    assert cond(t.status, state.TRAINING)["reason"] == "TrainingRunning"
-    assert cond(t.status, state.READY)["reason"] == "TrainingRunning"
-    assert cond(t.status, state.CHILDREN_READY)["reason"] == "ChildApiError"
+    assert cond(t.status, state.ConditionType.TRAINING)["reason"] == "TrainingRunning"
+    assert cond(t.status, state.ConditionType.READY)["reason"] == "TrainingRunning"
+    assert cond(t.status, state.ConditionType.CHILDREN_READY)["reason"] == "ChildApiError"
     assert "startTime" not in t.status  # kept from the first pass (a merge patch leaves it)
 
 
@@ -218,9 +218,9 @@ def test_a_forbidden_child_that_is_allowed_again_goes_on() -> None:
     held = state.advance(None, obs(child_error=forbidden()))
     t = state.advance(then(held), obs(now=T1, training=TrainingObservation(True, "Created")))
     assert t.phase == "Pending" and not t.waiting
-    children = cond(t.status, state.CHILDREN_READY)
+    children = cond(t.status, state.ConditionType.CHILDREN_READY)
     assert (children["status"], children["reason"]) == ("True", "ChildrenCreated")
-    assert cond(t.status, state.TRAINING)["reason"] == "TrainingCreated"
+    assert cond(t.status, state.ConditionType.TRAINING)["reason"] == "TrainingCreated"
 
 
 # --- leaving Failed: a new spec generation reopens a rejected child ----------------------------------
@@ -242,8 +242,8 @@ def test_a_new_generation_starts_over_and_clears_the_completion_time() -> None:
     t = state.advance(previous, obs(generation=2, now=T1, training=TrainingObservation(True, "Created")))
     assert t.phase == "Pending"
     assert t.status["completionTime"] is None  # merge patch: removed
-    assert cond(t.status, state.CHILDREN_READY)["reason"] == "ChildrenCreated"
-    assert cond(t.status, state.READY)["observedGeneration"] == 2
+    assert cond(t.status, state.ConditionType.CHILDREN_READY)["reason"] == "ChildrenCreated"
+    assert cond(t.status, state.ConditionType.READY)["observedGeneration"] == 2
     assert [(e.type, e.reason) for e in t.events] == [("Normal", "ChildrenRetried")]
 
 
@@ -251,7 +251,7 @@ def test_a_new_generation_refused_again_fails_again_with_an_event() -> None:
     t = state.advance(failed_by_rejection(), obs(generation=2, now=T1, child_error=rejected()))
     assert t.phase == "Failed"
     assert t.status["completionTime"] == T1
-    assert cond(t.status, state.READY)["observedGeneration"] == 2
+    assert cond(t.status, state.ConditionType.READY)["observedGeneration"] == 2
     assert [e.reason for e in t.events] == ["ChildrenRetried", "ChildRejected"]
     assert state.reopens(then(t), 2) is False  # settled for generation 2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import Progress
+from kubetune_api.status import Progress
 from kubetune_trainer.progress import ProgressReporter, ProgressState
 
 
@@ -63,7 +63,7 @@ def test_without_a_patcher_it_is_a_no_op() -> None:
 
 
 def test_the_mlflow_run_goes_into_the_status_once_it_exists(tmp_path: Path, monkeypatch: Any) -> None:
-    from kubetune_api.spec import MlflowStatus
+    from kubetune_api.status import MlflowStatus
     from kubetune_api.trainer_config import load_manifest, resolve
     from kubetune_trainer.tracking import MlflowTracker
 

@@ -6,7 +6,7 @@ token (in-cluster config); the operator's RBAC grants the trainer's service acco
 plus one at each checkpoint and at the end), and an API error never fails training: it is logged
 once and the next report tries again. Locally (``report_progress: false``) nothing is reported.
 
-The status fields (camelCase, as in :class:`kubetune_api.spec.Progress`)::
+The status fields (camelCase, as in :class:`kubetune_api.status.Progress`)::
 
     progress:    step, totalSteps, percent, epoch, loss, evalLoss, tokensPerSecond, etaSeconds, updatedAt
     checkpoints: latest, latestStep, count

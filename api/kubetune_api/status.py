@@ -1,0 +1,179 @@
+"""The FineTuneJob's status: its model, and the names of its phases, condition types and reasons.
+
+The operator writes the status (one state machine, :mod:`kubetune_operator.state`); readers match on
+these names: ``kubetune watch`` imports them, and the Argo CD health check
+(``deploy/argocd/health/finetunejob.lua``), which cannot, is tied to them by a test.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from .base import ApiModel
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    TRAINING = "Training"
+    SUSPENDED = "Suspended"
+    REGISTERING = "Registering"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def final(self) -> bool:
+        """Succeeded and Failed: nothing more happens unless asked (a registration retried or turned
+        on, an alias moved, a refused child's spec changed)."""
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"  # True once the model is trained and registered (phase Succeeded)
+    CHILDREN_READY = "ChildrenReady"  # the PVC, ConfigMap and PyTorchJob exist and are ours
+    TRAINING = "Training"  # True while the PyTorchJob runs
+    SUSPENDED = "Suspended"  # True while suspended (spec.suspend) or queued by Kueue
+    REGISTERED = "Registered"  # True once MLflow has the model version
+    # after Succeeded: whether the registered version carries the spec's registration.alias
+    ALIAS_SYNCED = "AliasSynced"
+
+
+class Reason(StrEnum):
+    """The reasons of the conditions (CamelCase, Kubernetes conventions)."""
+
+    CHILDREN_CREATED = "ChildrenCreated"
+    CREATING_CHILDREN = "CreatingChildren"
+    CHILD_CONFLICT = "ChildConflict"
+    CHILD_REJECTED = "ChildRejected"
+    CHILD_FORBIDDEN = "ChildForbidden"
+    CHILD_API_ERROR = "ChildApiError"
+    INVALID_SPEC = "InvalidSpec"
+    WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
+    TRAINING_CREATED = "TrainingCreated"
+    TRAINING_RUNNING = "TrainingRunning"
+    TRAINING_RESTARTING = "TrainingRestarting"
+    TRAINING_SUCCEEDED = "TrainingSucceeded"
+    TRAINING_FAILED = "TrainingFailed"
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    QUEUED = "Queued"
+    RESUMING = "Resuming"
+    NOT_SUSPENDED = "NotSuspended"
+    REGISTRATION_PENDING = "RegistrationPending"
+    REGISTRATION_RUNNING = "RegistrationRunning"
+    REGISTRATION_FAILED = "RegistrationFailed"
+    REGISTRATION_DISABLED = "RegistrationDisabled"
+    REGISTRATION_RESULT_PENDING = "RegistrationResultPending"
+    MODEL_REGISTERED = "ModelRegistered"
+    SUCCEEDED = "Succeeded"
+    NOT_READY = "NotReady"
+    # the training pods cannot start (Training, and Ready while not trained)
+    PODS_NOT_CREATED = "PodsNotCreated"
+    UNSCHEDULABLE = "Unschedulable"
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    # the AliasSynced condition's
+    MOVING_ALIAS = "MovingAlias"
+    ALIAS_MOVED = "AliasMoved"
+    ALIAS_FAILED = "AliasFailed"
+
+
+class EventReason(StrEnum):
+    """The reasons of the events emitted on transitions, beside the conditions' reasons."""
+
+    TRAINING_STARTED = "TrainingStarted"
+    REGISTRATION_STARTED = "RegistrationStarted"
+    RESUMED = "Resumed"
+    FAILED = "Failed"
+    REGISTRATION_RETRIED = "RegistrationRetried"
+    REGISTRATION_ENABLED = "RegistrationEnabled"
+    # a new spec generation of a job Failed with ChildRejected: the children are created again
+    CHILDREN_RETRIED = "ChildrenRetried"
+
+
+# --- the status model -------------------------------------------------------------------------------
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type (CamelCase).")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="What happened, for a person.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="spec generation this reflects.")
+
+
+class Progress(ApiModel):
+    step: int | None = Field(default=None, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, description="Optimizer steps planned.")
+    percent: int | None = Field(default=None, description="step / totalSteps in percent.")
+    epoch: float | None = Field(default=None, description="Epochs done (fractional).")
+    loss: float | None = Field(default=None, description="Latest training loss.")
+    eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
+    tokens_per_second: float | None = Field(
+        default=None, description="Training tokens per second (all GPUs)."
+    )
+    eta_seconds: int | None = Field(default=None, description="Estimated seconds to the end of training.")
+    updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
+
+
+class CheckpointStatus(ApiModel):
+    latest: str | None = Field(default=None, description="Newest complete checkpoint (path on the volume).")
+    latest_step: int | None = Field(default=None, description="Step of the newest complete checkpoint.")
+    count: int | None = Field(default=None, description="Complete checkpoints kept.")
+
+
+class MlflowStatus(ApiModel):
+    tracking_uri: str | None = Field(default=None, description="Tracking server used.")
+    experiment_id: str | None = Field(default=None, description="MLflow experiment id.")
+    run_id: str | None = Field(
+        default=None, description="MLflow run (one per FineTuneJob, kept across restarts)."
+    )
+
+
+class RegisteredModelStatus(ApiModel):
+    name: str | None = Field(default=None, description="Registered model name.")
+    version: str | None = Field(default=None, description="Registered model version.")
+    uri: str | None = Field(default=None, description="models:/<name>/<version>.")
+    alias: str | None = Field(default=None, description="Alias set on that version.")
+
+
+class ChildrenStatus(ApiModel):
+    checkpoint_claim: str | None = Field(
+        default=None, description="PersistentVolumeClaim with the checkpoints."
+    )
+    config_map: str | None = Field(default=None, description="ConfigMap with the trainer config.")
+    py_torch_job: str | None = Field(default=None, alias="pytorchJob", description="Kubeflow PyTorchJob.")
+    registration_job: str | None = Field(default=None, description="Registration batch/v1 Job.")
+
+
+class FineTuneJobStatus(ApiModel):
+    model_config = ConfigDict(extra="ignore")
+
+    phase: Phase | None = Field(
+        default=None, description="Pending, Training, Suspended, Registering, Succeeded, Failed."
+    )
+    observed_generation: int | None = Field(default=None, description="Latest spec generation acted on.")
+    conditions: list[Condition] | None = Field(
+        default=None,
+        description="Ready, Training, Registered, Suspended, ... (Kubernetes conventions).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
+    checkpoints: CheckpointStatus | None = Field(default=None, description="Checkpoints on the volume.")
+    mlflow: MlflowStatus | None = Field(default=None, description="MLflow tracking.")
+    registered_model: RegisteredModelStatus | None = Field(default=None, description="The registered model.")
+    children: ChildrenStatus | None = Field(
+        default=None, description="Names of the objects kubetune created."
+    )
+    start_time: str | None = Field(default=None, description="When training started (RFC 3339).")
+    completion_time: str | None = Field(
+        default=None, description="When the job succeeded or failed (RFC 3339)."
+    )
+    registration_retry: str | None = Field(
+        default=None,
+        description="The kubetune.io/retry-registration annotation's value last acted on: a failed "
+        "registration was retried (or, with registration turned off, finished without registering).",
+    )
