@@ -24,22 +24,23 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from kubetune_api import spec as api
+from kubetune_api.status import ConditionType, Phase
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_MISSING = 2
 EXIT_TIMEOUT = 3
 
-FINAL = {"Succeeded": EXIT_SUCCEEDED, "Failed": EXIT_FAILED}
+FINAL = {Phase.SUCCEEDED: EXIT_SUCCEEDED, Phase.FAILED: EXIT_FAILED}
 BAR_WIDTH = 24
 # Which condition explains each phase best.
-PHASE_CONDITION = {
-    "Pending": ("ChildrenReady", "Training", "Ready"),
-    "Training": ("Training",),
-    "Suspended": ("Suspended",),
-    "Registering": ("Registered",),
-    "Succeeded": ("Ready",),
-    "Failed": ("Ready",),
+PHASE_CONDITION: dict[Phase, tuple[ConditionType, ...]] = {
+    Phase.PENDING: (ConditionType.CHILDREN_READY, ConditionType.TRAINING, ConditionType.READY),
+    Phase.TRAINING: (ConditionType.TRAINING,),
+    Phase.SUSPENDED: (ConditionType.SUSPENDED,),
+    Phase.REGISTERING: (ConditionType.REGISTERED,),
+    Phase.SUCCEEDED: (ConditionType.READY,),
+    Phase.FAILED: (ConditionType.READY,),
 }
 
 
@@ -100,11 +101,11 @@ def condition(status: dict[str, Any], ctype: str) -> dict[str, Any] | None:
 
 def phase_reason(status: dict[str, Any]) -> str:
     """The message of the condition that best explains the current phase."""
-    phase = status.get("phase") or "Pending"
-    for ctype in PHASE_CONDITION.get(phase, ("Ready",)):
+    phase = status.get("phase") or Phase.PENDING
+    for ctype in PHASE_CONDITION.get(phase, (ConditionType.READY,)):
         c = condition(status, ctype)
         if c and (c.get("message") or c.get("reason")):
-            if phase == "Pending" and ctype == "ChildrenReady" and c.get("status") == "True":
+            if phase == Phase.PENDING and ctype == ConditionType.CHILDREN_READY and c.get("status") == "True":
                 continue  # "children exist" says nothing about why it is pending
             return str(c.get("message") or c.get("reason"))
     return ""
@@ -135,7 +136,7 @@ def progress_line(status: dict[str, Any]) -> str:
 def outcome(status: dict[str, Any]) -> str:
     """The closing lines: the registered model (with its run) or why it failed."""
     phase = status.get("phase")
-    if phase == "Succeeded":
+    if phase == Phase.SUCCEEDED:
         model = status.get("registeredModel") or {}
         if model.get("name"):
             line = f"Registered model {model['name']} version {model.get('version', '?')}"
@@ -144,7 +145,7 @@ def outcome(status: dict[str, Any]) -> str:
             if model.get("alias"):
                 line += f"  alias @{model['alias']}"
         else:
-            line = phase_reason(status) or "Succeeded"
+            line = phase_reason(status) or str(Phase.SUCCEEDED)
         mlflow = status.get("mlflow") or {}
         if mlflow.get("runId"):
             line += f"\nMLflow run {mlflow['runId']}" + (
@@ -172,7 +173,7 @@ class Follower:
     def show(self, obj: dict[str, Any]) -> int | None:
         """Render one version; the exit status once the job has ended, else None."""
         status = obj.get("status") or {}
-        phase = status.get("phase") or "Pending"
+        phase = status.get("phase") or Phase.PENDING
         reason = phase_reason(status)
         if phase != self._phase or reason != self._reason:
             self._end_line()
@@ -185,7 +186,7 @@ class Follower:
             self._end_line()
             self._write(outcome(status) + "\n")
             return FINAL[phase]
-        if phase == "Training" and status.get("progress"):
+        if phase == Phase.TRAINING and status.get("progress"):
             line = progress_line(status)
             if line != self._line:
                 if self.tty:
