@@ -9,7 +9,7 @@
   starts at last, changes the FineTuneJob's status through these.
 - A slow timer re-syncs every FineTuneJob: the safety net for missed events. A fast one
   (``KUBETUNE_RETRY_SECONDS``) runs only while a job's pods are starting with nothing wrong known
-  (``state.settling``): a pod the Training Operator cannot create sends no pod event, and a pod
+  (``observations.settling``): a pod the Training Operator cannot create sends no pod event, and a pod
   that waits long for a node is only news after a while.
 
 kopf keeps its finalizer (``kubetune.io/finalizer``), handler progress and last-handled
@@ -33,7 +33,7 @@ import kopf
 from kubetune_api import spec as api
 from kubetune_api.status import Phase
 
-from . import builders, state
+from . import builders, observations, state
 from .kube import ApiError, Kube, load_api_client
 from .reconcile import Context, StatusConflictError, reconcile
 from .settings import Settings
@@ -176,7 +176,7 @@ def resync(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -
 
 
 def _settling(status: Any, **_: Any) -> bool:
-    return state.settling(dict(status or {}))
+    return observations.settling(dict(status or {}))
 
 
 @kopf.timer(

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from kubetune_api import spec as api
 from kubetune_api.status import FineTuneJobStatus, Phase
 
-from . import builders, state
+from . import builders, observations, state
 from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
@@ -212,7 +212,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
     ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
     if child_error is not None and child_error.verdict != "rejected":
         settings = ctx.settings
-        delay = state.retry_delay(
+        delay = observations.retry_delay(
             child_error.attempts, settings.retry_seconds, max(settings.retry_seconds, settings.resync_seconds)
         )
         return Outcome(phase=transition.phase, waiting=True, message=child_error.describe(), retry_in=delay)
@@ -269,7 +269,7 @@ def _children(
             pytorchjob = result.obj
             just_created = result.created
 
-    training = finished or state.training_observation(pytorchjob)
+    training = finished or observations.training_observation(pytorchjob)
     if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
         pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
     pods = state.PodsObservation()
@@ -278,7 +278,7 @@ def _children(
         and not just_created  # nothing can have happened to it yet
         and not job.spec.suspend
         and training.condition in state.POD_CONDITIONS
-        and not state.pods_running(pytorchjob)
+        and not observations.pods_running(pytorchjob)
     ):
         pods = _pods_observation(ctx, pytorchjob)
 
@@ -313,9 +313,9 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
     meta = pytorchjob["metadata"]
     ns = meta["namespace"]
     try:
-        pods = ctx.kube.list("v1", "Pod", ns, f"{state.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
+        pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
         events: list[dict[str, Any]] = []
-        if state.missing_pods(pytorchjob, pods):
+        if observations.missing_pods(pytorchjob, pods):
             events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
     except ApiError as e:
         ctx.logger.warning(
@@ -325,7 +325,7 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
             e,
         )
         return state.PodsObservation()
-    return state.pods_observation(pytorchjob, pods, events)
+    return observations.pods_observation(pytorchjob, pods, events)
 
 
 def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus, generation: int) -> Outcome:
@@ -352,7 +352,7 @@ def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus
             "batch/v1", "Job", job.metadata.namespace, _selector(job, builders.COMPONENT_ALIAS)
         )
         if j["metadata"]["name"] != mine
-        and state.registration_observation(j, [], "").state not in state.JOB_ENDED
+        and observations.registration_observation(j, [], "").state not in state.JOB_ENDED
     ]
     if earlier:
         pending = state.RegistrationObservation(True, "Running")
@@ -399,7 +399,7 @@ def _trained(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) ->
     trained = ctx.kube.get(
         "kubeflow.org/v1", "PyTorchJob", job.metadata.namespace, builders.pytorchjob_name(job)
     )
-    return state.training_observation(trained).condition == "Succeeded"
+    return observations.training_observation(trained).condition == "Succeeded"
 
 
 def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
@@ -442,7 +442,7 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: FineTuneJob
     if live is not None and (live.get("metadata") or {}).get("deletionTimestamp"):
         return None  # still going: its deletion is the next event
     if live is not None and job.spec.registration.enabled:
-        observed = state.registration_observation(live, [], builders.REGISTER_CONTAINER)
+        observed = observations.registration_observation(live, [], builders.REGISTER_CONTAINER)
         if observed.state not in ("Failed", "Skipped"):
             return "running"
     if retry_requested(obj, previous) is None:
@@ -473,7 +473,7 @@ def _registration_observation(
     selector = _selector(job, component)
     with about_child("list", "Pod", selector):
         pods = ctx.kube.list("v1", "Pod", job.metadata.namespace, selector)
-    return state.registration_observation(registration_job, pods, builders.REGISTER_CONTAINER)
+    return observations.registration_observation(registration_job, pods, builders.REGISTER_CONTAINER)
 
 
 def _write_status(ctx: Context, obj: dict[str, Any], transition: state.Transition) -> bool:

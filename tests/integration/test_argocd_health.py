@@ -22,7 +22,7 @@ from tests.support.lua import run_health
 
 from kubetune_api import spec as api
 from kubetune_api.status import FineTuneJobStatus, Phase
-from kubetune_operator import state
+from kubetune_operator import observations, state
 from kubetune_operator.kube import Kube
 
 pytestmark = pytest.mark.integration
@@ -102,7 +102,7 @@ SCHEDULER = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity
 
 
 def _pods(reason: str, message: str, condition: str = "Created") -> state.Observation:
-    trouble = state.PodTrouble(reason, "job-train-master-0", message, since="2026-11-30T09:00:00Z")
+    trouble = observations.PodTrouble(reason, "job-train-master-0", message, since="2026-11-30T09:00:00Z")
     return _obs(training=_training(condition), pods=state.PodsObservation(trouble=trouble))
 
 

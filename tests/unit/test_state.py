@@ -9,7 +9,7 @@ import pytest
 from tests.support.state_obs import T0, T1, obs
 
 from kubetune_api.status import FineTuneJobStatus
-from kubetune_operator import state
+from kubetune_operator import observations, state
 from kubetune_operator.state import RegistrationObservation, TrainingObservation
 
 
@@ -47,11 +47,11 @@ def ptj(*conditions: tuple[str, str]) -> dict[str, Any]:
 def test_training_observation_precedence(
     conditions: tuple[tuple[str, str], ...], expected: str | None
 ) -> None:
-    assert state.training_observation(ptj(*conditions)).condition == expected
+    assert observations.training_observation(ptj(*conditions)).condition == expected
 
 
 def test_no_pytorchjob_yet() -> None:
-    assert state.training_observation(None) == TrainingObservation()
+    assert observations.training_observation(None) == TrainingObservation()
 
 
 def test_the_happy_path() -> None:
@@ -257,30 +257,30 @@ def test_registration_result_from_the_termination_message() -> None:
         _pod("job-uid", 0, json.dumps(result), created=T1),
         _pod("other-job", 0, json.dumps({**result, "version": "99"})),  # a stranger's pod
     ]
-    o = state.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
+    o = observations.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
     assert o.state == "Complete"
     assert o.result == result
 
 
 def test_registration_result_survives_log_tail() -> None:
     message = "merging adapter...\nlogging model...\n" + json.dumps({"name": "m", "version": "3"})
-    assert state.parse_registration_result(message) == {"name": "m", "version": "3"}
-    assert state.parse_registration_result("no json here") is None
-    assert state.parse_registration_result('{"name": "m"}') is None  # no version: not a result
+    assert observations.parse_registration_result(message) == {"name": "m", "version": "3"}
+    assert observations.parse_registration_result("no json here") is None
+    assert observations.parse_registration_result('{"name": "m"}') is None  # no version: not a result
 
 
 def test_registration_failure_message_carries_the_log_tail() -> None:
     pods = [_pod("job-uid", 1, "mlflow.exceptions.MlflowException: 401 Unauthorized")]
-    o = state.registration_observation(_job("FailureTarget", "Failed"), pods, "register")
+    o = observations.registration_observation(_job("FailureTarget", "Failed"), pods, "register")
     assert o.state == "Failed"
     assert "401 Unauthorized" in o.message
-    assert state.registration_observation(_job(), [], "register").state == "Running"
-    assert state.registration_observation(None, [], "register") == RegistrationObservation()
+    assert observations.registration_observation(_job(), [], "register").state == "Running"
+    assert observations.registration_observation(None, [], "register") == RegistrationObservation()
 
 
 def test_a_registration_job_whose_pod_skipped() -> None:
     pods = [_pod("job-uid", 0, json.dumps({"skipped": "registration.enabled is false"}))]
-    o = state.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
+    o = observations.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
     assert o.state == "Skipped" and o.result is None
     done = {"training": training("Succeeded"), "registration": o}
     t = state.advance(None, obs(registration_enabled=False, **done))
@@ -298,7 +298,7 @@ def test_a_registration_job_whose_pod_skipped() -> None:
 
 def test_registration_failure_json_becomes_the_message() -> None:
     message = json.dumps({"error": "MLflow refused: 403 PERMISSION_DENIED", "reason": "MlflowRefused"})
-    o = state.registration_observation(_job("Failed"), [_pod("job-uid", 3, message)], "register")
+    o = observations.registration_observation(_job("Failed"), [_pod("job-uid", 3, message)], "register")
     assert o.message.endswith("last output: MlflowRefused: MLflow refused: 403 PERMISSION_DENIED")
 
 

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from kubetune_api.status import FineTuneJobStatus
-from kubetune_operator import state
-from kubetune_operator.state import Observation, PodsObservation, PodTrouble, TrainingObservation
+from kubetune_operator import observations, state
+from kubetune_operator.observations import PodTrouble
+from kubetune_operator.state import Observation, PodsObservation, TrainingObservation
 
 PTJ_UID = "0b7c4c8e-5d2a-4f4e-9a53-1c0de0000001"
 T0 = "2026-01-01T00:00:00Z"
@@ -59,7 +60,7 @@ def pod(
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ml",
-        "labels": {state.TRAINING_OPERATOR_JOB_LABEL: "j-train"},
+        "labels": {observations.TRAINING_OPERATOR_JOB_LABEL: "j-train"},
         "ownerReferences": [
             {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j-train", "uid": owner}
         ],
@@ -133,21 +134,21 @@ def event(
 
 
 def created(pod_name: str, last: str) -> dict[str, Any]:
-    return event(state.SUCCESSFUL_CREATE_POD, f"Created pod: {pod_name}", last, type_="Normal")
+    return event(observations.SUCCESSFUL_CREATE_POD, f"Created pod: {pod_name}", last, type_="Normal")
 
 
 # --- folding pods and events ----------------------------------------------------------------------------
 
 
 def test_replica_pods_are_named_as_the_training_operator_names_them() -> None:
-    assert state.replica_pods(pytorchjob()) == ["j-train-master-0"]
-    assert state.replica_pods(pytorchjob(workers=2)) == [
+    assert observations.replica_pods(pytorchjob()) == ["j-train-master-0"]
+    assert observations.replica_pods(pytorchjob(workers=2)) == [
         "j-train-master-0",
         "j-train-worker-0",
         "j-train-worker-1",
     ]
     no_count = {"metadata": {"name": "x"}, "spec": {"pytorchReplicaSpecs": {"Master": {}}}}
-    assert state.replica_pods(no_count) == ["x-master-0"]
+    assert observations.replica_pods(no_count) == ["x-master-0"]
 
 
 @pytest.mark.parametrize(
@@ -163,26 +164,26 @@ def test_replica_pods_are_named_as_the_training_operator_names_them() -> None:
     ],
 )
 def test_pods_running_reads_the_training_operators_active_counts(ptj: Any, running: bool) -> None:
-    assert state.pods_running(ptj) is running
+    assert observations.pods_running(ptj) is running
 
 
 def test_an_unschedulable_pod_with_the_schedulers_message_and_since_when() -> None:
-    got = state.pods_observation(pytorchjob(), [pod(unschedulable_since=T0)], [])
+    got = observations.pods_observation(pytorchjob(), [pod(unschedulable_since=T0)], [])
     assert got == PodsObservation(
         trouble=PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=T0)
     )
 
 
 def test_a_scheduled_or_running_pod_is_no_trouble() -> None:
-    assert state.pods_observation(pytorchjob(), [pod()], []) == PodsObservation()
-    assert state.pods_observation(pytorchjob(), [pod(phase="Running")], []) == PodsObservation()
+    assert observations.pods_observation(pytorchjob(), [pod()], []) == PodsObservation()
+    assert observations.pods_observation(pytorchjob(), [pod(phase="Running")], []) == PodsObservation()
 
 
 @pytest.mark.parametrize(
     "reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"]
 )
 def test_an_image_that_cannot_be_pulled(reason: str) -> None:
-    got = state.pods_observation(pytorchjob(), [pod(waiting=(reason, PULL))], [])
+    got = observations.pods_observation(pytorchjob(), [pod(waiting=(reason, PULL))], [])
     assert got.trouble is not None
     assert got.trouble.reason == state.Reason.IMAGE_PULL_FAILED
     assert got.trouble.message == f"container trainer (image registry.example.com/t:nope): {reason}: {PULL}"
@@ -193,19 +194,19 @@ def test_a_worker_init_container_image_that_cannot_be_pulled() -> None:
         pod(phase="Running"),
         pod("j-train-worker-0", init_waiting=("ImagePullBackOff", "Back-off pulling")),
     ]
-    trouble = state.pods_observation(pytorchjob(workers=1), pods, []).trouble
+    trouble = observations.pods_observation(pytorchjob(workers=1), pods, []).trouble
     assert trouble is not None and trouble.pod == "j-train-worker-0"
     assert trouble.message == "container init-pytorch (image alpine:3.10): ImagePullBackOff: Back-off pulling"
 
 
 @pytest.mark.parametrize("reason", ["ContainerCreating", "PodInitializing", "CrashLoopBackOff"])
 def test_other_waiting_reasons_are_not_image_troubles(reason: str) -> None:
-    assert state.pods_observation(pytorchjob(), [pod(waiting=(reason, ""))], []) == PodsObservation()
+    assert observations.pods_observation(pytorchjob(), [pod(waiting=(reason, ""))], []) == PodsObservation()
 
 
 def test_a_pod_the_training_operator_cannot_create() -> None:
-    events = [event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS, "2026-01-01T00:00:05Z")]
-    got = state.pods_observation(pytorchjob(), [], events)
+    events = [event(observations.FAILED_CREATE_POD, NO_PRIORITY_CLASS, "2026-01-01T00:00:05Z")]
+    got = observations.pods_observation(pytorchjob(), [], events)
     assert got == PodsObservation(
         trouble=PodTrouble(
             state.Reason.PODS_NOT_CREATED, "j-train-master-0", NO_PRIORITY_CLASS, since="2026-01-01T00:00:05Z"
@@ -214,45 +215,49 @@ def test_a_pod_the_training_operator_cannot_create() -> None:
 
 
 def test_a_missing_pod_with_no_event_yet_is_missing_not_a_trouble() -> None:
-    assert state.pods_observation(pytorchjob(), [], []) == PodsObservation(missing=("j-train-master-0",))
+    assert observations.pods_observation(pytorchjob(), [], []) == PodsObservation(
+        missing=("j-train-master-0",)
+    )
 
 
 def test_a_failure_followed_by_a_creation_is_outdated() -> None:
     """The PriorityClass was created, the pod made; later the pod is deleted (preempted): the old
     failure does not explain it (the Training Operator is about to make it again)."""
     events = [
-        event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS, "2026-01-01T00:00:05Z"),
+        event(observations.FAILED_CREATE_POD, NO_PRIORITY_CLASS, "2026-01-01T00:00:05Z"),
         created("j-train-master-0", "2026-01-01T00:01:00Z"),
     ]
-    assert state.pods_observation(pytorchjob(), [], events) == PodsObservation(missing=("j-train-master-0",))
+    assert observations.pods_observation(pytorchjob(), [], events) == PodsObservation(
+        missing=("j-train-master-0",)
+    )
     # a creation in the same second as the failure: the creation wins (no flash of an old failure)
-    same = [event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS, T0), created("j-train-master-0", T0)]
-    assert state.pods_observation(pytorchjob(), [], same).trouble is None
+    same = [event(observations.FAILED_CREATE_POD, NO_PRIORITY_CLASS, T0), created("j-train-master-0", T0)]
+    assert observations.pods_observation(pytorchjob(), [], same).trouble is None
     # a failure after the creation (deleted, then refused): it explains the missing pod again
-    again = [*events, event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS, "2026-01-01T00:02:00Z")]
-    trouble = state.pods_observation(pytorchjob(), [], again).trouble
+    again = [*events, event(observations.FAILED_CREATE_POD, NO_PRIORITY_CLASS, "2026-01-01T00:02:00Z")]
+    trouble = observations.pods_observation(pytorchjob(), [], again).trouble
     assert trouble is not None and trouble.since == "2026-01-01T00:02:00Z"
 
 
 def test_a_failure_naming_no_pod_explains_any_missing_pod_until_a_later_creation() -> None:
     text = "Error creating: Internal error occurred: resource quota evaluation timed out"
-    events = [event(state.FAILED_CREATE_POD, text, "2026-01-01T00:00:05Z")]
-    trouble = state.pods_observation(pytorchjob(), [], events).trouble
+    events = [event(observations.FAILED_CREATE_POD, text, "2026-01-01T00:00:05Z")]
+    trouble = observations.pods_observation(pytorchjob(), [], events).trouble
     assert trouble is not None and (trouble.pod, trouble.message) == ("j-train-master-0", text)
     later = [*events, created("j-train-worker-0", "2026-01-01T00:00:06Z")]
-    assert state.pods_observation(pytorchjob(), [], later).trouble is None
+    assert observations.pods_observation(pytorchjob(), [], later).trouble is None
 
 
 def test_events_and_pods_of_another_pytorchjob_of_the_same_name_are_ignored() -> None:
     """A FineTuneJob re-created under the same name: the old PyTorchJob's leftovers say nothing."""
     old = "old-uid"
-    events = [event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS, T0, uid=old)]
-    got = state.pods_observation(pytorchjob(), [pod(owner=old, unschedulable_since=T0)], events)
+    events = [event(observations.FAILED_CREATE_POD, NO_PRIORITY_CLASS, T0, uid=old)]
+    got = observations.pods_observation(pytorchjob(), [pod(owner=old, unschedulable_since=T0)], events)
     assert got == PodsObservation(missing=("j-train-master-0",))
 
 
 def test_a_pod_being_deleted_counts_as_missing() -> None:
-    got = state.pods_observation(pytorchjob(), [pod(deleting=True, unschedulable_since=T0)], [])
+    got = observations.pods_observation(pytorchjob(), [pod(deleting=True, unschedulable_since=T0)], [])
     assert got == PodsObservation(missing=("j-train-master-0",))
 
 
@@ -262,14 +267,16 @@ def test_the_most_decisive_trouble_is_reported_and_its_kind_counted() -> None:
         pod("j-train-worker-1", unschedulable_since=T0),
         pod("j-train-worker-2", unschedulable_since=T0),
     ]
-    events = [event(state.FAILED_CREATE_POD, NO_PRIORITY_CLASS.replace("master-0", "worker-0"), T0)]
-    got = state.pods_observation(pytorchjob(workers=3), pods, events).trouble
+    events = [event(observations.FAILED_CREATE_POD, NO_PRIORITY_CLASS.replace("master-0", "worker-0"), T0)]
+    got = observations.pods_observation(pytorchjob(workers=3), pods, events).trouble
     assert got is not None and (got.reason, got.pod, got.others) == (
         state.Reason.PODS_NOT_CREATED,
         "j-train-worker-0",
         0,
     )
-    got = state.pods_observation(pytorchjob(workers=3), [*pods, pod("j-train-worker-0")], events).trouble
+    got = observations.pods_observation(
+        pytorchjob(workers=3), [*pods, pod("j-train-worker-0")], events
+    ).trouble
     assert got is not None and (got.reason, got.pod, got.others) == (
         state.Reason.UNSCHEDULABLE,
         "j-train-worker-1",
@@ -377,7 +384,9 @@ def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> Non
     for word in words:
         assert word in training["message"], (word, training["message"])
     assert [(e.type, e.reason, e.message) for e in first.events] == [("Warning", reason, training["message"])]
-    assert not state.settling(first.status)  # pod events (or the Training Operator's pod) bring the news now
+    assert not observations.settling(
+        first.status
+    )  # pod events (or the Training Operator's pod) bring the news now
     # the next pass with the same trouble: the same status, no second event
     again = state.advance(then(first), obs(pods, now="2026-01-01T00:02:00Z"))
     assert cond(again, state.ConditionType.TRAINING)["reason"] == reason and again.events == []
@@ -397,7 +406,7 @@ def test_a_pytorchjob_without_status_whose_pod_cannot_be_created() -> None:
     PyTorchJob never gets a condition, and the job would say "is the Training Operator running?"."""
     waiting = state.advance(None, obs(PodsObservation(missing=("j-train-master-0",)), condition=None, now=T0))
     assert cond(waiting, state.ConditionType.TRAINING)["reason"] == state.Reason.WAITING_FOR_TRAINING_OPERATOR
-    assert state.settling(waiting.status)
+    assert observations.settling(waiting.status)
     t = state.advance(then(waiting), obs(not_created(), condition=None))
     assert t.phase == "Pending"
     assert cond(t, state.ConditionType.TRAINING)["reason"] == state.Reason.PODS_NOT_CREATED
@@ -412,7 +421,7 @@ def test_a_pod_waiting_for_a_node_is_news_only_after_a_while() -> None:
         cond(early, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
         and early.events == []
     )
-    assert state.settling(early.status)  # the operator looks again without an event
+    assert observations.settling(early.status)  # the operator looks again without an event
     late = state.advance(then(early), obs(unschedulable(since=T0), now="2026-01-01T00:00:30Z"))
     assert cond(late, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
     assert [e.reason for e in late.events] == [state.Reason.UNSCHEDULABLE]
@@ -476,5 +485,5 @@ def test_pod_troubles_say_nothing_where_pods_are_not_expected_to_run(
 )
 def test_settling_while_pods_start_with_nothing_wrong_known(phase: str, reason: str, settling: bool) -> None:
     status = {"phase": phase, "conditions": [{"type": "Training", "status": "False", "reason": reason}]}
-    assert state.settling(status) is settling
-    assert not state.settling(None) and not state.settling({"phase": "Pending"})
+    assert observations.settling(status) is settling
+    assert not observations.settling(None) and not observations.settling({"phase": "Pending"})

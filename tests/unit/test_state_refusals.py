@@ -10,7 +10,7 @@ import pytest
 from tests.support.state_obs import T0, T1, obs
 
 from kubetune_api.status import FineTuneJobStatus
-from kubetune_operator import state
+from kubetune_operator import observations, state
 from kubetune_operator.kube import ApiError, Kube
 from kubetune_operator.state import ChildError, Observation, TrainingObservation
 
@@ -81,14 +81,14 @@ def then(t: state.Transition) -> FineTuneJobStatus:
     ],
 )
 def test_verdict_by_verb_and_status(verb: str, code: int, expected: str) -> None:
-    assert state.verdict(verb, code) == expected
+    assert observations.verdict(verb, code) == expected
 
 
 @pytest.mark.parametrize(
     ("attempts", "expected"), [(1, 1.0), (2, 2.0), (3, 4.0), (5, 16.0), (9, 60.0), (1000, 60.0)]
 )
 def test_retry_delay_doubles_up_to_its_cap(attempts: int, expected: float) -> None:
-    assert state.retry_delay(attempts, 1.0, 60.0) == expected
+    assert observations.retry_delay(attempts, 1.0, 60.0) == expected
 
 
 def test_api_error_reads_the_status_objects_reason_and_message() -> None:
@@ -111,7 +111,7 @@ def test_no_answer_from_the_api_server_is_an_api_error_with_status_0() -> None:
     with pytest.raises(ApiError) as e:
         Kube(client.ApiClient(cfg), timeout=5).get("v1", "ConfigMap", "ml", "j-config")
     assert e.value.status == 0 and e.value.status_reason == "NoResponse"
-    assert state.verdict("create", e.value.status) == "transient"
+    assert observations.verdict("create", e.value.status) == "transient"
 
 
 def test_describe_names_the_request_the_child_and_the_answer() -> None:

@@ -1,0 +1,447 @@
+"""What the operator observes of a FineTuneJob's children, folded into what the state machine
+(:mod:`kubetune_operator.state`) decides on: the PyTorchJob's decisive condition, the registration
+(and alias) Job with its pods' results, why training pods cannot start, and a child request the API
+server refused. Pure: the reads are the reconciler's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from kubetune_api.status import ConditionType, Phase, Reason
+
+# the training pods cannot start (Training, and Ready while not trained): most decisive first
+POD_TROUBLE = (Reason.PODS_NOT_CREATED, Reason.UNSCHEDULABLE, Reason.IMAGE_PULL_FAILED)
+
+# PyTorchJob condition types, most decisive first: the first one that is True wins.
+TRAINING_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+# --- observations -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainingObservation:
+    """What the PyTorchJob says: its decisive condition, if any."""
+
+    exists: bool = False
+    condition: str | None = None  # one of TRAINING_PRECEDENCE, or None (no status yet)
+    reason: str = ""
+    message: str = ""
+
+
+# the states in which a registration or alias Job has ended
+JOB_ENDED = ("Complete", "Skipped", "Failed")
+
+
+@dataclass(frozen=True)
+class RegistrationObservation:
+    """What the registration Job (and its pod's termination message) says."""
+
+    exists: bool = False
+    # Skipped: Complete, but the pod read registration.enabled false (turned off while it ran)
+    state: Literal["Running", "Complete", "Skipped", "Failed"] | None = None
+    message: str = ""
+    result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
+
+
+# --- the training pods ---------------------------------------------------------------------------------
+
+# A pod the scheduler has not placed for this long is shown (``Unschedulable``). A shorter wait is
+# normal: the checkpoint volume being provisioned, preemption making room, a node autoscaler.
+SHOW_UNSCHEDULABLE_AFTER = 30.0
+# The kubelet's waiting reasons of a container whose image cannot be had.
+IMAGE_PULL_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "ImageInspectError",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+    }
+)
+# What the Training Operator (v1.9) records on the PyTorchJob for each pod it creates or fails to
+# create: a Warning ``FailedCreatePod`` "Error creating: <the API server's answer>" (which names
+# ``pods "<pod>"``) and a Normal ``SuccessfulCreatePod`` "Created pod: <pod>". It sets no condition
+# for a failure, and retries with a growing backoff.
+FAILED_CREATE_POD = "FailedCreatePod"
+SUCCESSFUL_CREATE_POD = "SuccessfulCreatePod"
+# The label the Training Operator puts on the pods of a PyTorchJob (its name as the value).
+TRAINING_OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
+_POD_IN_ERROR = re.compile(r'\bpods? "([^"]+)"')
+_POD_CREATED = re.compile(r"Created pod: (\S+)")
+
+
+# The PyTorchJob's decisive conditions under which its pods should be starting or running (None: no
+# status yet; the Training Operator v1.9 writes none while it cannot create a pod: it returns the
+# error before its status update).
+POD_CONDITIONS = (None, "Created", "Running", "Restarting")
+
+
+@dataclass(frozen=True)
+class PodTrouble:
+    """Why a training pod cannot start, in its controller's own words."""
+
+    reason: str  # one of POD_TROUBLE
+    pod: str
+    message: str  # the scheduler's, the Training Operator's or the kubelet's message, verbatim
+    since: str = ""  # RFC 3339: when it began, where known (the PodScheduled condition's transition)
+    others: int = 0  # more pods with the same trouble
+
+
+@dataclass(frozen=True)
+class PodsObservation:
+    """The PyTorchJob's pods while they are not all running (``pods_running`` is False)."""
+
+    trouble: PodTrouble | None = None
+    # pods the Training Operator has not created, with nothing yet saying why: look again soon
+    missing: tuple[str, ...] = ()
+
+
+def replica_pods(pytorchjob: dict[str, Any]) -> list[str]:
+    """The pods the Training Operator makes for a PyTorchJob: ``<name>-<replica type>-<index>``."""
+    name = (pytorchjob.get("metadata") or {}).get("name") or ""
+    specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    out = []
+    for rtype in sorted(specs, key=lambda t: (t != "Master", t)):
+        replicas = (specs[rtype] or {}).get("replicas")
+        for index in range(1 if replicas is None else int(replicas)):
+            out.append(f"{name}-{rtype.lower()}-{index}")
+    return out
+
+
+def pods_running(pytorchjob: dict[str, Any] | None) -> bool:
+    """Whether the PyTorchJob's status counts every replica as running (``replicaStatuses.*.active``,
+    the Training Operator's count of Running pods): then the pods need no look."""
+    if pytorchjob is None:
+        return False
+    specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    counts = (pytorchjob.get("status") or {}).get("replicaStatuses") or {}
+    if not specs:
+        return False
+    for rtype, spec in specs.items():
+        replicas = (spec or {}).get("replicas")
+        wanted = 1 if replicas is None else int(replicas)
+        if int((counts.get(rtype) or {}).get("active") or 0) < wanted:
+            return False
+    return True
+
+
+def pods_observation(
+    pytorchjob: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> PodsObservation:
+    """Fold the PyTorchJob's pods and events into why its pods cannot start, if they cannot.
+
+    ``pods``: those labelled ``training.kubeflow.org/job-name=<PyTorchJob>`` (only this PyTorchJob's,
+    by owner uid, count); ``events``: the PyTorchJob's (empty when no pod is missing). A pod that is
+    missing is explained by the newest ``FailedCreatePod`` naming it, unless a ``SuccessfulCreatePod``
+    for it came later (it was created since, then deleted: preempted, restarted). Troubles are ranked
+    by ``POD_TROUBLE``, then by pod name; the first is reported, the others of its kind counted.
+    """
+    uid = (pytorchjob.get("metadata") or {}).get("uid")
+    live = _live_pods(pytorchjob, pods)
+    missing = missing_pods(pytorchjob, pods)
+    troubles: list[PodTrouble] = []
+    unexplained: list[str] = []
+    failures = _creation_failures(events, uid) if missing else {}
+    for name in missing:
+        failure = failures.get(name) or failures.get("")
+        if failure is None:
+            unexplained.append(name)
+        else:
+            troubles.append(PodTrouble(Reason.PODS_NOT_CREATED, name, failure[1], since=failure[0]))
+    for name in sorted(live):
+        troubles.extend(_pod_troubles(live[name]))
+    if not troubles:
+        return PodsObservation(missing=tuple(unexplained))
+    troubles.sort(key=lambda t: (POD_TROUBLE.index(t.reason), t.pod))
+    first = troubles[0]
+    same = {t.pod for t in troubles if t.reason == first.reason}
+    return PodsObservation(
+        trouble=PodTrouble(first.reason, first.pod, first.message, first.since, len(same) - 1),
+        missing=tuple(unexplained),
+    )
+
+
+def missing_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
+    """The PyTorchJob's pods (``replica_pods``) that do not exist, or are being deleted."""
+    live = _live_pods(pytorchjob, pods)
+    return [name for name in replica_pods(pytorchjob) if name not in live]
+
+
+def _live_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    uid = (pytorchjob.get("metadata") or {}).get("uid")
+    return {
+        p["metadata"]["name"]: p
+        for p in pods
+        if _owned_by(p, uid) and not (p.get("metadata") or {}).get("deletionTimestamp")
+    }
+
+
+def _pod_troubles(pod: dict[str, Any]) -> list[PodTrouble]:
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    out = []
+    if status.get("phase") in (None, "Pending"):
+        for c in status.get("conditions") or []:
+            if (
+                c.get("type") == "PodScheduled"
+                and c.get("status") == "False"
+                and c.get("reason") == Reason.UNSCHEDULABLE
+            ):
+                message = c.get("message") or "no node fits the pod"
+                out.append(
+                    PodTrouble(Reason.UNSCHEDULABLE, name, message, since=c.get("lastTransitionTime") or "")
+                )
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            detail = f"container {cs.get('name')} (image {cs.get('image')}): {waiting['reason']}"
+            if waiting.get("message"):
+                detail += f": {waiting['message']}"
+            out.append(PodTrouble(Reason.IMAGE_PULL_FAILED, name, detail))
+            break
+    return out
+
+
+def _creation_failures(events: list[dict[str, Any]], uid: str | None) -> dict[str, tuple[str, str]]:
+    """Per pod name, the newest ``FailedCreatePod`` (time, message) that no ``SuccessfulCreatePod``
+    followed; a failure naming no pod under ``""`` (then any later creation outdates it)."""
+    failed: dict[str, tuple[datetime, str, str]] = {}
+    created: dict[str, datetime] = {}
+    for e in events:
+        involved = e.get("involvedObject") or {}
+        if uid is not None and involved.get("uid") not in (None, uid):
+            continue
+        when, text = _event_time(e), str(e.get("message") or "")
+        if when is None:
+            continue
+        if e.get("reason") == FAILED_CREATE_POD:
+            match = _POD_IN_ERROR.search(text)
+            key = match.group(1) if match else ""
+            if key not in failed or failed[key][0] < when:
+                failed[key] = (when, _rfc3339(when), text)
+        elif e.get("reason") == SUCCESSFUL_CREATE_POD and (match := _POD_CREATED.search(text)):
+            created[match.group(1)] = max(when, created.get(match.group(1), when))
+    newest_creation = max(created.values(), default=None)
+    out = {}
+    for key, (when, stamp, text) in failed.items():
+        after = created.get(key) if key else newest_creation
+        if after is None or when > after:  # a creation in the same second wins
+            out[key] = (stamp, text)
+    return out
+
+
+def _event_time(event: dict[str, Any]) -> datetime | None:
+    """When an Event (core/v1, as client-go's recorder writes it) last happened."""
+    for value in (
+        (event.get("series") or {}).get("lastObservedTime"),
+        event.get("lastTimestamp"),
+        event.get("eventTime"),
+        (event.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        if value and (when := parse_time(str(value))) is not None:
+            return when
+    return None
+
+
+def parse_time(value: str) -> datetime | None:
+    """An RFC 3339 time (``Z`` or an offset, fractions of a second allowed); None when it is not one."""
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def settling(status: dict[str, Any] | None) -> bool:
+    """A status whose pods may still be starting, or restarting, with nothing wrong known yet
+    (Training condition ``WaitingForTrainingOperator``, ``TrainingCreated`` or
+    ``TrainingRestarting``): the operator looks again every retry interval, since a pod the Training
+    Operator cannot create changes nothing the operator watches (no pod, no PyTorchJob status) and a
+    wait that grows long (``SHOW_UNSCHEDULABLE_AFTER``) is only seen by looking."""
+    status = status or {}
+    if status.get("phase") not in (Phase.PENDING.value, Phase.TRAINING.value):
+        return False
+    training = next(
+        (
+            c
+            for c in status.get("conditions") or []
+            if isinstance(c, dict) and c.get("type") == ConditionType.TRAINING
+        ),
+        None,
+    )
+    return training is not None and training.get("reason") in (
+        Reason.WAITING_FOR_TRAINING_OPERATOR,
+        Reason.TRAINING_CREATED,
+        Reason.TRAINING_RESTARTING,
+    )
+
+
+# --- the API server refusing a child -------------------------------------------------------------------
+
+# What a refusal means, by what the operator was doing and the API server's HTTP status:
+# - rejected: creating the child was refused as invalid (422 Invalid, 400 BadRequest, 413 too large).
+#   The object is built from the spec alone, so the same spec is refused again every time: the job
+#   is Failed (``ChildRejected``) until a new spec generation reopens it.
+# - forbidden: 403, for any request. A ResourceQuota ("exceeded quota"), the operator's RBAC, a
+#   namespace being deleted or an admission policy that answers Forbidden: all can change without
+#   the spec changing (quota freed, RBAC fixed), so the job is not failed. It shows at once
+#   (``ChildForbidden``, an Event) and is retried with backoff.
+# - transient: anything else (no answer, 429, 5xx, a webhook that cannot be reached, 404 for a
+#   kind whose CRD is missing, an update refused): retried with backoff, shown (``ChildApiError``)
+#   once it has failed SHOW_TRANSIENT_AFTER times in a row. 409 never gets here: ``ensure`` treats
+#   "already exists" as ours or as a ``ChildConflict``.
+Verdict = Literal["rejected", "forbidden", "transient"]
+REJECTED_STATUSES = (400, 413, 422)
+SHOW_TRANSIENT_AFTER = 3
+
+
+def verdict(verb: str, code: int) -> Verdict:
+    """What an API server's ``code`` for a ``verb`` (create, get, list, update) on a child means."""
+    if code == 403:
+        return "forbidden"
+    if verb == "create" and code in REJECTED_STATUSES:
+        return "rejected"
+    return "transient"
+
+
+def retry_delay(attempts: int, base: float, cap: float) -> float:
+    """Seconds before the next try after ``attempts`` failed passes in a row: doubling from ``base``."""
+    return float(min(cap, base * 2 ** min(max(attempts - 1, 0), 16)))
+
+
+@dataclass(frozen=True)
+class ChildError:
+    """The API server's answer to a request about one child (HTTP ``code`` 0: no answer at all)."""
+
+    verb: str  # create, get, list, update
+    kind: str
+    name: str
+    code: int
+    reason: str  # the Status' reason (Invalid, Forbidden, ...) or the HTTP reason
+    message: str  # what the API server said, verbatim
+    attempts: int = 1  # passes in a row that met an error (this one included)
+
+    @property
+    def verdict(self) -> Verdict:
+        return verdict(self.verb, self.code)
+
+    def describe(self) -> str:
+        """``creating PyTorchJob j-train: 422 Invalid: <the API server's message>``."""
+        doing = {"create": "creating", "get": "reading", "list": "listing", "update": "updating"}
+        answer = (
+            f"{self.code} {self.reason}" if self.code else f"no answer from the API server ({self.reason})"
+        )
+        return f"{doing.get(self.verb, self.verb)} {self.kind} {self.name}: {answer}: {self.message}"
+
+
+def training_observation(pytorchjob: dict[str, Any] | None) -> TrainingObservation:
+    """Fold a PyTorchJob's status conditions into its one decisive condition."""
+    if pytorchjob is None:
+        return TrainingObservation()
+    conditions = (pytorchjob.get("status") or {}).get("conditions") or []
+    by_type = {c.get("type"): c for c in conditions if c.get("status") == "True"}
+    for kind in TRAINING_PRECEDENCE:
+        if kind in by_type:
+            c = by_type[kind]
+            return TrainingObservation(True, kind, c.get("reason") or "", c.get("message") or "")
+    return TrainingObservation(exists=True)
+
+
+def registration_observation(
+    job: dict[str, Any] | None, pods: list[dict[str, Any]], container: str
+) -> RegistrationObservation:
+    """Fold the registration Job and its pods into one observation.
+
+    The contract with ``python -m kubetune_trainer.register``: on success it writes one JSON object
+    ``{"name", "version", "uri", "run_id", "alias"}`` to ``/dev/termination-log``; the operator reads
+    it from ``status.containerStatuses[name=register].state.terminated.message`` of a pod of this Job
+    (ownerReference to the Job's uid) that terminated with exit code 0, once the Job is Complete.
+    On failure the message is ``{"error", "reason"}`` (or, after a crash, the log tail:
+    terminationMessagePolicy FallbackToLogsOnError) and goes into the Failed status message.
+    """
+    if job is None:
+        return RegistrationObservation()
+    uid = (job.get("metadata") or {}).get("uid")
+    own_pods = [p for p in pods if _owned_by(p, uid)]
+    result, failure_tail, skipped = _termination_messages(own_pods, container)
+    conditions = {
+        c.get("type"): c
+        for c in (job.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+    if "Failed" in conditions:
+        c = conditions["Failed"]
+        text = f"{c.get('reason') or 'Failed'}: {c.get('message') or 'the registration Job failed'}"
+        if failure_tail:
+            text += f"; last output: {failure_tail}"
+        return RegistrationObservation(True, "Failed", text)
+    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+        if result is None and skipped:
+            return RegistrationObservation(True, "Skipped", "its pod read registration.enabled: false")
+        return RegistrationObservation(True, "Complete", "", result)
+    return RegistrationObservation(True, "Running")
+
+
+def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid for r in refs)
+
+
+def _termination_messages(
+    pods: list[dict[str, Any]], container: str
+) -> tuple[dict[str, Any] | None, str, bool]:
+    """The successful pod's result, the last failure's text, and whether a pod skipped registering."""
+    result: dict[str, Any] | None = None
+    failure = ""
+    skipped = False
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != container:
+                continue
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if not term:
+                continue
+            message = (term.get("message") or "").strip()
+            if term.get("exitCode") == 0:
+                parsed = parse_registration_result(message)
+                if parsed is not None:
+                    result = parsed
+                skipped = skipped or '"skipped"' in message
+            elif message:
+                failure = _failure_text(message)
+    return result, failure, skipped
+
+
+def _failure_text(message: str) -> str:
+    """The register step writes ``{"error", "reason"}`` when it fails; a crash leaves a log tail."""
+    try:
+        data = json.loads(message)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and data.get("error"):
+        return f"{data.get('reason') or 'Error'}: {data['error']}"[-1000:]
+    return message[-500:]
+
+
+def parse_registration_result(message: str) -> dict[str, Any] | None:
+    """The JSON object the register step wrote (its last line, so a log tail still parses)."""
+    for line in reversed(message.strip().splitlines()):
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("name") and data.get("version") is not None:
+            return data
+    return None
