@@ -19,7 +19,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,12 +73,25 @@ class Outcome:
     retry_in: float | None = None
 
 
+@dataclass
+class Step:
+    """What one pass decided: its outcome, the status to write (None: nothing), and the children it
+    created (each announced by an event, whether or not the status write goes through)."""
+
+    outcome: Outcome
+    transition: state.Transition | None = None
+    created: list[dict[str, Any]] = field(default_factory=list)
+
+
 class StatusConflictError(Exception):
     """The FineTuneJob changed between read and status write: run the pass again."""
 
 
 def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> Outcome | None:
-    """Reconcile one FineTuneJob; None when it is gone or being deleted."""
+    """Reconcile one FineTuneJob; None when it is gone or being deleted.
+
+    Each pass reads the job, observes its children and asks the state machine (:mod:`.state`) what
+    follows; its step is written here, the one place the status is written (:func:`_commit`)."""
     with _lock(namespace, name):
         for _ in range(attempts):
             obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
@@ -86,63 +99,129 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
                 _failed_passes.pop((namespace, name), None)
                 return None
             try:
-                return _pass(ctx, obj)
+                step = _pass(ctx, obj)
+                _commit(ctx, obj, step)
             except StatusConflictError:
                 continue
+            return step.outcome
         raise StatusConflictError(f"{namespace}/{name}: status kept changing under the operator")
 
 
-def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
+def _commit(ctx: Context, obj: dict[str, Any], step: Step) -> None:
+    """Announce the children created, write the status (if it changed) and, once written, the events
+    of its transitions."""
+    for manifest in step.created:
+        ctx.emit(
+            obj,
+            state.Event("Normal", "Created", f"created {manifest['kind']} {manifest['metadata']['name']}"),
+        )
+    if step.transition is not None and _write_status(ctx, obj, step.transition):
+        for event in step.transition.events:
+            ctx.emit(obj, event)
+
+
+def _previous(obj: dict[str, Any]) -> FineTuneJobStatus:
+    raw_status = obj.get("status") or {}
+    try:
+        return FineTuneJobStatus.model_validate(raw_status)
+    except ValidationError:
+        return FineTuneJobStatus(phase=raw_status.get("phase"))
+
+
+def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
     meta = obj["metadata"]
     ns, name = meta["namespace"], meta["name"]
     generation = int(meta.get("generation") or 1)
-    raw_status = obj.get("status") or {}
-    try:
-        previous = FineTuneJobStatus.model_validate(raw_status)
-    except ValidationError:
-        previous = FineTuneJobStatus(phase=raw_status.get("phase"))
-    retry = None
+    previous = _previous(obj)
+    # A final job stays as it is, unless it is registered again (the state machine takes it out of
+    # Succeeded or Failed: state.Reregister), its alias moves, or its refused child's spec changed.
+    reregister: state.Reregister | None = None
     if previous.phase == Phase.SUCCEEDED:
-        retry = _registration_turned_on(ctx, obj, previous)
-        if retry is None:
+        reregister = _registration_turned_on(ctx, obj, previous)
+        if reregister is None:
             return _follow_alias(ctx, obj, previous, generation)
-        # trained with registration off, now turned on: register the trained model
-        previous = previous.model_copy(update={"phase": Phase.REGISTERING})
     elif previous.phase in state.FINAL_PHASES and not state.reopens(previous, generation):
-        retry = _registration_retry(ctx, obj, previous)
-        if retry is None:
-            return _observed(ctx, obj, Outcome(phase=str(previous.phase)), generation)
-        # the user asked for a retry (the annotation its message names): register again
-        previous = previous.model_copy(update={"phase": Phase.REGISTERING})
+        reregister = _registration_retry(ctx, obj, previous)
+        if reregister is None:
+            return _observed(Outcome(phase=str(previous.phase)), generation)
+    asks = (state.Reregister.RETRY, state.Reregister.RETRY_DISABLED, state.Reregister.FOLLOW)
+    retry_request = retry_requested(obj, previous) if reregister in asks else None
+    first = state.Observation(
+        generation=generation, now=now(), namespace=ns, reregister=reregister, retry_request=retry_request
+    )
 
     try:
         job = api.parse_job(obj)
     except ValidationError as e:
         message = f"the spec cannot be used: {_short(e)}"
-        obs = state.Observation(generation=generation, now=now(), invalid_spec=message, namespace=ns)
-        transition = state.advance(previous, obs)
-        _write_status(ctx, obj, transition)
-        return Outcome(phase=transition.phase, invalid=True, message=message)
+        transition = state.advance(previous, replace(first, invalid_spec=message))
+        return Step(Outcome(phase=transition.phase, invalid=True, message=message), transition)
 
-    created: list[dict[str, Any]] = []
-    children: dict[str, str] = {
-        "checkpointClaim": builders.checkpoint_claim(job),
-        "configMap": builders.config_map_name(job),
-        "pytorchJob": builders.pytorchjob_name(job),
-    }
+    seen = _observe(ctx, job, previous)
+    obs = replace(
+        first,
+        suspend=job.spec.suspend,
+        registration_enabled=job.spec.registration.enabled,
+        queued_by_kueue=job.spec.resources.queue_name is not None,
+        conflict=seen.conflict,
+        child_error=seen.child_error,
+        training=seen.training,
+        registration=seen.registration,
+        pods=seen.pods,
+        children=seen.children,
+        job_name=name,
+        pytorchjob_name=builders.pytorchjob_name(job),
+        registration_job_name=builders.registration_job_name(job),
+        checkpoint_claim=builders.checkpoint_claim(job),
+    )
+    transition = state.advance(previous, obs)
+    ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
+    error = seen.child_error
+    if error is not None and error.verdict != "rejected":
+        settings = ctx.settings
+        delay = observations.retry_delay(
+            error.attempts, settings.retry_seconds, max(settings.retry_seconds, settings.resync_seconds)
+        )
+        outcome = Outcome(phase=transition.phase, waiting=True, message=error.describe(), retry_in=delay)
+    else:
+        outcome = Outcome(phase=transition.phase, waiting=transition.waiting, message=seen.conflict or "")
+    return Step(outcome, transition, seen.created)
+
+
+@dataclass
+class _Seen:
+    """What a pass found of the children, and what it created on the way."""
+
+    children: dict[str, str]
+    created: list[dict[str, Any]] = field(default_factory=list)
     conflict: str | None = None
-    training = state.TrainingObservation()
-    registration = state.RegistrationObservation()
-    pods = state.PodsObservation()
+    training: state.TrainingObservation = field(default_factory=state.TrainingObservation)
+    registration: state.RegistrationObservation = field(default_factory=state.RegistrationObservation)
+    pods: state.PodsObservation = field(default_factory=state.PodsObservation)
     child_error: state.ChildError | None = None
+
+
+def _observe(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) -> _Seen:
+    """Ensure the children and observe them; a request the API server refused stops the pass there
+    (``child_error``, with the attempts in a row it has failed)."""
+    ns, name = job.metadata.namespace, job.metadata.name
+    seen = _Seen(
+        children={
+            "checkpointClaim": builders.checkpoint_claim(job),
+            "configMap": builders.config_map_name(job),
+            "pytorchJob": builders.pytorchjob_name(job),
+        }
+    )
     key = (ns, name)
     try:
-        conflict, training, registration, pods = _children(ctx, job, previous, created, children)
+        seen.conflict, seen.training, seen.registration, seen.pods = _children(
+            ctx, job, previous, seen.created, seen.children
+        )
         _failed_passes.pop(key, None)
     except ChildApiError as e:
         attempts = _failed_passes.get(key, 0) + 1
         _failed_passes[key] = attempts
-        child_error = state.ChildError(
+        seen.child_error = state.ChildError(
             verb=e.verb,
             kind=e.kind,
             name=e.name,
@@ -151,72 +230,10 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Outcome:
             message=e.error.message,
             attempts=attempts,
         )
-        if child_error.verdict == "rejected":
+        if seen.child_error.verdict == "rejected":
             _failed_passes.pop(key, None)
-        ctx.logger.info("%s/%s: %s", ns, name, child_error.describe())
-
-    obs = state.Observation(
-        generation=generation,
-        now=now(),
-        suspend=job.spec.suspend,
-        registration_enabled=job.spec.registration.enabled,
-        queued_by_kueue=job.spec.resources.queue_name is not None,
-        conflict=conflict,
-        child_error=child_error,
-        training=training,
-        registration=registration,
-        pods=pods,
-        children=children,
-        namespace=ns,
-        job_name=name,
-        pytorchjob_name=builders.pytorchjob_name(job),
-        registration_job_name=builders.registration_job_name(job),
-        checkpoint_claim=builders.checkpoint_claim(job),
-    )
-    transition = state.advance(previous, obs)
-    if retry is not None:
-        transition.status.setdefault("completionTime", None)  # merge patch: no longer complete
-    requested = retry_requested(obj, previous) if retry in ("requested", "disabled", "running") else None
-    if requested is not None:
-        transition.status["registrationRetry"] = requested  # acted on once, whatever the outcome
-    # the pass that records the request says so; also when an earlier pass created the Job but lost
-    # its status write (a race): this one finds that Job running and the request not yet recorded
-    if retry == "requested" or (retry == "running" and requested is not None):
-        transition.events.insert(
-            0,
-            state.Event(
-                "Normal",
-                state.EventReason.REGISTRATION_RETRIED,
-                f"{api.RETRY_REGISTRATION_ANNOTATION}={requested}: registering the trained model again "
-                f"(registration Job {builders.registration_job_name(job)} created anew, training not repeated)",
-            ),
-        )
-    if retry == "enabled":
-        transition.events.insert(
-            0,
-            state.Event(
-                "Normal",
-                state.EventReason.REGISTRATION_ENABLED,
-                "spec.registration.enabled was turned on after training: registering the trained model",
-            ),
-        )
-    for manifest in created:
-        ctx.emit(
-            obj,
-            state.Event("Normal", "Created", f"created {manifest['kind']} {manifest['metadata']['name']}"),
-        )
-    written = _write_status(ctx, obj, transition)
-    if written:
-        for event in transition.events:
-            ctx.emit(obj, event)
-    ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
-    if child_error is not None and child_error.verdict != "rejected":
-        settings = ctx.settings
-        delay = observations.retry_delay(
-            child_error.attempts, settings.retry_seconds, max(settings.retry_seconds, settings.resync_seconds)
-        )
-        return Outcome(phase=transition.phase, waiting=True, message=child_error.describe(), retry_in=delay)
-    return Outcome(phase=transition.phase, waiting=transition.waiting, message=conflict or "")
+        ctx.logger.info("%s/%s: %s", ns, name, seen.child_error.describe())
+    return seen
 
 
 def _children(
@@ -328,21 +345,21 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
     return observations.pods_observation(pytorchjob, pods, events)
 
 
-def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus, generation: int) -> Outcome:
+def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus, generation: int) -> Step:
     """Succeeded, then ``registration.alias`` changed: run the (idempotent) registration again to move it."""
     done = Outcome(phase=Phase.SUCCEEDED)
     model = previous.registered_model
     try:
         job = api.parse_job(obj)
     except ValidationError:
-        return _observed(ctx, obj, done, generation)
+        return _observed(done, generation)
     wanted = job.spec.registration.alias or None
     synced = next((c for c in previous.conditions or [] if c.type == state.ConditionType.ALIAS_SYNCED), None)
     # An alias the status shows is only settled when no move is under way: after production, then
     # champion again while production's Job runs, that Job would leave production in MLflow.
     settled = synced is None or synced.status == "True"
     if model is None or not job.spec.registration.enabled or ((model.alias or None) == wanted and settled):
-        return _observed(ctx, obj, done, generation)
+        return _observed(done, generation)
     # One alias move at a time: an earlier change's Job still running finishes first, so the alias
     # MLflow keeps is the one asked for last (two Jobs at once would finish in any order).
     mine = builders.alias_job_name(job)
@@ -357,29 +374,28 @@ def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus
     if earlier:
         pending = state.RegistrationObservation(True, "Running")
         transition = state.alias_transition(previous, wanted, pending, now=now(), generation=generation)
-        if _write_status(ctx, obj, transition):
-            for event in transition.events:
-                ctx.emit(obj, event)
-        return Outcome(phase=done.phase, waiting=True, message=f"alias Job {earlier[0]} still running")
+        return Step(
+            Outcome(phase=done.phase, waiting=True, message=f"alias Job {earlier[0]} still running"),
+            transition,
+        )
     # the Job reads the trainer config: it must carry the new alias first
     config = builders.build_config_map(job, ctx.settings)
     result = ensure(ctx.kube, config, job)
     if result.conflict:
-        return Outcome(phase=done.phase, message=result.conflict)
+        return Step(Outcome(phase=done.phase, message=result.conflict))
     if not result.created:
         sync_config(ctx.kube, result.obj, config)
     manifest = builders.build_alias_job(job, ctx.settings)
     result = ensure(ctx.kube, manifest, job)
     if result.conflict:
-        return Outcome(phase=done.phase, message=result.conflict)
-    if result.created:
-        ctx.emit(obj, state.Event("Normal", "Created", f"created Job {manifest['metadata']['name']}"))
+        return Step(Outcome(phase=done.phase, message=result.conflict))
     observed = _registration_observation(ctx, job, result.obj, builders.COMPONENT_ALIAS)
     transition = state.alias_transition(previous, wanted, observed, now=now(), generation=generation)
-    if _write_status(ctx, obj, transition):
-        for event in transition.events:
-            ctx.emit(obj, event)
-    return Outcome(phase=done.phase, waiting=transition.waiting)
+    return Step(
+        Outcome(phase=done.phase, waiting=transition.waiting),
+        transition,
+        [manifest] if result.created else [],
+    )
 
 
 def _parsed(obj: dict[str, Any]) -> api.FineTuneJob | None:
@@ -402,12 +418,16 @@ def _trained(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) ->
     return observations.training_observation(trained).condition == "Succeeded"
 
 
-def _registration_turned_on(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
-    """``enabled``: the job succeeded with registration off and ``registration.enabled`` is now
+def _registration_turned_on(
+    ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus
+) -> state.Reregister | None:
+    """``ENABLED``: the job succeeded with registration off and ``registration.enabled`` is now
     true, and training is known to have finished (``_trained``); the pass registers. None otherwise."""
     if not state.finished_without_registration(previous) or (job := _parsed(obj)) is None:
         return None
-    return "enabled" if job.spec.registration.enabled and _trained(ctx, job, previous) else None
+    if job.spec.registration.enabled and _trained(ctx, job, previous):
+        return state.Reregister.ENABLED
+    return None
 
 
 def retry_requested(obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
@@ -417,7 +437,9 @@ def retry_requested(obj: dict[str, Any], previous: FineTuneJobStatus) -> str | N
     return value if value and value != previous.registration_retry else None
 
 
-def _registration_retry(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus) -> str | None:
+def _registration_retry(  # noqa: PLR0911  one return per case the docstring lists
+    ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus
+) -> state.Reregister | None:
     """Whether a job that failed in registration is registered again now, and how.
 
     Only the user's request retries: the ``kubetune.io/retry-registration`` annotation set to a
@@ -425,10 +447,10 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: FineTuneJob
     hand, or by a TTL that an admission policy gives every Job) leaves the job Failed: were its
     deletion the trigger, such a policy would retry a failed registration forever.
 
-    ``requested``: asked, and the failed Job is gone: the pass creates it again. A failed Job still
-    there is deleted first (by its uid), and the pass its deletion brings goes on. ``disabled``:
+    ``RETRY``: asked, and the failed Job is gone: the pass creates it again. A failed Job still
+    there is deleted first (by its uid), and the pass its deletion brings goes on. ``RETRY_DISABLED``:
     asked while ``registration.enabled`` is false: the pass finds training finished with
-    registration off (Succeeded, nothing registered). ``running``: a registration Job exists that
+    registration off (Succeeded, nothing registered). ``FOLLOW``: a registration Job exists that
     has not failed (created by a retry whose status write lost a race, or before an operator
     restart): the pass follows it. None: the job stays as it is (not a registration failure, no new
     request, or training not known to have finished, ``_trained``: a retry never trains again).
@@ -444,21 +466,21 @@ def _registration_retry(ctx: Context, obj: dict[str, Any], previous: FineTuneJob
     if live is not None and job.spec.registration.enabled:
         observed = observations.registration_observation(live, [], builders.REGISTER_CONTAINER)
         if observed.state not in ("Failed", "Skipped"):
-            return "running"
+            return state.Reregister.FOLLOW
     if retry_requested(obj, previous) is None:
         return None
     if live is not None:
         if is_ours(live, job):
             ctx.kube.delete("batch/v1", "Job", ns, reg, uid=live["metadata"]["uid"])
         return None  # the Job's deletion brings the pass that registers (or a stranger's Job stays)
-    return "requested" if job.spec.registration.enabled else "disabled"
+    return state.Reregister.RETRY if job.spec.registration.enabled else state.Reregister.RETRY_DISABLED
 
 
-def _observed(ctx: Context, obj: dict[str, Any], outcome: Outcome, generation: int) -> Outcome:
+def _observed(outcome: Outcome, generation: int) -> Step:
     """A pass with nothing to do for this generation still says it saw it (``status.observedGeneration``)."""
-    transition = state.Transition(status={"observedGeneration": generation}, events=[], phase=outcome.phase)
-    _write_status(ctx, obj, transition)
-    return outcome
+    return Step(
+        outcome, state.Transition(status={"observedGeneration": generation}, events=[], phase=outcome.phase)
+    )
 
 
 def _selector(job: api.FineTuneJob, component: str) -> str:

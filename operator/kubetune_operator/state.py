@@ -35,6 +35,7 @@ Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
@@ -69,7 +70,7 @@ CONDITION_TYPES = (
     ConditionType.REGISTERED,
 )
 
-FINAL_PHASES = (Phase.SUCCEEDED.value, Phase.FAILED.value)
+FINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
 
 
 def failed_in_registration(status: FineTuneJobStatus) -> bool:
@@ -79,7 +80,7 @@ def failed_in_registration(status: FineTuneJobStatus) -> bool:
     the tracking URI or credentials are fixed; the operator then registers again (the registration
     is idempotent: a version of this run and config already in MLflow is found, not registered twice).
     """
-    if status.phase != Phase.FAILED.value:
+    if status.phase != Phase.FAILED:
         return False
     ready = next((c for c in status.conditions or [] if c.type == ConditionType.READY), None)
     return ready is not None and ready.reason == Reason.REGISTRATION_FAILED
@@ -93,7 +94,7 @@ def training_succeeded(status: FineTuneJobStatus) -> bool:
 
 def finished_without_registration(status: FineTuneJobStatus) -> bool:
     """Succeeded with registration off: turning ``registration.enabled`` on registers the model."""
-    if status.phase != Phase.SUCCEEDED.value or status.registered_model is not None:
+    if status.phase != Phase.SUCCEEDED or status.registered_model is not None:
         return False
     registered = next((c for c in status.conditions or [] if c.type == ConditionType.REGISTERED), None)
     return registered is not None and registered.reason == Reason.REGISTRATION_DISABLED
@@ -101,7 +102,7 @@ def finished_without_registration(status: FineTuneJobStatus) -> bool:
 
 def rejected_child(status: FineTuneJobStatus) -> bool:
     """Failed because the API server refused to create a child as this spec builds it."""
-    if status.phase != Phase.FAILED.value:
+    if status.phase != Phase.FAILED:
         return False
     ready = next((c for c in status.conditions or [] if c.type == ConditionType.READY), None)
     return ready is not None and ready.reason == Reason.CHILD_REJECTED
@@ -120,6 +121,22 @@ def reopens(status: FineTuneJobStatus, generation: int) -> bool:
     return (ready.observed_generation or 0) < generation
 
 
+class Reregister(StrEnum):
+    """How a finished job is registered again: the ways out of Succeeded and Failed through
+    registration (an alias move is :func:`alias_transition`; a refused child's spec change, ``reopens``).
+    The reconciler observes which one applies (it reads the annotation and the registration Job)."""
+
+    # Succeeded with registration off, and registration.enabled is now true: register the trained model
+    ENABLED = "enabled"
+    # Failed in registration, the retry annotation set to a new value, the failed Job gone: create it anew
+    RETRY = "retry"
+    # the same, asked while registration.enabled is false: training finished, nothing registered
+    RETRY_DISABLED = "retry-disabled"
+    # Failed in registration, and a registration Job that has not failed exists (created by a retry
+    # whose status write lost a race, or before an operator restart): follow it
+    FOLLOW = "follow"
+
+
 @dataclass(frozen=True)
 class Observation:
     generation: int
@@ -134,6 +151,9 @@ class Observation:
     registration: RegistrationObservation = field(default_factory=RegistrationObservation)
     pods: PodsObservation = field(default_factory=PodsObservation)
     children: dict[str, str] = field(default_factory=dict)
+    # a finished job registered again, and the retry annotation's value no pass has acted on yet
+    reregister: Reregister | None = None
+    retry_request: str | None = None
     # For actionable messages.
     namespace: str = "default"
     job_name: str = ""
@@ -188,19 +208,24 @@ def _condition(
 
 def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
     prev = previous or FineTuneJobStatus()
-    prev_phase = prev.phase or Phase.PENDING.value
+    prev_phase = prev.phase or Phase.PENDING
     prev_conditions = {c.type: c for c in prev.conditions or []}
 
     reopened = reopens(prev, obs.generation)
-    if prev.phase in FINAL_PHASES and not reopened:
+    reregistering = obs.reregister is not None and prev.phase in FINAL_PHASES
+    if prev.phase in FINAL_PHASES and not reopened and not reregistering:
         # Final: nothing more happens. Keep what is there (observedGeneration follows the spec).
         kept = prev.model_dump(by_alias=True, exclude_none=True, mode="json", include={"phase", "conditions"})
         kept["observedGeneration"] = obs.generation
         return Transition(status=kept, events=[], phase=str(prev.phase))
     opening: list[Event] = []
-    if reopened:
+    if reregistering:
+        # out of Succeeded or Failed: the pass registers the trained model (training is not repeated)
+        prev_phase = Phase.REGISTERING
+        opening += _reregister_events(obs)
+    elif reopened:
         # The spec changed since a child was refused: start over, as a new job would (its events too).
-        prev_phase = Phase.PENDING.value
+        prev_phase = Phase.PENDING
         opening.append(
             Event(
                 "Normal",
@@ -212,11 +237,12 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
     if obs.child_error is not None and obs.child_error.verdict != "rejected":
         transition = _held(prev, prev_phase, obs, prev_conditions)
         transition.events[:0] = opening
-        if reopened:
+        if reopened or reregistering:
             transition.status["completionTime"] = None  # merge patch: no longer complete
-        return transition
+        return _record_retry(transition, obs)
 
-    phase, reasons = _decide(obs)
+    decision = decide(obs)
+    phase, reasons = decision.phase, decision.conditions
     conditions = _conditions(phase, reasons, obs, prev_conditions)
 
     status: dict[str, Any] = {
@@ -225,14 +251,14 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
         "children": obs.children,
     }
-    if phase == Phase.TRAINING.value and not prev.start_time:
+    if phase == Phase.TRAINING and not prev.start_time:
         status["startTime"] = obs.now
     if phase in FINAL_PHASES:
         status["completionTime"] = obs.now
-    elif reopened:
+    elif reopened or reregistering:
         status["completionTime"] = None  # merge patch: no longer complete
     result = obs.registration.result
-    if phase == Phase.SUCCEEDED.value and result is not None:
+    if phase == Phase.SUCCEEDED and result is not None:
         status["registeredModel"] = RegisteredModelStatus(
             name=str(result["name"]),
             version=str(result["version"]),
@@ -243,8 +269,29 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
             status["mlflow"] = {"runId": str(result["run_id"])}
 
     events = opening + _events(prev_phase, phase, reasons, prev_conditions)
-    waiting = reasons.get("waiting", False) is True
-    return Transition(status=status, events=events, phase=phase, waiting=waiting)
+    return _record_retry(Transition(status=status, events=events, phase=phase, waiting=decision.waiting), obs)
+
+
+def _reregister_events(obs: Observation) -> list[Event]:
+    if obs.reregister == Reregister.ENABLED:
+        message = "spec.registration.enabled was turned on after training: registering the trained model"
+        return [Event("Normal", EventReason.REGISTRATION_ENABLED, message)]
+    # the pass that records the request says so; also when an earlier pass created the Job but lost
+    # its status write (a race): this one finds that Job running and the request not yet recorded
+    if obs.retry_request is not None and obs.reregister in (Reregister.RETRY, Reregister.FOLLOW):
+        message = (
+            f"{RETRY_REGISTRATION_ANNOTATION}={obs.retry_request}: registering the trained model again "
+            f"(registration Job {obs.registration_job_name} created anew, training not repeated)"
+        )
+        return [Event("Normal", EventReason.REGISTRATION_RETRIED, message)]
+    return []
+
+
+def _record_retry(transition: Transition, obs: Observation) -> Transition:
+    """A retry request is acted on once, whatever the outcome: its value goes into the status."""
+    if obs.retry_request is not None and obs.reregister is not None:
+        transition.status["registrationRetry"] = obs.retry_request
+    return transition
 
 
 def _held(
@@ -303,7 +350,25 @@ def _held(
     return Transition(status=status, events=events, phase=str(phase), waiting=True)
 
 
-def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class Decision:
+    """The phase, and per condition (``ready``, ``children``, ``training``, ``suspended``,
+    ``registered``) its (status, reason, message); ``waiting``: only time can move things on."""
+
+    phase: Phase
+    conditions: dict[str, tuple[bool, str, str]]
+    waiting: bool = False
+
+
+def decide(obs: Observation) -> Decision:
+    """What the observation means for a job that is not final (or was reopened)."""
+    phase, reasons = _decide(obs)
+    waiting = reasons.pop("waiting", False) is True
+    return Decision(Phase(phase), reasons, waiting)
+
+
+# long: one decision table over the PyTorchJob's state and the registration's, read top to bottom
+def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:  # noqa: PLR0911, PLR0912, PLR0915  the table, one branch per case
     """The phase and, per condition, (status, reason, message)."""
     tr = obs.training
     reg = obs.registration
@@ -312,7 +377,7 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     if obs.invalid_spec:
         out["children"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
         out["ready"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
-        return Phase.FAILED.value, out
+        return Phase.FAILED, out
 
     if obs.child_error is not None:  # rejected (``advance`` holds the others)
         msg = (
@@ -324,14 +389,14 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         )
         out["children"] = (False, Reason.CHILD_REJECTED, msg)
         out["ready"] = (False, Reason.CHILD_REJECTED, msg)
-        return Phase.FAILED.value, out
+        return Phase.FAILED, out
 
     if obs.conflict:
         msg = obs.conflict
         out["children"] = (False, Reason.CHILD_CONFLICT, msg)
         out["ready"] = (False, Reason.CHILD_CONFLICT, msg)
         out["waiting"] = True
-        return Phase.PENDING.value, out
+        return Phase.PENDING, out
     out["children"] = (
         True,
         Reason.CHILDREN_CREATED,
@@ -353,7 +418,7 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         )
         out["training"] = (False, Reason.TRAINING_FAILED, msg)
         out["ready"] = (False, Reason.TRAINING_FAILED, msg)
-        return Phase.FAILED.value, out
+        return Phase.FAILED, out
 
     if tr.condition == "Succeeded":
         out["training"] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
@@ -371,7 +436,7 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         if disabled is not None:
             out["registered"] = (False, Reason.REGISTRATION_DISABLED, disabled)
             out["ready"] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
-            return Phase.SUCCEEDED.value, out
+            return Phase.SUCCEEDED, out
         failed = None  # Failed in registration, and the remedy
         if reg.state == "Skipped":
             failed = (
@@ -392,13 +457,13 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         if failed is not None:
             out["registered"] = (False, Reason.REGISTRATION_FAILED, failed)
             out["ready"] = (False, Reason.REGISTRATION_FAILED, failed)
-            return Phase.FAILED.value, out
+            return Phase.FAILED, out
         if reg.state == "Complete" and reg.result is not None:
             r = reg.result
             msg = f"registered model {r['name']} version {r['version']}"
             out["registered"] = (True, Reason.MODEL_REGISTERED, msg)
             out["ready"] = (True, Reason.SUCCEEDED, msg)
-            return Phase.SUCCEEDED.value, out
+            return Phase.SUCCEEDED, out
         if reg.state == "Complete":
             msg = f"registration Job {obs.registration_job_name} completed; waiting for its result (pod termination message)"
             out["registered"] = (False, Reason.REGISTRATION_RESULT_PENDING, msg)
@@ -417,7 +482,7 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         else:
             out["registered"] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
         out["ready"] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
-        return Phase.REGISTERING.value, out
+        return Phase.REGISTERING, out
 
     # Training not finished.
     out["registered"] = (
@@ -433,26 +498,26 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         )
         out["training"] = (False, Reason.SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
         out["ready"] = (False, Reason.SUSPENDED_BY_USER, "suspended")
-        return Phase.SUSPENDED.value, out
+        return Phase.SUSPENDED, out
     if tr.condition == "Suspended":
         if obs.queued_by_kueue:
             msg = "the PyTorchJob waits for Kueue to admit it (spec.resources.queueName)"
             out["suspended"] = (True, Reason.QUEUED, msg)
             out["training"] = (False, Reason.QUEUED, msg)
             out["ready"] = (False, Reason.QUEUED, msg)
-            return Phase.PENDING.value, out
+            return Phase.PENDING, out
         msg = "resuming the PyTorchJob"
         out["suspended"] = (False, Reason.RESUMING, msg)
         out["training"] = (False, Reason.RESUMING, msg)
         out["ready"] = (False, Reason.RESUMING, msg)
-        return Phase.PENDING.value, out
+        return Phase.PENDING, out
     out["suspended"] = (False, Reason.NOT_SUSPENDED, "")
     if tr.condition == "Running":
-        phase = Phase.TRAINING.value
+        phase = Phase.TRAINING
         out["training"] = (True, Reason.TRAINING_RUNNING, tr.message or "training")
         out["ready"] = (False, Reason.TRAINING_RUNNING, "training")
     elif tr.condition == "Restarting":
-        phase = Phase.TRAINING.value
+        phase = Phase.TRAINING
         msg = (
             f"PyTorchJob {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
             "training resumes from the newest checkpoint"
@@ -460,7 +525,7 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         out["training"] = (True, Reason.TRAINING_RESTARTING, msg)
         out["ready"] = (False, Reason.TRAINING_RESTARTING, msg)
     else:
-        phase = Phase.PENDING.value
+        phase = Phase.PENDING
         if tr.condition == "Created":
             msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
             out["training"] = (False, Reason.TRAINING_CREATED, msg)
@@ -561,14 +626,14 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     if phase == prev_phase:
         return events
     ready = reasons.get("ready", (False, "", ""))
-    if phase == Phase.TRAINING.value:
-        reason = EventReason.RESUMED if prev_phase == Phase.SUSPENDED.value else EventReason.TRAINING_STARTED
+    if phase == Phase.TRAINING:
+        reason = EventReason.RESUMED if prev_phase == Phase.SUSPENDED else EventReason.TRAINING_STARTED
         events.append(Event("Normal", reason, "training is running"))
-    elif phase == Phase.SUSPENDED.value:
+    elif phase == Phase.SUSPENDED:
         events.append(Event("Normal", Reason.SUSPENDED_BY_USER, "suspended the PyTorchJob (spec.suspend)"))
-    elif phase == Phase.PENDING.value and prev_phase == Phase.SUSPENDED.value:
+    elif phase == Phase.PENDING and prev_phase == Phase.SUSPENDED:
         events.append(Event("Normal", EventReason.RESUMED, "resuming the PyTorchJob"))
-    elif phase == Phase.REGISTERING.value:
+    elif phase == Phase.REGISTERING:
         events.append(
             Event(
                 "Normal",
@@ -576,9 +641,9 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
                 "training succeeded; registering the model in MLflow",
             )
         )
-    elif phase == Phase.SUCCEEDED.value:
+    elif phase == Phase.SUCCEEDED:
         events.append(Event("Normal", Reason.SUCCEEDED, ready[2]))
-    elif phase == Phase.FAILED.value:
+    elif phase == Phase.FAILED:
         events.append(Event("Warning", ready[1] or EventReason.FAILED, ready[2]))
     return events
 

@@ -154,6 +154,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
 
     from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION as RETRY
     from kubetune_operator.reconcile import Context, _registration_retry
+    from kubetune_operator.state import Reregister
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
     obj["metadata"].update(uid=UID, namespace="ml")
@@ -173,7 +174,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
         "metadata": {"name": ptj},
         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
     }
-    assert _registration_retry(ctx, obj, failed) == "requested"  # asked, the failed Job gone
+    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY  # asked, the failed Job gone
     assert _registration_retry(ctx, obj, _failed_status("TrainingFailed")) is None  # training failed: final
     # the same value again (acted on already), or none: the failed Job's absence alone is no request
     assert _registration_retry(ctx, obj, failed.model_copy(update={"registration_retry": "1"})) is None
@@ -182,7 +183,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
 
     kube.objects[("Job", reg)] = {**ours, "status": {}}
     # a Job that has not failed: a retry whose status write lost a race, followed to its end
-    assert _registration_retry(ctx, obj, failed) == "running"
+    assert _registration_retry(ctx, obj, failed) == Reregister.FOLLOW
     kube.objects[("Job", reg)]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
     assert _registration_retry(ctx, obj, failed) is None  # still the failed one, nobody asked: Failed
     kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
@@ -193,7 +194,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
     # asked while the failed Job is there: the operator deletes that Job (by uid); its deletion's
     # pass goes on
     assert _registration_retry(ctx, obj, failed) is None and ("Job", reg) not in kube.objects
-    assert _registration_retry(ctx, obj, failed) == "requested"
+    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY
     # a stranger's Job of that name is never deleted
     kube.objects[("Job", reg)] = {
         "metadata": {"name": reg, "uid": "x"},
@@ -203,7 +204,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
     del kube.objects[("Job", reg)]
     obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
     # turned off, then asked: the job finishes without registering (no new Job)
-    assert _registration_retry(ctx, obj, failed) == "disabled"
+    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY_DISABLED
 
 
 def test_registration_turned_on_after_a_run_without_it() -> None:
@@ -211,6 +212,7 @@ def test_registration_turned_on_after_a_run_without_it() -> None:
 
     from kubetune_api.status import FineTuneJobStatus
     from kubetune_operator.reconcile import Context, _registration_turned_on
+    from kubetune_operator.state import Reregister
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
     obj["metadata"].update(uid=UID, namespace="ml")
@@ -240,7 +242,7 @@ def test_registration_turned_on_after_a_run_without_it() -> None:
         "metadata": {"name": ptj},
         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
     }
-    assert _registration_turned_on(ctx, obj, off) == "enabled"
+    assert _registration_turned_on(ctx, obj, off) == Reregister.ENABLED
     # registered already: a model in the status, or a Registered condition that is not "disabled"
     assert _registration_turned_on(ctx, obj, succeeded("RegistrationDisabled", model=True)) is None
     assert _registration_turned_on(ctx, obj, succeeded("ModelRegistered")) is None
@@ -253,6 +255,7 @@ def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
 
     from kubetune_api.status import FineTuneJobStatus
     from kubetune_operator.reconcile import Context, _registration_retry, _registration_turned_on
+    from kubetune_operator.state import Reregister
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
     obj["metadata"].update(uid=UID, namespace="ml")
@@ -274,5 +277,5 @@ def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
     from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
 
     obj["metadata"]["annotations"] = {RETRY_REGISTRATION_ANNOTATION: "t1"}
-    assert _registration_retry(ctx, obj, failed) == "requested"
-    assert _registration_turned_on(ctx, obj, off) == "enabled"
+    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY
+    assert _registration_turned_on(ctx, obj, off) == Reregister.ENABLED
