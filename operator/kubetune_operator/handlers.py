@@ -91,14 +91,14 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def _context(memo: Any, logger: Any) -> Context:
-    def emit(body: Any, event: state.Event) -> None:
+def _context(memo: kopf.Memo, logger: kopf.Logger) -> Context:
+    def emit(body: Any, event: state.Event) -> None:  # a FineTuneJob as read (a dict) or kopf's Body
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
 
     return Context(kube=memo.kube, settings=memo.settings, emit=emit, logger=logger)
 
 
-def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
+def _run(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str) -> None:
     try:
         outcome = reconcile(_context(memo, logger), namespace or "default", name)
     except (ApiError, StatusConflictError) as e:
@@ -117,11 +117,13 @@ def _run(memo: Any, logger: Any, namespace: str | None, name: str) -> None:
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
-def finetunejob_changed(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
+def finetunejob_changed(
+    memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, **_: Any
+) -> None:
     _run(memo, logger, namespace, name)
 
 
-async def _in_thread(memo: Any, fn: Callable[..., None], *args: Any) -> None:
+async def _in_thread(memo: kopf.Memo, fn: Callable[..., None], *args: Any) -> None:
     """Run blocking work in the handlers' thread pool with this handler's context (``kopf.event``
     needs it), the way kopf runs a sync handler."""
     call = functools.partial(contextvars.copy_context().run, fn, *args)
@@ -130,7 +132,13 @@ async def _in_thread(memo: Any, fn: Callable[..., None], *args: Any) -> None:
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 async def finetunejob_unobserved(
-    body: Any, memo: Any, logger: Any, namespace: str | None, name: str, type: str | None, **_: Any
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    namespace: str | None,
+    name: str,
+    type: str | None,
+    **_: Any,
 ) -> None:
     """Level-triggered guard: a spec generation no reconcile pass has observed yet is reconciled now,
     and so is a retry the ``kubetune.io/retry-registration`` annotation asks for.
@@ -158,7 +166,9 @@ async def finetunejob_unobserved(
     await _in_thread(memo, _reconcile_unobserved, memo, logger, namespace, name, generation)
 
 
-def _reconcile_unobserved(memo: Any, logger: Any, namespace: str | None, name: str, generation: Any) -> None:
+def _reconcile_unobserved(
+    memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, generation: Any
+) -> None:
     try:
         reconcile(_context(memo, logger), namespace or "default", name)
     except (ApiError, StatusConflictError) as e:
@@ -168,14 +178,14 @@ def _reconcile_unobserved(memo: Any, logger: Any, namespace: str | None, name: s
 
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=_RESYNC_SECONDS, initial_delay=_RESYNC_SECONDS)
-def resync(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
+def resync(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, **_: Any) -> None:
     outcome = reconcile(_context(memo, logger), namespace or "default", name)
     if outcome is not None and outcome.retry_in is not None:
         # a refused child request (403, 5xx...): the timer retries with backoff, not a re-sync later
         raise kopf.TemporaryError(outcome.message, delay=outcome.retry_in)
 
 
-def _settling(status: Any, **_: Any) -> bool:
+def _settling(status: kopf.Status, **_: Any) -> bool:
     return observations.settling(dict(status or {}))
 
 
@@ -187,20 +197,20 @@ def _settling(status: Any, **_: Any) -> bool:
     initial_delay=_RETRY_SECONDS,
     when=_settling,
 )
-def pods_starting(memo: Any, logger: Any, namespace: str | None, name: str, **_: Any) -> None:
+def pods_starting(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, **_: Any) -> None:
     """While the pods start: a pod not created, or waiting long for a node, is seen without an event."""
     reconcile(_context(memo, logger), namespace or "default", name)
 
 
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
-def finetunejob_deleted(logger: Any, spec: Any, **_: Any) -> None:
+def finetunejob_deleted(logger: kopf.Logger, spec: kopf.Spec, **_: Any) -> None:
     # Owner references let the garbage collector delete the children; a kept PVC stays.
     storage = (spec or {}).get("storage") or {}
     if storage.get("keepOnDelete") and not storage.get("existingClaim"):
         logger.info("keeping the checkpoint PVC (spec.storage.keepOnDelete)")
 
 
-def _child_event(body: Any, memo: Any, logger: Any) -> None:
+def _child_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> None:
     meta = body.get("metadata") or {}
     parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
     if parent:
@@ -211,33 +221,33 @@ _CHILD = {builders.LABEL_JOB: kopf.PRESENT}
 
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels=_CHILD)
-def pytorchjob_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+def pytorchjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event(
     "batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION}
 )
-def registration_job_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+def registration_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION})
-def registration_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+def registration_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_TRAINING})
-def training_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+def training_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Scheduled or not, pulling its image or not, running: the Training condition follows."""
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_ALIAS})
-def alias_job_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+def alias_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_ALIAS})
-def alias_pod_event(body: Any, memo: Any, logger: Any, **_: Any) -> None:
+def alias_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)

@@ -300,7 +300,19 @@ def _children(
         pods = _pods_observation(ctx, pytorchjob)
 
     registration = state.RegistrationObservation()
-    if conflict is None and training.condition == "Succeeded" and job.spec.registration.enabled:
+    if conflict is None and training.condition == "Succeeded":
+        conflict, registration = _registration(ctx, job, created, children)
+    return conflict, training, registration, pods
+
+
+def _registration(
+    ctx: Context, job: api.FineTuneJob, created: list[dict[str, Any]], children: dict[str, str]
+) -> tuple[str | None, state.RegistrationObservation]:
+    """Training finished: the registration Job, created when registration is on, and observed."""
+    ns, settings = job.metadata.namespace, ctx.settings
+    conflict: str | None = None
+    registration = state.RegistrationObservation()
+    if job.spec.registration.enabled:
         manifest = builders.build_registration_job(job, settings)
         result = ensure(ctx.kube, manifest, job)
         if result.conflict:
@@ -310,7 +322,7 @@ def _children(
                 created.append(manifest)
             children["registrationJob"] = builders.registration_job_name(job)
             registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
-    elif conflict is None and training.condition == "Succeeded":
+    else:
         # registration turned off after its Job was created: that Job still registers the model, so
         # it is followed to its end and reported (turning it off only stops one not yet created)
         reg_name = builders.registration_job_name(job)
@@ -319,7 +331,7 @@ def _children(
         if live is not None and is_ours(live, job):
             children["registrationJob"] = reg_name
             registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
-    return conflict, training, registration, pods
+    return conflict, registration
 
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:
