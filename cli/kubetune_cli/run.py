@@ -52,7 +52,7 @@ from kubetune_api.trainer_config import (
     resolve,
 )
 from kubetune_trainer.data_check import EXIT_BAD_INPUT, BadInputError, validation_lines
-from kubetune_trainer.mlflow_client import redact
+from kubetune_trainer.mlflow_run import local_store_uri, redact
 
 TINY_ROOT = "/opt/kubetune/tiny"  # kubetune_trainer.tiny.TINY_ROOT (kept import-free here)
 CONFIG_FILE = "config.yaml"
@@ -177,7 +177,7 @@ def local_config(
     cache = (cache_dir or default_cache_dir()).resolve()
     job, tiny = localize(job, manifest_dir=manifest.resolve().parent, cache_dir=cache)
     out = (output_dir or Path("runs") / job.metadata.name).resolve()
-    default_uri = from_env or f"sqlite:///{out / 'mlflow.db'}"
+    default_uri = from_env or local_store_uri(out)
     cfg = resolve(job, default_tracking_uri=default_uri, output_dir=str(out), report_progress=False)
     if tracking_uri:
         cfg = cfg.model_copy(update={"tracking_uri": tracking_uri})

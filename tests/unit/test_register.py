@@ -26,7 +26,7 @@ from mlflow.exceptions import MlflowException, RestException
 
 from kubetune_api.spec import FineTuneJob
 from kubetune_api.trainer_config import TrainerConfig, resolve
-from kubetune_trainer import register
+from kubetune_trainer import register, register_claim
 from kubetune_trainer.mlflow_client import (
     MlflowRefusedError,
     MlflowUnavailableError,
@@ -414,7 +414,7 @@ def test_a_file_system_without_locks_registers_without_a_claim(
     def no_locks(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(register.fcntl, "flock", no_locks)
+    monkeypatch.setattr(register_claim.fcntl, "flock", no_locks)
     with (
         caplog.at_level(logging.WARNING, logger="kubetune_trainer.register"),
         register.RegistrationClaim(tmp_path, 0) as claim,

@@ -176,10 +176,12 @@ def test_mlflow_params_are_the_spec_without_secret_references_or_env() -> None:
 
 
 def test_redact_drops_credentials_from_uris() -> None:
-    from kubetune_trainer.tracking import _redact
+    from kubetune_trainer.mlflow_run import redact
 
-    assert _redact("https://user:pw@mlflow.example:443/x") == "https://mlflow.example:443/x"
-    assert _redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    assert (
+        redact("https://user:pw@mlflow.example:443/x", drop_userinfo=True) == "https://mlflow.example:443/x"
+    )
+    assert redact("sqlite:////tmp/a.db", drop_userinfo=True) == "sqlite:////tmp/a.db"
 
 
 def test_shipped_tiny_data_is_what_the_generator_makes() -> None:

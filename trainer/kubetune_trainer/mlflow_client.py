@@ -14,12 +14,11 @@ exponential backoff, minutes per request). :func:`configure_mlflow_http` turns t
 environment already sets it, so that one documented budget bounds the wait.
 
 Credentials reach the process only as environment variables (``MLFLOW_TRACKING_TOKEN``,
-``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``, ``HF_TOKEN``); :func:`redact` removes
-their values (and ``user:password@`` in URIs) from any text, and :func:`install_log_redaction`
-applies it to every log handler.
+``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``, ``HF_TOKEN``);
+:func:`kubetune_trainer.mlflow_run.redact` removes their values (and ``user:password@`` in URIs)
+from any text, and :func:`install_log_redaction` applies it to every log handler and
+:func:`redacted_stdio` to what is printed.
 
->>> redact_uri("https://bob:hunter2@mlflow.example.com/path")
-'https://***@mlflow.example.com/path'
 >>> classify_http_status(503), classify_http_status(403), classify_http_status(None)
 ('unreachable', 'refused', None)
 """
@@ -30,7 +29,6 @@ import contextlib
 import logging
 import os
 import random
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -38,21 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from .mlflow_run import redact
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-SECRET_ENV_VARS = (
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-)
-# Shorter values are not redacted: replacing every "ab" in a log line would hide more than it protects,
-# and a credential that short protects nothing anyway.
-MIN_REDACTED_LENGTH = 4
-REDACTED = "***"
 
 # Retried: the server is down, restarting, overloaded, or a proxy in front of it says so.
 UNREACHABLE_HTTP_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -78,29 +66,6 @@ class MlflowUnavailableError(MlflowError):
 
 
 # --- secrets ----------------------------------------------------------------------------------------
-
-
-def secret_values() -> list[str]:
-    values = {os.environ.get(name, "") for name in SECRET_ENV_VARS}
-    # Longest first, so that a secret containing another is replaced whole.
-    return sorted((v for v in values if len(v) >= MIN_REDACTED_LENGTH), key=len, reverse=True)
-
-
-# the user information runs to the authority's last "@" (a password may hold one; a path or query
-# after the authority's end is left alone)
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
-
-
-def redact_uri(text: str) -> str:
-    """Drop ``user:password@`` from URIs in ``text``."""
-    return _USERINFO.sub(rf"\g<scheme>{REDACTED}@", text)
-
-
-def redact(text: str) -> str:
-    """``text`` without credential values from the environment or in URIs."""
-    for value in secret_values():
-        text = text.replace(value, REDACTED)
-    return redact_uri(text)
 
 
 class RedactingFilter(logging.Filter):
@@ -192,15 +157,21 @@ def _response_status(exc: BaseException) -> int | None:
     return status if isinstance(status, int) else None
 
 
+def _host(url: str) -> str:
+    """The host (and port) a URL names, without user information."""
+    return urlsplit(url).netloc.rsplit("@", 1)[-1].lower()
+
+
 def _request_host(exc: BaseException) -> str | None:
     request = getattr(exc, "request", None)
     url = getattr(request, "url", None)
-    return urlsplit(str(url)).netloc.rsplit("@", 1)[-1].lower() if url else None
+    return _host(str(url)) if url else None
 
 
-def classify(
-    exc: BaseException, tracking_uri: str | None = None
-) -> tuple[Failure | None, int | None, str | None]:
+Classified = tuple[Failure | None, int | None, str | None]
+
+
+def classify(exc: BaseException, tracking_uri: str | None = None) -> Classified:
     """(kind, HTTP status, MLflow error code) of a failed MLflow call.
 
     With ``tracking_uri``, an HTTP failure of a request to another host (the Hugging Face Hub, which
@@ -210,7 +181,7 @@ def classify(
     from mlflow.exceptions import MlflowException, RestException
 
     host = _request_host(exc)
-    tracking_host = urlsplit(tracking_uri).netloc.rsplit("@", 1)[-1].lower() if tracking_uri else ""
+    tracking_host = _host(tracking_uri) if tracking_uri else ""
     if host and tracking_host and host != tracking_host:
         return None, None, None
     if isinstance(exc, requests.ConnectionError | requests.Timeout | ConnectionError | TimeoutError):
@@ -220,20 +191,22 @@ def classify(
         status = exc.get_http_status_code()
         return classify_http_status(status), status, exc.error_code
     if isinstance(exc, MlflowException):
-        message = str(exc)
-        # MLflow wraps transport failures ("failed with exception ...", after its own retries ran
-        # out on a 5xx) and non-JSON error pages ("failed with error code 502") in a plain
-        # MlflowException; other plain MlflowExceptions are local mistakes, not outages.
-        if message.startswith("API request to"):
-            status = exc.get_http_status_code()
-            if "failed with exception" in message:
-                return "unreachable", None, exc.error_code
-            return classify_http_status(status), status, exc.error_code
-        return None, None, exc.error_code
+        return _classify_mlflow_exception(exc)
     status = _response_status(exc)  # requests.HTTPError from the artifact proxy
-    if status is not None:
-        return classify_http_status(status), status, None
-    return None, None, None
+    return classify_http_status(status), status, None
+
+
+def _classify_mlflow_exception(exc: Any) -> Classified:
+    """A plain ``MlflowException``: MLflow wraps transport failures ("failed with exception ...",
+    after its own retries ran out on a 5xx) and non-JSON error pages ("failed with error code 502")
+    in one; other plain MlflowExceptions are local mistakes, not outages."""
+    message = str(exc)
+    if not message.startswith("API request to"):
+        return None, None, exc.error_code
+    if "failed with exception" in message:
+        return "unreachable", None, exc.error_code
+    status = exc.get_http_status_code()
+    return classify_http_status(status), status, exc.error_code
 
 
 # --- retrying -------------------------------------------------------------------------------------------
@@ -258,7 +231,7 @@ class Retrier:
     outage_s: float = field(default=0.0, init=False)
 
     def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        uri = redact_uri(self.tracking_uri)
+        uri = redact(self.tracking_uri)
         delay = self.initial_delay_s
         attempt = 0
         while True:

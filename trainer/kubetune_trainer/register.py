@@ -62,15 +62,10 @@ Credentials come only from the environment (``MLFLOW_TRACKING_TOKEN``/``USERNAME
 from __future__ import annotations
 
 import argparse
-import errno
-import fcntl
 import json
 import logging
 import os
-import socket
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +74,6 @@ from kubetune_api.spec import Method
 from kubetune_api.trainer_config import (
     COMPLETE_MARKER,
     FINAL_DIR,
-    MLFLOW_RUN_FILE,
     REGISTER_RESULT_FILE,
     TrainerConfig,
     dump_json,
@@ -93,11 +87,10 @@ from .mlflow_client import (
     Retrier,
     configure_mlflow_http,
     install_log_redaction,
-    redact,
-    redact_uri,
     redacted_stdio,
 )
-from .tracking import TAG_CONFIG_HASH, TAG_JOB_NAME, TAG_JOB_NAMESPACE, TAG_JOB_UID, default_tracking_uri
+from .mlflow_run import JobRun, identity_tags, redact, resolve_tracking_uri, same_job
+from .register_claim import CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S, ClaimError, RegistrationClaim
 
 log = logging.getLogger("kubetune_trainer.register")
 
@@ -119,7 +112,7 @@ EXIT_REFUSED = 3
 EXIT_UNAVAILABLE = 4
 
 # Lineage tags, on the model version, the logged model and the run. The job/config-hash keys are
-# the ones the trainer tags its run with (imported from kubetune_trainer.tracking); they also make
+# the ones the trainer tags its run with (kubetune_trainer.mlflow_run); they also make
 # registration idempotent.
 TAG_BASE_MODEL = "kubetune.base_model"
 TAG_BASE_MODEL_REVISION = "kubetune.base_model.revision"
@@ -130,189 +123,10 @@ TAG_LORA_MERGED = "kubetune.lora_merged"
 TAG_REGISTERED_MODEL = "kubetune.registered_model"
 # the alias kubetune last pointed at a version (so a changed registration.alias moves only its own)
 TAG_ALIAS = "kubetune.alias"
-IDENTITY_TAGS = (TAG_JOB_NAME, TAG_JOB_NAMESPACE, TAG_JOB_UID, TAG_CONFIG_HASH)
 
 
 class NothingToRegisterError(RuntimeError):
     """No complete final model, or one that does not match the spec."""
-
-
-# --- the claim: one registration at a time per output folder --------------------------------------------
-
-CLAIM_FILE = "register.lock"
-DEFAULT_CLAIM_WAIT_S = 3600.0
-CLAIM_WAIT_ENV = "KUBETUNE_REGISTER_CLAIM_WAIT_S"
-CLAIM_POLL_S = 1.0
-# flock(2) errors that mean "this file system keeps no locks", not "someone else holds it"
-_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})
-
-
-class ClaimError(RuntimeError):
-    """The registration claim could not be taken in time, or was lost while registering."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class RegistrationClaim:
-    """The right to register the model of one output folder: ``flock`` on ``<output_dir>/register.lock``.
-
-    MLflow has no compare-and-swap (tags, aliases and searches are last-writer-wins; versions are
-    numbered, not unique per run), so two processes that both look and then write each make a run,
-    a logged model and a version. Every registration of a job reads the final model from the job's
-    checkpoint volume, so the claim lives there: an exclusive ``flock`` on a file that is never
-    deleted (deleting it would let a waiter lock the old file while a newcomer locks a new one).
-
-    * Only one process holds it; the others wait (polling, up to ``wait_s``), then find what the
-      holder registered (every MLflow step looks before it writes).
-    * The kernel drops the lock when its holder ends, however it ends (SIGKILL, OOM), so a claim is
-      never left behind and nothing expires while a live holder slowly uploads a large model. The
-      file records the holder (host, which is the pod's name, and pid) for the messages, and
-      ``released`` on a clean release: a taker that finds it false says the previous holder died.
-    * Where locks reach: one node always (an RWO volume is attached to one node; two pods there
-      share the kernel's locks); across nodes on NFSv4, NFSv3 with lockd, CephFS and the like.
-      An NFSv4 client cut off from its server past the lease (90 s by default) loses the lock, and
-      then (Linux's default, ``nfs.recover_lost_locks=0``) reads and writes through it fail with
-      EIO: :meth:`verify`, which rewrites the record before each MLflow write that creates
-      something, turns that into :class:`ClaimError` instead of a second registration. (A loss
-      in the middle of one long write, the model upload, is seen at the next check, before the
-      version is created.)
-    * A file system that refuses locks (``ENOLCK``, ``EOPNOTSUPP``): a warning, and registration
-      goes on without a claim (the Job's ``podReplacementPolicy: Failed`` still keeps its pods
-      from overlapping). A mount that keeps locks per node (NFS ``nolock`` or ``local_lock``)
-      cannot be told apart: there, pods on different nodes are not excluded.
-    """
-
-    def __init__(
-        self,
-        output_dir: Path,
-        wait_s: float = DEFAULT_CLAIM_WAIT_S,
-        *,
-        poll_s: float = CLAIM_POLL_S,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.path = Path(output_dir) / CLAIM_FILE
-        self.wait_s = wait_s
-        self.poll_s = poll_s
-        self.clock = clock
-        self.sleep = sleep
-        self.fd: int | None = None
-        self.exclusive = False  # False where the file system keeps no locks
-        self.holder = {"host": socket.gethostname(), "pid": os.getpid()}
-
-    def __enter__(self) -> RegistrationClaim:
-        self.acquire()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.release()
-
-    def read_holder(self) -> dict[str, Any]:
-        try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    @staticmethod
-    def describe(holder: dict[str, Any]) -> str:
-        if not holder:
-            return "another registration process"
-        return f"{holder.get('host', '?')} pid {holder.get('pid', '?')} (since {holder.get('since', '?')})"
-
-    def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        deadline = self.clock() + self.wait_s
-        waiting = False
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o664)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                holder = self.describe(self.read_holder())
-                left = deadline - self.clock()
-                if left <= 0:
-                    raise ClaimError(
-                        f"another registration of this model ({holder}) held {self.path} for the whole "
-                        f"{self.wait_s:g}s this one waits ({CLAIM_WAIT_ENV}); it is still running",
-                        "RegistrationInProgress",
-                    ) from None
-                if not waiting:
-                    log.info("%s is registering this model; waiting for it to finish", holder)
-                    waiting = True
-                self.sleep(min(self.poll_s, left))
-                continue
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno not in _NO_LOCKS:
-                    raise
-                log.warning(
-                    "%s: the file system keeps no locks (%s); registering without a claim, so a "
-                    "registration running at the same time elsewhere is not excluded",
-                    self.path,
-                    exc.strerror,
-                )
-                return
-            if not self._is_current(fd):
-                os.close(fd)  # the file was deleted or replaced meanwhile: lock the one now there
-                continue
-            break
-        self.fd, self.exclusive = fd, True
-        previous = self.read_holder()
-        if previous and previous.get("released") is False:
-            log.warning(
-                "the previous registration (%s) ended without releasing its claim (killed?); taking over",
-                self.describe(previous),
-            )
-        if waiting:
-            log.info("%s is done; looking for what it registered", self.describe(previous))
-        self.holder["since"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self._write(released=False)
-
-    def _is_current(self, fd: int) -> bool:
-        try:
-            now = self.path.stat()
-        except FileNotFoundError:
-            return False
-        mine = os.fstat(fd)
-        return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
-
-    def _write(self, *, released: bool) -> None:
-        assert self.fd is not None
-        data = json.dumps({**self.holder, "released": released}, sort_keys=True).encode() + b"\n"
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, data, 0)
-        os.fsync(self.fd)
-
-    def verify(self, what: str) -> None:
-        """Before each MLflow write: the claim is still this process's (file in place, lock alive)."""
-        if self.fd is None:
-            return
-        try:
-            if not self._is_current(self.fd):
-                raise OSError(errno.ESTALE, "the claim file was deleted or replaced")
-            self._write(released=False)
-        except OSError as exc:
-            raise ClaimError(
-                f"lost the registration claim {self.path} before it could {what} ({exc.strerror or exc}); "
-                "another registration may have taken over, so this one stops (a retry finds what "
-                "was registered)",
-                "ClaimLost",
-            ) from exc
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        try:
-            self._write(released=True)
-        except OSError as exc:
-            log.warning("could not mark the claim %s released: %s", self.path, exc)
-        finally:
-            os.close(self.fd)  # drops the lock
-            self.fd = None
 
 
 # --- what to tag ----------------------------------------------------------------------------------------
@@ -321,14 +135,7 @@ class RegistrationClaim:
 def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
     """Where the model came from: job, base model, data set, method, config hash. Never a secret."""
     spec = cfg.spec
-    tags = {
-        TAG_JOB_NAME: cfg.job.name,
-        TAG_JOB_NAMESPACE: cfg.job.namespace,
-        TAG_CONFIG_HASH: cfg.config_hash(),
-        TAG_METHOD: str(spec.method),
-    }
-    if cfg.job.uid:
-        tags[TAG_JOB_UID] = cfg.job.uid
+    tags = {**identity_tags(cfg), TAG_METHOD: str(spec.method)}
     if spec.model.name:
         tags[TAG_BASE_MODEL] = spec.model.name
         tags[TAG_BASE_MODEL_REVISION] = spec.model.revision
@@ -343,11 +150,6 @@ def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
     if spec.method == Method.LORA:
         tags[TAG_LORA_MERGED] = str(spec.registration.merge_lora).lower()
     return tags
-
-
-def same_job(tags: dict[str, str], lineage: dict[str, str]) -> bool:
-    """Whether an MLflow object's tags say it was made by this job, from this config."""
-    return all(tags.get(key) == lineage.get(key) for key in IDENTITY_TAGS)
 
 
 # --- the final model ------------------------------------------------------------------------------------
@@ -462,11 +264,6 @@ def pip_requirements(peft: bool) -> list[str]:
 # --- the MLflow steps -------------------------------------------------------------------------------------
 
 
-def _strip_userinfo(uri: str) -> str:
-    # mlflow-run.json keeps the URI without credentials (as kubetune_trainer.tracking writes it).
-    return redact_uri(uri).replace("***@", "")
-
-
 class Registration:
     def __init__(
         self,
@@ -491,88 +288,22 @@ class Registration:
         if self.claim is not None:
             self.claim.verify(what)
 
-    # run --------------------------------------------------------------------------------------
-
-    def _experiment_id(self) -> str:
-        def get_or_create() -> str:
-            exp = self.client.get_experiment_by_name(self.cfg.experiment)
-            if exp is not None:
-                return str(exp.experiment_id)
-            location = None
-            if not self.tracking_uri.startswith(("http://", "https://", "databricks")):
-                # A local store: artifacts beside it, not in the current directory (as training does).
-                location = (self.output_dir / "mlartifacts").resolve().as_uri()
-            return str(self.client.create_experiment(self.cfg.experiment, artifact_location=location))
-
-        try:
-            return self.retry.call(f"get or create experiment {self.cfg.experiment!r}", get_or_create)
-        except MlflowRefusedError as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            # Someone created it between our lookup and our create.
-            return self.retry.call(f"get experiment {self.cfg.experiment!r}", get_or_create)
+    # run ----------------------------------------------------------------------------------------
 
     def resolve_run(self) -> str:
         """The training run (from mlflow-run.json), or this job's run found by tags, or a new one."""
-        run_file = self.output_dir / MLFLOW_RUN_FILE
-        saved: dict[str, Any] = {}
-        try:
-            loaded = json.loads(run_file.read_text())
-            saved = loaded if isinstance(loaded, dict) else {}
-        except (OSError, ValueError):
-            saved = {}
-        run_id = saved.get("run_id")
-        same_store = saved.get("tracking_uri") in (None, _strip_userinfo(self.tracking_uri))
-        if run_id and same_store:
-            try:
-                self.retry.call(f"get run {run_id}", self.client.get_run, run_id)
-                log.info("logging into the training run %s", run_id)
-                return str(run_id)
-            except MlflowRefusedError as exc:
-                if exc.status != 404:
-                    raise
-                log.warning(
-                    "run %s from %s does not exist at %s; using another",
-                    run_id,
-                    MLFLOW_RUN_FILE,
-                    redact_uri(self.tracking_uri),
-                )
-        elif run_id:
-            log.warning("%s names a run on another tracking server; using another", MLFLOW_RUN_FILE)
-
-        experiment_id = self._experiment_id()
-        if self.cfg.job.uid:
-            query = f"tags.`{TAG_JOB_UID}` = '{self.cfg.job.uid}'"
-        else:
-            query = f"tags.`{TAG_JOB_NAME}` = '{self.cfg.job.name}'"
-        runs = self.retry.call(
-            "search this job's runs",
-            self.client.search_runs,
-            [experiment_id],
-            filter_string=query,
-            order_by=["start_time DESC"],
-            max_results=20,
-        )
-        found = [r for r in runs if same_job(r.data.tags, self.lineage)]
-        if found:
-            run_id = str(found[0].info.run_id)
-            log.info("no usable %s; found this job's run %s by its tags", MLFLOW_RUN_FILE, run_id)
-        else:
-            tags = {k: self.lineage[k] for k in IDENTITY_TAGS if k in self.lineage}
-            tags["mlflow.runName"] = self.cfg.job.name
+        job_run = JobRun(self.cfg, self.tracking_uri, self.client, self.retry.call)
+        found = job_run.find()
+        if found.from_file:
+            log.info("logging into the training run %s", found.run_id)
+            return str(found.run_id)
+        run_id = found.run_id
+        if run_id is None:
             self._still_claimed("create a run")
-            run = self.retry.call("create a run", self.client.create_run, experiment_id, tags=tags)
-            run_id = str(run.info.run_id)
+            run_id = job_run.create(found.experiment_id)
             log.warning("training left no MLflow run (was MLflow down?); created run %s", run_id)
             self.retry.call("end the run", self.client.set_terminated, run_id, "FINISHED")
-        dump_json(
-            {
-                "run_id": run_id,
-                "experiment_id": experiment_id,
-                "tracking_uri": _strip_userinfo(self.tracking_uri),
-            },
-            run_file,
-        )
+        job_run.remember(run_id, found.experiment_id)
         return run_id
 
     # version ----------------------------------------------------------------------------------
@@ -825,6 +556,17 @@ def main(argv: list[str] | None = None) -> int:
         return _register(args)
 
 
+# The failures that end a registration: (exception, exit code, reason for the operator); the first
+# that matches counts. A ClaimError's reason is its own.
+_FAILURES: tuple[tuple[type[Exception], int, str], ...] = (
+    (NothingToRegisterError, EXIT_NOTHING_TO_REGISTER, "NothingToRegister"),
+    (ClaimError, EXIT_ERROR, "ClaimError"),
+    (MlflowRefusedError, EXIT_REFUSED, "MlflowRefused"),
+    (MlflowUnavailableError, EXIT_UNAVAILABLE, "MlflowUnavailable"),
+    (MlflowError, EXIT_ERROR, "RegistrationFailed"),
+)
+
+
 def _register(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
@@ -847,41 +589,42 @@ def _register(args: argparse.Namespace) -> int:
         # the operator tells a Job that skipped from one that registered (turned off while it ran)
         write_termination_message({"skipped": "registration.enabled is false"}, term_path)
         return EXIT_OK
-    tracking_uri = args.tracking_uri or cfg.tracking_uri or default_tracking_uri(cfg.output_dir)
+    tracking_uri = resolve_tracking_uri(cfg, args.tracking_uri)
     configure_mlflow_http()
     # The model's requirements are pinned above; the uv project in the current directory (the
     # image's, or a developer's checkout) says nothing about the model, and MLflow would copy it in.
     os.environ.setdefault("MLFLOW_UV_AUTO_DETECT", "false")
     try:
-        final = final_dir(cfg)
-        retrier = Retrier(tracking_uri=tracking_uri, budget_s=budget)
-        with RegistrationClaim(Path(cfg.output_dir), claim_wait) as claim:
-            registration = Registration(cfg, tracking_uri, retrier, claim)
-            install_log_redaction()  # MLflow and transformers added their handlers on import
-            result = registration.run(final)
-    except NothingToRegisterError as exc:
-        return _fail(EXIT_NOTHING_TO_REGISTER, "NothingToRegister", str(exc), term_path)
-    except ClaimError as exc:
-        return _fail(EXIT_ERROR, exc.reason, str(exc), term_path)
-    except MlflowRefusedError as exc:
-        return _fail(EXIT_REFUSED, "MlflowRefused", str(exc), term_path)
-    except MlflowUnavailableError as exc:
-        return _fail(EXIT_UNAVAILABLE, "MlflowUnavailable", str(exc), term_path)
-    except MlflowError as exc:
-        return _fail(EXIT_ERROR, "RegistrationFailed", str(exc), term_path)
+        result = _register_under_claim(cfg, tracking_uri, budget, claim_wait)
     except Exception as exc:
-        log.exception("registration failed")
-        return _fail(
-            EXIT_ERROR,
-            "RegistrationFailed",
-            f"{type(exc).__name__}: {exc} (tracking URI {redact_uri(tracking_uri)})",
-            term_path,
-        )
+        return _failed(exc, tracking_uri, term_path)
     dump_json(result, Path(cfg.output_dir) / REGISTER_RESULT_FILE)
     write_termination_message(result, term_path)
     print(json.dumps(result, sort_keys=True))
     log.info("registered %s (run %s)", result["uri"], result["run_id"])
     return EXIT_OK
+
+
+def _register_under_claim(
+    cfg: TrainerConfig, tracking_uri: str, budget: float, claim_wait: float
+) -> dict[str, Any]:
+    final = final_dir(cfg)
+    retrier = Retrier(tracking_uri=tracking_uri, budget_s=budget)
+    with RegistrationClaim(Path(cfg.output_dir), claim_wait) as claim:
+        registration = Registration(cfg, tracking_uri, retrier, claim)
+        install_log_redaction()  # MLflow and transformers added their handlers on import
+        return registration.run(final)
+
+
+def _failed(exc: Exception, tracking_uri: str, term_path: str | None) -> int:
+    """The exit code and termination message of a registration that raised ``exc``."""
+    for kind, code, reason in _FAILURES:
+        if isinstance(exc, kind):
+            said = exc.reason if isinstance(exc, ClaimError) else reason
+            return _fail(code, said, str(exc), term_path)
+    log.error("registration failed", exc_info=exc)
+    message = f"{type(exc).__name__}: {exc} (tracking URI {redact(tracking_uri)})"
+    return _fail(EXIT_ERROR, "RegistrationFailed", message, term_path)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """MLflow tracking for a training run: one MLflow run per FineTuneJob, the same one across restarts.
 
-Only rank 0 creates an :class:`MlflowTracker`. The run id is kept on the checkpoint volume in
-``mlflow-run.json`` (``{"run_id", "experiment_id", "tracking_uri"}``), so a restarted pod (after a
-preemption, a node loss, a kill -9) logs into the same run, and the registration step logs the model
-there too. When that file is missing, a run tagged with the job's identity is looked up first, so a
-crash between creating the run and writing the file does not make a second run.
+Only rank 0 creates an :class:`MlflowTracker`. The run is found or made, and kept on the checkpoint
+volume in ``mlflow-run.json``, by :class:`kubetune_trainer.mlflow_run.JobRun` (as the registration
+step finds it), so a restarted pod (after a preemption, a node loss, a kill -9) logs into the same
+run, and the registration step logs the model there too. When that file is missing, a run tagged
+with the job's identity is looked up first, so a crash between creating the run and writing the file
+does not make a second run.
 
 A tracking server that is down or refuses must never kill training: every call is guarded, a
 failure is logged once as a warning, the tracker backs off for a while and tries again, and the
@@ -12,7 +13,7 @@ result says ``ok = False`` with the reason (it goes into ``train-result.json``).
 
 Params are the resolved spec, flattened, without ``secrets`` and ``env`` (only references there,
 but nothing credential-shaped is ever logged); the whole trainer config (which holds no secret)
-is logged as an artifact. Both go through :func:`kubetune_trainer.mlflow_client.redact` first
+is logged as an artifact. Both go through :func:`kubetune_trainer.mlflow_run.redact` first
 (``user:password@`` in URIs, the values of the credential variables in the environment).
 
 >>> flatten_params({"training": {"learningRate": 0.001, "seed": 1}, "method": "lora"})
@@ -24,15 +25,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kubetune_api.trainer_config import MLFLOW_RUN_FILE, TrainerConfig, dump_json
+from kubetune_api.trainer_config import TrainerConfig
 
-from .mlflow_client import redact
+from .mlflow_run import JobRun, redact, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +44,7 @@ _FAST_FAIL_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_T
 RETRY_AFTER_S = 60.0
 # Spec sections that never go into params.
 _NOT_PARAMS = ("secrets", "env")
-TAG_JOB_NAME = "kubetune.job.name"
-TAG_JOB_NAMESPACE = "kubetune.job.namespace"
-TAG_JOB_UID = "kubetune.job.uid"
-TAG_CONFIG_HASH = "kubetune.config_hash"
 CONFIG_ARTIFACT = "kubetune/trainer-config.yaml"
-
-
-def default_tracking_uri(output_dir: str | Path) -> str:
-    """The local store used when no tracking server is configured: sqlite next to the checkpoints."""
-    return f"sqlite:///{Path(output_dir).resolve() / 'mlflow.db'}"
 
 
 def flatten_params(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -79,22 +70,13 @@ def spec_params(cfg: TrainerConfig) -> dict[str, str]:
     return params
 
 
-def read_run_file(output_dir: Path) -> dict[str, Any] | None:
-    path = output_dir / MLFLOW_RUN_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("run_id") else None
-
-
 class MlflowTracker:
     """Rank 0's connection to MLflow; every method is safe to call when the server is down."""
 
     def __init__(self, cfg: TrainerConfig, output_dir: Path, *, tracking_uri: str | None = None) -> None:
         self.cfg = cfg
         self.output_dir = Path(output_dir)
-        self.tracking_uri = tracking_uri or cfg.tracking_uri or default_tracking_uri(output_dir)
+        self.tracking_uri = resolve_tracking_uri(cfg, tracking_uri)
         self.run_id: str | None = None
         self.experiment_id: str | None = None
         self.resumed = False
@@ -124,7 +106,7 @@ class MlflowTracker:
             if first:
                 log.warning(
                     "MLflow at %s failed (%s); training goes on, retrying in %.0fs",
-                    _redact(self.tracking_uri),
+                    self._shown_uri,
                     self.error,
                     RETRY_AFTER_S,
                 )
@@ -141,101 +123,47 @@ class MlflowTracker:
 
     # --- the run ------------------------------------------------------------------------------
 
-    def _experiment_id(self) -> str:
-        from mlflow.exceptions import MlflowException
-
-        client = self._mlflow()
-        name = self.cfg.experiment
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            return str(exp.experiment_id)
-        artifact_location = None
-        if not self.tracking_uri.startswith(("http://", "https://", "databricks")):
-            # A local store: keep artifacts beside it, not in whatever the current directory is.
-            artifact_location = (self.output_dir / "mlartifacts").resolve().as_uri()
-        try:
-            return str(client.create_experiment(name, artifact_location=artifact_location))
-        except MlflowException:
-            # Another job created it in the meantime.
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return str(exp.experiment_id)
-
-    def _tags(self) -> dict[str, str]:
-        job = self.cfg.job
-        tags = {
-            TAG_JOB_NAME: job.name,
-            TAG_JOB_NAMESPACE: job.namespace,
-            TAG_CONFIG_HASH: self.cfg.config_hash(),
-            "mlflow.runName": job.name,
-        }
-        if job.uid:
-            tags[TAG_JOB_UID] = job.uid
-        return tags
-
-    def _find_existing_run(self, experiment_id: str) -> str | None:
-        """The run of this job, from mlflow-run.json or, failing that, by its identity tags."""
-        saved = read_run_file(self.output_dir)
-        client = self._mlflow()
-        if saved and saved.get("tracking_uri") == _redact(self.tracking_uri):
-            try:
-                client.get_run(saved["run_id"])
-                return str(saved["run_id"])
-            except Exception:
-                log.warning("run %s from %s is gone; looking for another", saved["run_id"], MLFLOW_RUN_FILE)
-        job = self.cfg.job
-        if not job.uid:
-            # A local run has no uid; its store lives in its own output folder, so the file is enough.
-            return None
-        query = f"tags.`{TAG_JOB_UID}` = '{job.uid}'"
-        runs = client.search_runs(
-            [experiment_id], filter_string=query, max_results=1, order_by=["start_time DESC"]
-        )
-        return str(runs[0].info.run_id) if runs else None
-
     def _ensure_run(self) -> bool:
         if self.run_id is not None:
             return True
 
         def open_run() -> str:
-            client = self._mlflow()
-            self.experiment_id = self._experiment_id()
-            run_id = self._find_existing_run(self.experiment_id)
-            if run_id is not None:
-                client.update_run(run_id, status="RUNNING")
+            job_run = JobRun(self.cfg, self.tracking_uri, self._mlflow(), output_dir=self.output_dir)
+            # A local run has no uid; its store lives in its own output folder, so the file is enough.
+            found = job_run.find(by_name=False)
+            self.experiment_id = found.experiment_id
+            if found.run_id is not None:
+                self._mlflow().update_run(found.run_id, status="RUNNING")
                 self.resumed = True
+                run_id = found.run_id
             else:
-                run_id = str(client.create_run(self.experiment_id, tags=self._tags()).info.run_id)
+                run_id = job_run.create(found.experiment_id)
+            job_run.remember(run_id, found.experiment_id)
             return run_id
 
         run_id = self._call("open run", open_run)
         if run_id is None:
             return False
         self.run_id = run_id
-        dump_json(
-            {
-                "run_id": run_id,
-                "experiment_id": self.experiment_id,
-                "tracking_uri": _redact(self.tracking_uri),
-            },
-            self.output_dir / MLFLOW_RUN_FILE,
-        )
         log.info(
             "MLflow run %s (%s) in experiment %r at %s",
             run_id,
             "resumed" if self.resumed else "new",
             self.cfg.experiment,
-            _redact(self.tracking_uri),
+            self._shown_uri,
         )
         return True
+
+    @property
+    def _shown_uri(self) -> str:
+        return redact(self.tracking_uri, drop_userinfo=True)
 
     def status(self) -> dict[str, str] | None:
         """The run as ``status.mlflow`` shows it (camelCase; the URI without credentials); None until
         the run exists (MLflow down at the start: a later report carries it)."""
         if self.run_id is None:
             return None
-        out = {"trackingUri": _redact(self.tracking_uri), "runId": self.run_id}
+        out = {"trackingUri": self._shown_uri, "runId": self.run_id}
         if self.experiment_id is not None:
             out["experimentId"] = self.experiment_id
         return out
@@ -307,7 +235,7 @@ class MlflowTracker:
             "mlflow_error": self.error,
             "mlflow_run_id": self.run_id,
             "mlflow_experiment_id": self.experiment_id,
-            "mlflow_tracking_uri": _redact(self.tracking_uri),
+            "mlflow_tracking_uri": self._shown_uri,
         }
 
 
@@ -319,20 +247,3 @@ def _metric_key(key: str) -> str:
 def _short(e: Exception, limit: int = 300) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _redact(uri: str) -> str:
-    """Drop user:password@ from a URI before it is logged or written anywhere.
-
-    The user information is what the authority (up to the first ``/``, ``?`` or ``#``) holds before
-    its last ``@``: a password may contain ``@``, and a path or query may too.
-
-    >>> _redact("https://bob:p@ss@mlflow.example.com/x?owner=a@b.com")
-    'https://mlflow.example.com/x?owner=a@b.com'
-    >>> _redact("file:///home/me@corp/mlruns")
-    'file:///home/me@corp/mlruns'
-    """
-    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)(.*)\Z", uri, re.DOTALL)
-    if m is None or "@" not in m.group(2):
-        return uri
-    return m.group(1) + m.group(2).rpartition("@")[2] + m.group(3)
