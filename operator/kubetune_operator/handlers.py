@@ -205,7 +205,7 @@ def pods_starting(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, n
 @kopf.on.delete(api.GROUP, api.VERSION, api.PLURAL, optional=True)
 def finetunejob_deleted(logger: kopf.Logger, spec: kopf.Spec, **_: Any) -> None:
     # Owner references let the garbage collector delete the children; a kept PVC stays.
-    storage = (spec or {}).get("storage") or {}
+    storage = dict(spec).get("storage") or {}
     if storage.get("keepOnDelete") and not storage.get("existingClaim"):
         logger.info("keeping the checkpoint PVC (spec.storage.keepOnDelete)")
 

@@ -445,3 +445,41 @@ def parse_registration_result(message: str) -> dict[str, Any] | None:
         if isinstance(data, dict) and data.get("name") and data.get("version") is not None:
             return data
     return None
+
+
+def shown_trouble(
+    pods: PodsObservation, training: TrainingObservation, *, now: str, namespace: str, pytorchjob_name: str
+) -> tuple[str, str] | None:
+    """The pods' trouble as (reason, message) for the conditions; None when there is none to show
+    (yet: a pod waits for a node ``SHOW_UNSCHEDULABLE_AFTER`` seconds before that is news)."""
+    t = pods.trouble
+    # no condition at all: the Training Operator writes none while it fails to create a pod
+    if t is None or not training.exists or training.condition not in POD_CONDITIONS:
+        return None
+    pod = f"pod {t.pod}" + (f" (and {t.others} more)" if t.others else "")
+    describe = f"kubectl describe pod -n {namespace} {t.pod}"
+    if t.reason == Reason.UNSCHEDULABLE:
+        began, seen = parse_time(t.since), parse_time(now)
+        if (
+            began is not None
+            and seen is not None
+            and (seen - began).total_seconds() < SHOW_UNSCHEDULABLE_AFTER
+        ):
+            return None
+        return Reason.UNSCHEDULABLE, (
+            f"the scheduler cannot place {pod}: {t.message}. Check spec.resources (gpusPerNode, gpuProduct: "
+            "the nodes' nvidia.com/gpu.product label, cpu, memory, nodeSelector, tolerations) against the "
+            "nodes and their free GPUs (kubectl get nodes -L nvidia.com/gpu.product); the pod starts by "
+            "itself once a node fits"
+        )
+    if t.reason == Reason.PODS_NOT_CREATED:
+        return Reason.PODS_NOT_CREATED, (
+            f"the Training Operator cannot create {pod} of PyTorchJob {pytorchjob_name}: {t.message}. "
+            "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
+            "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
+            "with a growing backoff"
+        )
+    return Reason.IMAGE_PULL_FAILED, (
+        f"{pod} cannot pull its image: {t.message}. Check that the image (spec.image, else the operator's "
+        f"trainer image) exists and that the nodes can pull it (registry reachable, credentials); {describe}"
+    )

@@ -294,7 +294,7 @@ def _children(
         pytorchjob is not None
         and not just_created  # nothing can have happened to it yet
         and not job.spec.suspend
-        and training.condition in state.POD_CONDITIONS
+        and training.condition in observations.POD_CONDITIONS
         and not observations.pods_running(pytorchjob)
     ):
         pods = _pods_observation(ctx, pytorchjob)

@@ -51,15 +51,13 @@ from kubetune_api.status import (
 
 from .observations import (
     JOB_ENDED,
-    POD_CONDITIONS,
     POD_TROUBLE,
     SHOW_TRANSIENT_AFTER,
-    SHOW_UNSCHEDULABLE_AFTER,
     ChildError,
     PodsObservation,
     RegistrationObservation,
     TrainingObservation,
-    parse_time,
+    shown_trouble,
 )
 
 CONDITION_TYPES = (
@@ -367,11 +365,9 @@ def decide(obs: Observation) -> Decision:
     return Decision(Phase(phase), reasons, waiting)
 
 
-# long: one decision table over the PyTorchJob's state and the registration's, read top to bottom
-def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:  # noqa: PLR0911, PLR0912, PLR0915  the table, one branch per case
+def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     """The phase and, per condition, (status, reason, message)."""
     tr = obs.training
-    reg = obs.registration
     out: dict[str, Any] = {}
 
     if obs.invalid_spec:
@@ -421,69 +417,81 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:  # noqa: PLR0911, P
         return Phase.FAILED, out
 
     if tr.condition == "Succeeded":
-        out["training"] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
-        job = f"registration Job {obs.registration_job_name}"
-        retry = (
-            f"kubectl annotate ftj -n {obs.namespace} {obs.job_name} "
-            f'{RETRY_REGISTRATION_ANNOTATION}="$(date +%s)" --overwrite'
-        )
-        kept = "the trained model stays on the checkpoint volume."
-        disabled = None  # Succeeded with nothing registered, and why
-        if not obs.registration_enabled and not reg.exists:
-            disabled = "spec.registration.enabled is false"
-        elif reg.state == "Skipped" and not obs.registration_enabled:
-            disabled = f"{job} ended without registering: spec.registration.enabled is false"
-        if disabled is not None:
-            out["registered"] = (False, Reason.REGISTRATION_DISABLED, disabled)
-            out["ready"] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
-            return Phase.SUCCEEDED, out
-        failed = None  # Failed in registration, and the remedy
-        if reg.state == "Skipped":
-            failed = (
-                f"{job} ended without registering: its pod read registration.enabled false (turned off, "
-                f"then on again, while it ran). To register: {retry}; {kept}"
-            )
-        elif reg.state == "Failed" and not obs.registration_enabled:
-            failed = (
-                f"{job} failed: {reg.message}. spec.registration.enabled is now false: to finish without "
-                f"registering: {retry}; {kept}"
-            )
-        elif reg.state == "Failed":
-            failed = (
-                f"{job} failed: {reg.message}. Check the MLflow tracking URI and credentials "
-                f"(spec.registration, spec.secrets), then retry (the operator deletes the failed Job and "
-                f"creates it again): {retry}; {kept}"
-            )
-        if failed is not None:
-            out["registered"] = (False, Reason.REGISTRATION_FAILED, failed)
-            out["ready"] = (False, Reason.REGISTRATION_FAILED, failed)
-            return Phase.FAILED, out
-        if reg.state == "Complete" and reg.result is not None:
-            r = reg.result
-            msg = f"registered model {r['name']} version {r['version']}"
-            out["registered"] = (True, Reason.MODEL_REGISTERED, msg)
-            out["ready"] = (True, Reason.SUCCEEDED, msg)
-            return Phase.SUCCEEDED, out
-        if reg.state == "Complete":
-            msg = f"registration Job {obs.registration_job_name} completed; waiting for its result (pod termination message)"
-            out["registered"] = (False, Reason.REGISTRATION_RESULT_PENDING, msg)
-            out["waiting"] = True
-        elif reg.exists:
-            out["registered"] = (
-                False,
-                Reason.REGISTRATION_RUNNING,
-                f"registration Job {obs.registration_job_name} is running"
-                + (
-                    ""
-                    if obs.registration_enabled
-                    else " (spec.registration.enabled was turned off after it was created: it runs to its end)"
-                ),
-            )
-        else:
-            out["registered"] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
-        out["ready"] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
-        return Phase.REGISTERING, out
+        return _after_training(obs, out)
+    return _before_training_ends(obs, out)
 
+
+def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Training succeeded: the registration decides (Registering; Succeeded, with the model or with
+    registration off; or Failed, with the remedy)."""
+    tr, reg = obs.training, obs.registration
+    out["training"] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
+    job = f"registration Job {obs.registration_job_name}"
+    retry = (
+        f"kubectl annotate ftj -n {obs.namespace} {obs.job_name} "
+        f'{RETRY_REGISTRATION_ANNOTATION}="$(date +%s)" --overwrite'
+    )
+    kept = "the trained model stays on the checkpoint volume."
+    disabled = None  # Succeeded with nothing registered, and why
+    if not obs.registration_enabled and not reg.exists:
+        disabled = "spec.registration.enabled is false"
+    elif reg.state == "Skipped" and not obs.registration_enabled:
+        disabled = f"{job} ended without registering: spec.registration.enabled is false"
+    if disabled is not None:
+        out["registered"] = (False, Reason.REGISTRATION_DISABLED, disabled)
+        out["ready"] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
+        return Phase.SUCCEEDED, out
+    failed = None  # Failed in registration, and the remedy
+    if reg.state == "Skipped":
+        failed = (
+            f"{job} ended without registering: its pod read registration.enabled false (turned off, "
+            f"then on again, while it ran). To register: {retry}; {kept}"
+        )
+    elif reg.state == "Failed" and not obs.registration_enabled:
+        failed = (
+            f"{job} failed: {reg.message}. spec.registration.enabled is now false: to finish without "
+            f"registering: {retry}; {kept}"
+        )
+    elif reg.state == "Failed":
+        failed = (
+            f"{job} failed: {reg.message}. Check the MLflow tracking URI and credentials "
+            f"(spec.registration, spec.secrets), then retry (the operator deletes the failed Job and "
+            f"creates it again): {retry}; {kept}"
+        )
+    if failed is not None:
+        out["registered"] = (False, Reason.REGISTRATION_FAILED, failed)
+        out["ready"] = (False, Reason.REGISTRATION_FAILED, failed)
+        return Phase.FAILED, out
+    if reg.state == "Complete" and reg.result is not None:
+        r = reg.result
+        msg = f"registered model {r['name']} version {r['version']}"
+        out["registered"] = (True, Reason.MODEL_REGISTERED, msg)
+        out["ready"] = (True, Reason.SUCCEEDED, msg)
+        return Phase.SUCCEEDED, out
+    if reg.state == "Complete":
+        msg = f"registration Job {obs.registration_job_name} completed; waiting for its result (pod termination message)"
+        out["registered"] = (False, Reason.REGISTRATION_RESULT_PENDING, msg)
+        out["waiting"] = True
+    elif reg.exists:
+        out["registered"] = (
+            False,
+            Reason.REGISTRATION_RUNNING,
+            f"registration Job {obs.registration_job_name} is running"
+            + (
+                ""
+                if obs.registration_enabled
+                else " (spec.registration.enabled was turned off after it was created: it runs to its end)"
+            ),
+        )
+    else:
+        out["registered"] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
+    out["ready"] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
+    return Phase.REGISTERING, out
+
+
+def _before_training_ends(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Training not finished: suspended, queued, resuming, running, restarting or not started (and why)."""
+    tr = obs.training
     # Training not finished.
     out["registered"] = (
         (False, Reason.REGISTRATION_PENDING, "registers after training")
@@ -533,44 +541,14 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:  # noqa: PLR0911, P
             msg = f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
             out["training"] = (False, Reason.WAITING_FOR_TRAINING_OPERATOR, msg)
         out["ready"] = (False, Reason.NOT_READY, msg)
-    shown = _pod_trouble(obs)
+    shown = shown_trouble(
+        obs.pods, obs.training, now=obs.now, namespace=obs.namespace, pytorchjob_name=obs.pytorchjob_name
+    )
     if shown is not None:
         # the phase stays what the PyTorchJob says; Training and Ready say why its pods do not start
         out["training"] = (False, shown[0], shown[1])
         out["ready"] = (False, shown[0], shown[1])
     return phase, out
-
-
-def _pod_trouble(obs: Observation) -> tuple[str, str] | None:
-    """The pods' trouble as (reason, message) for the conditions; None when there is none to show
-    (yet: a pod waits for a node ``SHOW_UNSCHEDULABLE_AFTER`` seconds before that is news)."""
-    t = obs.pods.trouble
-    # no condition at all: the Training Operator writes none while it fails to create a pod
-    if t is None or not obs.training.exists or obs.training.condition not in POD_CONDITIONS:
-        return None
-    pod = f"pod {t.pod}" + (f" (and {t.others} more)" if t.others else "")
-    describe = f"kubectl describe pod -n {obs.namespace} {t.pod}"
-    if t.reason == Reason.UNSCHEDULABLE:
-        began, now = parse_time(t.since), parse_time(obs.now)
-        if began is not None and now is not None and (now - began).total_seconds() < SHOW_UNSCHEDULABLE_AFTER:
-            return None
-        return Reason.UNSCHEDULABLE, (
-            f"the scheduler cannot place {pod}: {t.message}. Check spec.resources (gpusPerNode, gpuProduct: "
-            "the nodes' nvidia.com/gpu.product label, cpu, memory, nodeSelector, tolerations) against the "
-            "nodes and their free GPUs (kubectl get nodes -L nvidia.com/gpu.product); the pod starts by "
-            "itself once a node fits"
-        )
-    if t.reason == Reason.PODS_NOT_CREATED:
-        return Reason.PODS_NOT_CREATED, (
-            f"the Training Operator cannot create {pod} of PyTorchJob {obs.pytorchjob_name}: {t.message}. "
-            "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
-            "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
-            "with a growing backoff"
-        )
-    return Reason.IMAGE_PULL_FAILED, (
-        f"{pod} cannot pull its image: {t.message}. Check that the image (spec.image, else the operator's "
-        f"trainer image) exists and that the nodes can pull it (registry reachable, credentials); {describe}"
-    )
 
 
 def _conditions(
