@@ -85,7 +85,7 @@ class Exit:
 
 EXITS = {
     # Failed in registration, the retry annotation set anew: register again, training not repeated (the
-# phase it leaves for is Registering: its own event says so, no RegistrationStarted)
+    # phase it leaves for is Registering: its own event says so, no RegistrationStarted)
     "failed/retry-requested": Exit(
         FAILED_REGISTRATION,
         obs(training=TRAINED, registration=REGISTERING, reregister=Reregister.RETRY, retry_request="1"),
