@@ -65,7 +65,7 @@ class MlflowUnavailableError(MlflowError):
     """MLflow stayed unreachable for the whole retry budget."""
 
 
-# --- secrets ----------------------------------------------------------------------------------------
+# --- credentials out of logs and prints (kubetune_trainer.mlflow_run.redact) ---------------------
 
 
 class RedactingFilter(logging.Filter):
