@@ -116,7 +116,10 @@ def _registration_changed(kube: Any, namespace: str, name: str, **fields: Any) -
     kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"registration": fields}})
     generation = get_job(kube, namespace, name)["metadata"]["generation"]
     return wait_for(
-        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == generation and o,
+        lambda: (
+            (o := get_job(kube, namespace, name)).get("status", {}).get("observedGeneration") == generation
+            and o
+        ),
         what="the change observed",
     )
 
@@ -297,7 +300,7 @@ def test_failed_training(kube: Any, namespace: str, operator: Any) -> None:
     # a spec change on a failed job changes nothing, and the status says it was seen
     kube.patch(API_VERSION, "FineTuneJob", namespace, name, {"spec": {"suspend": True}})
     obj = wait_for(
-        lambda: (o := get_job(kube, namespace, name))["status"].get("observedGeneration") == 2 and o,
+        lambda: (o := get_job(kube, namespace, name)).get("status", {}).get("observedGeneration") == 2 and o,
         what="observedGeneration 2 on the failed job",
     )
     assert obj["status"]["phase"] == "Failed" and condition(obj, "Ready")["reason"] == "TrainingFailed"
