@@ -431,6 +431,16 @@ class EnvVar(ApiModel):
     value_from: EnvFromSecret | None = Field(default=None, description="Value from a Secret.")
 
 
+class PreparationSpec(ApiModel):
+    """The CPU step before training: download once, check and tokenize the data, estimate the cost."""
+
+    max_truncated_fraction: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.5,
+        description="Refuse the data (MostlyTruncated) when more than this share of the training examples "
+        "is longer than training.maxLength. 1 never refuses.",
+    )
+
+
 # Fields of the spec that may change after creation; everything else shapes the training.
 MUTABLE_SPEC_FIELDS = ("suspend", "registration")
 
@@ -447,6 +457,9 @@ class FineTuneJobSpec(ApiModel):
     storage: StorageSpec = Field(default_factory=StorageSpec, description="Checkpoint volume.")
     registration: RegistrationSpec = Field(
         default_factory=RegistrationSpec, description="MLflow tracking and model registration."
+    )
+    preparation: PreparationSpec = Field(
+        default_factory=PreparationSpec, description="Checks before any GPU is held (preparation step)."
     )
     secrets: SecretsSpec | None = Field(default=None, description="Credentials, by Secret reference only.")
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(

@@ -13,10 +13,12 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from .base import ApiModel
+from .preparation import PreparationReport
 
 
 class Phase(StrEnum):
     PENDING = "Pending"
+    PREPARING = "Preparing"
     TRAINING = "Training"
     SUSPENDED = "Suspended"
     REGISTERING = "Registering"
@@ -33,6 +35,9 @@ class Phase(StrEnum):
 class ConditionType(StrEnum):
     READY = "Ready"  # True once the model is trained and registered (phase Succeeded)
     CHILDREN_READY = "ChildrenReady"  # the PVC, ConfigMap and PyTorchJob exist and are ours
+    # True once the preparation Job has downloaded, checked and tokenized (status.preparation);
+    # False with a preparation.Refusal reason when it refused the job
+    PREPARED = "Prepared"
     TRAINING = "Training"  # True while the PyTorchJob runs
     SUSPENDED = "Suspended"  # True while suspended (spec.suspend) or queued by Kueue
     REGISTERED = "Registered"  # True once MLflow has the model version
@@ -51,6 +56,9 @@ class Reason(StrEnum):
     CHILD_API_ERROR = "ChildApiError"
     INVALID_SPEC = "InvalidSpec"
     WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
+    PREPARING = "Preparing"
+    PREPARED = "Prepared"
+    PREPARATION_FAILED = "PreparationFailed"  # the step crashed (not a refusal with a named reason)
     TRAINING_CREATED = "TrainingCreated"
     TRAINING_RUNNING = "TrainingRunning"
     TRAINING_RESTARTING = "TrainingRestarting"
@@ -81,6 +89,8 @@ class Reason(StrEnum):
 class EventReason(StrEnum):
     """The reasons of the events emitted on transitions, beside the conditions' reasons."""
 
+    PREPARATION_STARTED = "PreparationStarted"
+    PREPARED = "Prepared"
     TRAINING_STARTED = "TrainingStarted"
     REGISTRATION_STARTED = "RegistrationStarted"
     RESUMED = "Resumed"
@@ -147,19 +157,23 @@ class ChildrenStatus(ApiModel):
     config_map: str | None = Field(default=None, description="ConfigMap with the trainer config.")
     py_torch_job: str | None = Field(default=None, alias="pytorchJob", description="Kubeflow PyTorchJob.")
     registration_job: str | None = Field(default=None, description="Registration batch/v1 Job.")
+    preparation_job: str | None = Field(default=None, description="Preparation batch/v1 Job.")
 
 
 class FineTuneJobStatus(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
     phase: Phase | None = Field(
-        default=None, description="Pending, Training, Suspended, Registering, Succeeded, Failed."
+        default=None, description="Pending, Preparing, Training, Suspended, Registering, Succeeded, Failed."
     )
     observed_generation: int | None = Field(default=None, description="Latest spec generation acted on.")
     conditions: list[Condition] | None = Field(
         default=None,
         description="Ready, Training, Registered, Suspended, ... (Kubernetes conventions).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    preparation: PreparationReport | None = Field(
+        default=None, description="What preparation found and estimated, before any GPU was held."
     )
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
     checkpoints: CheckpointStatus | None = Field(default=None, description="Checkpoints on the volume.")
