@@ -8,6 +8,8 @@ Child                  Name                          Notes
 PersistentVolumeClaim  ``<job>-ckpt``                not when ``storage.existingClaim``; no owner
                                                      reference when ``storage.keepOnDelete``
 ConfigMap              ``<job>-config``              key ``config.yaml``: the TrainerConfig
+Job                    ``<job>-prepare``             batch/v1, CPU only: downloads, checks,
+                                                     tokenizes, estimates (before the PyTorchJob)
 PyTorchJob             ``<job>-train``               kubeflow.org/v1, Master + (nodes-1) Workers
 Job                    ``<job>-register``            batch/v1, created once training succeeded
 Job                    ``<job>-alias-<hash>``        batch/v1, when ``registration.alias`` changes
@@ -35,6 +37,7 @@ import hashlib
 from typing import Any
 
 from kubetune_api import spec as api
+from kubetune_api.preparation import EXIT_REFUSED
 from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
 
 from .settings import Settings
@@ -54,12 +57,14 @@ COMPONENT_CHECKPOINTS = "checkpoints"
 COMPONENT_CONFIG = "trainer-config"
 COMPONENT_TRAINING = "training"
 COMPONENT_REGISTRATION = "registration"
+COMPONENT_PREPARATION = "preparation"
 COMPONENT_ALIAS = "alias"
 ANNOTATION_ALIAS = f"{api.GROUP}/alias"
 COMPONENT_IDENTITY = "trainer-identity"
 
 TRAIN_CONTAINER = "pytorch"  # the Training Operator finds its container by this name
 REGISTER_CONTAINER = "register"
+PREPARE_CONTAINER = "prepare"
 MASTER_PORT = 23456  # the Training Operator's default; named so it need not inject one
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 
@@ -95,6 +100,10 @@ def pytorchjob_name(job: api.FineTuneJob) -> str:
 
 def registration_job_name(job: api.FineTuneJob) -> str:
     return f"{job.metadata.name}-register"
+
+
+def preparation_job_name(job: api.FineTuneJob) -> str:
+    return f"{job.metadata.name}-prepare"
 
 
 def identity_name(job: api.FineTuneJob) -> str:
@@ -268,7 +277,7 @@ def container_security_context(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _env(job: api.FineTuneJob, *, training: bool = False) -> list[dict[str, Any]]:
+def _env(job: api.FineTuneJob, settings: Settings, *, training: bool = False) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         # the Training Operator sets it in training pods, with the rest of TRAINING_OPERATOR_ENV
         *([] if training else [{"name": "PYTHONUNBUFFERED", "value": "1"}]),
@@ -284,6 +293,12 @@ def _env(job: api.FineTuneJob, *, training: bool = False) -> list[dict[str, Any]
         {"name": "TMPDIR", "value": TMP_MOUNT},
         {"name": "KUBETUNE_CONFIG", "value": CONFIG_PATH},
     ]
+    if settings.hf_endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})
+    if training and settings.preparation:
+        # the preparation Job put the model and the tokenized data on the volume: a (re)started
+        # trainer reads them from there and never reaches for the Hub
+        env += [{"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "HF_DATASETS_OFFLINE", "value": "1"}]
     secrets = job.spec.secrets
     if secrets is not None:
         for field, var in SECRET_ENV.items():
@@ -430,7 +445,7 @@ def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[s
         "command": train_command(),
         "workingDir": CACHE_MOUNT,
         "env": [
-            *_env(job, training=True),
+            *_env(job, settings, training=True),
             {"name": "KUBETUNE_SHUTDOWN_GRACE_S", "value": str(shutdown_grace_seconds(settings))},
             *_cpus_env(job),
         ],
@@ -526,20 +541,36 @@ def build_alias_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
     return manifest
 
 
-def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
-    volumes, mounts = _volumes_and_mounts(job, settings, shm=False)
+def register_resources(settings: Settings) -> dict[str, Any]:
     # Merging a LoRA adapter (and logging the model) loads the whole model in CPU memory. Not the
     # trainer's memory: that was sized for GPU nodes, and this pod runs anywhere.
     memory = settings.register_memory
-    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": memory}, "limits": {"memory": memory}}
+    return {"requests": {"cpu": "1", "memory": memory}, "limits": {"memory": memory}}
+
+
+def _cpu_job(
+    job: api.FineTuneJob,
+    settings: Settings,
+    *,
+    name: str,
+    component: str,
+    container_name: str,
+    command: list[str],
+    resources: dict[str, Any],
+    backoff_limit: int,
+    deadline_seconds: int,
+) -> dict[str, Any]:
+    """A batch/v1 Job of one CPU pod in the trainer image (registration, preparation), with the
+    checkpoint volume and the trainer config mounted, and its result in the termination message."""
+    volumes, mounts = _volumes_and_mounts(job, settings, shm=False)
     container: dict[str, Any] = {
-        "name": REGISTER_CONTAINER,
+        "name": container_name,
         "image": _image(job, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "command": register_command(),
+        "command": command,
         # The image's working directory lies under the cache mount, which hides it.
         "workingDir": CACHE_MOUNT,
-        "env": _env(job),
+        "env": _env(job, settings),
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_security_context(settings),
@@ -559,25 +590,76 @@ def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(job, registration_job_name(job), COMPONENT_REGISTRATION),
+        "metadata": _metadata(job, name, component),
         "spec": {
-            "backoffLimit": settings.register_backoff_limit,
-            "activeDeadlineSeconds": settings.register_deadline_seconds,
+            "backoffLimit": backoff_limit,
+            "activeDeadlineSeconds": deadline_seconds,
             # A retry's pod starts only once the previous one has ended, not while it is still
-            # terminating (the default, TerminatingOrFailed, would run both: two registrations at
-            # once). batch/v1 field, on by default since Kubernetes 1.29, GA in 1.34.
+            # terminating (the default, TerminatingOrFailed, would run both at once: two
+            # registrations, or two preparations writing the same folders). batch/v1 field, on by
+            # default since Kubernetes 1.29, GA in 1.34.
             "podReplacementPolicy": "Failed",
             "template": {
-                "metadata": {
-                    "labels": {
-                        **labels(job, COMPONENT_REGISTRATION),
-                        **selector_labels(job, COMPONENT_REGISTRATION),
-                    }
-                },
+                "metadata": {"labels": {**labels(job, component), **selector_labels(job, component)}},
                 "spec": pod_spec,
             },
         },
     }
+
+
+def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    return _cpu_job(
+        job,
+        settings,
+        name=registration_job_name(job),
+        component=COMPONENT_REGISTRATION,
+        container_name=REGISTER_CONTAINER,
+        command=register_command(),
+        resources=register_resources(settings),
+        backoff_limit=settings.register_backoff_limit,
+        deadline_seconds=settings.register_deadline_seconds,
+    )
+
+
+def prepare_command() -> list[str]:
+    return ["python", "-m", "kubetune_trainer.prepare", "--config", CONFIG_PATH]
+
+
+def build_preparation_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    """The CPU step before training (``kubetune_trainer.prepare``): downloads the model and the data
+    onto the checkpoint volume once, checks and tokenizes the data, estimates memory, time and cost.
+
+    A refusal (exit code ``EXIT_REFUSED``: bad data, a gated model, a job that does not fit) fails
+    the Job at once through its pod failure policy; a crash (another exit code) is retried up to
+    ``prepare_backoff_limit`` times; a pod disrupted (evicted, preempted, its node drained) is
+    retried without counting."""
+    memory = settings.prepare_memory
+    resources = {"requests": {"cpu": settings.prepare_cpu, "memory": memory}, "limits": {"memory": memory}}
+    manifest = _cpu_job(
+        job,
+        settings,
+        name=preparation_job_name(job),
+        component=COMPONENT_PREPARATION,
+        container_name=PREPARE_CONTAINER,
+        command=prepare_command(),
+        resources=resources,
+        backoff_limit=settings.prepare_backoff_limit,
+        deadline_seconds=settings.prepare_deadline_seconds,
+    )
+    manifest["spec"]["podFailurePolicy"] = {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": PREPARE_CONTAINER,
+                    "operator": "In",
+                    "values": [EXIT_REFUSED],
+                },
+            },
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        ]
+    }
+    return manifest
 
 
 def build_children(
@@ -588,7 +670,10 @@ def build_children(
     pvc = build_pvc(job, settings)
     if pvc is not None:
         out.append(pvc)
-    out += [build_config_map(job, settings), build_pytorchjob(job, settings)]
+    out.append(build_config_map(job, settings))
+    if settings.preparation:
+        out.append(build_preparation_job(job, settings))
+    out.append(build_pytorchjob(job, settings))
     if registration and job.spec.registration.enabled:
         out.append(build_registration_job(job, settings))
     return out

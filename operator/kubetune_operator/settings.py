@@ -22,6 +22,14 @@ Variable                               Meaning (default)
 ``KUBETUNE_REGISTER_DEADLINE_SECONDS`` registration Job deadline (``7200``)
 ``KUBETUNE_REGISTER_MEMORY``           memory of the registration pod, which loads the whole model
                                        on CPU to merge and log it (``64Gi``: up to ~14B in bf16)
+``KUBETUNE_PREPARATION``               run the preparation Job (download once, check and tokenize
+                                       the data, estimate) before any GPU pod (``true``)
+``KUBETUNE_PREPARE_CPU``               CPU request of the preparation pod (``2``)
+``KUBETUNE_PREPARE_MEMORY``            memory of the preparation pod (``16Gi``)
+``KUBETUNE_PREPARE_BACKOFF_LIMIT``     preparation retries after a crash (``2``; a refusal: none)
+``KUBETUNE_PREPARE_DEADLINE_SECONDS``  preparation Job deadline (``14400``)
+``KUBETUNE_HF_ENDPOINT``               Hugging Face Hub endpoint (a mirror or proxy) for every pod
+                                       (unset: the Hub)
 ``KUBETUNE_ALIAS_JOB_TTL_SECONDS``     seconds a finished alias Job (and its pod) is kept before
                                        Kubernetes deletes it (``86400``)
 ``KUBETUNE_CACHE_SIZE_LIMIT``          per-pod emptyDir for HF/Triton/inductor caches (``200Gi``)
@@ -60,6 +68,14 @@ class Settings:
     register_backoff_limit: int = 2
     register_deadline_seconds: int = 7200
     register_memory: str = "64Gi"
+    # The CPU step before training; off, every trainer pod downloads and tokenizes for itself.
+    preparation: bool = True
+    prepare_cpu: str = "2"
+    # tokenizing holds the data set's rows and their token ids in memory (Capybara-sized: ~1 GiB)
+    prepare_memory: str = "16Gi"
+    prepare_backoff_limit: int = 2
+    prepare_deadline_seconds: int = 14400
+    hf_endpoint: str | None = None
     # Each registration.alias change runs a Job; once finished, its result is in the status and the
     # Job is only a log to read. Kubernetes' TTL controller deletes it after this long (a failed
     # move whose Job is gone is tried again by a fresh Job).
@@ -96,6 +112,12 @@ class Settings:
                 get("REGISTER_DEADLINE_SECONDS"), defaults.register_deadline_seconds
             ),
             register_memory=get("REGISTER_MEMORY") or defaults.register_memory,
+            preparation=_bool("PREPARATION", get("PREPARATION"), defaults.preparation),
+            prepare_cpu=get("PREPARE_CPU") or defaults.prepare_cpu,
+            prepare_memory=get("PREPARE_MEMORY") or defaults.prepare_memory,
+            prepare_backoff_limit=_int(get("PREPARE_BACKOFF_LIMIT"), defaults.prepare_backoff_limit),
+            prepare_deadline_seconds=_int(get("PREPARE_DEADLINE_SECONDS"), defaults.prepare_deadline_seconds),
+            hf_endpoint=get("HF_ENDPOINT"),
             alias_job_ttl_seconds=_int(get("ALIAS_JOB_TTL_SECONDS"), defaults.alias_job_ttl_seconds),
             cache_size_limit=get("CACHE_SIZE_LIMIT") or defaults.cache_size_limit,
             tmp_size_limit=get("TMP_SIZE_LIMIT") or defaults.tmp_size_limit,
@@ -106,3 +128,12 @@ class Settings:
 
 def _int(value: str | None, default: int) -> int:
     return default if value is None else int(value)
+
+
+def _bool(name: str, value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"{PREFIX}{name}={value!r}: expected true or false")
+    return lowered in ("true", "1", "yes")

@@ -199,6 +199,7 @@ def test_owner_references_and_names() -> None:
         ("RoleBinding", "qwen3-4b-assistant-trainer"),
         ("PersistentVolumeClaim", "qwen3-4b-assistant-ckpt"),
         ("ConfigMap", "qwen3-4b-assistant-config"),
+        ("Job", "qwen3-4b-assistant-prepare"),
         ("PyTorchJob", "qwen3-4b-assistant-train"),
         ("Job", "qwen3-4b-assistant-register"),
     }
@@ -369,6 +370,42 @@ def test_settings_from_env() -> None:
     assert Settings.from_env({}) == Settings()
 
 
+def test_preparation_settings() -> None:
+    s = Settings.from_env({"KUBETUNE_PREPARATION": "false", "KUBETUNE_HF_ENDPOINT": "http://hub.local:8080"})
+    assert s.preparation is False and s.hf_endpoint == "http://hub.local:8080"
+    with pytest.raises(ValueError, match="KUBETUNE_PREPARATION='maybe'"):
+        Settings.from_env({"KUBETUNE_PREPARATION": "maybe"})
+    job = example("qwen3-4b-full.yaml")
+    kinds = [(m["kind"], m["metadata"]["name"]) for m in builders.build_children(job, s)]
+    assert ("Job", "qwen3-4b-assistant-prepare") not in kinds
+    train_env = {
+        e["name"]: e.get("value") for e in _master(builders.build_pytorchjob(job, s))["containers"][0]["env"]
+    }
+    assert "HF_HUB_OFFLINE" not in train_env and train_env["HF_ENDPOINT"] == "http://hub.local:8080"
+
+
+def test_preparation_job() -> None:
+    """The preparation Job: CPU only, fails at once on a refusal (exit 2), and the trainer it
+    precedes reads the prepared files offline."""
+    job = example("qwen3-4b-full.yaml")
+    prep = builders.build_preparation_job(job, SETTINGS)
+    pod = prep["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert "nvidia.com/gpu.product" not in pod.get("nodeSelector", {})
+    assert container["command"][:3] == ["python", "-m", "kubetune_trainer.prepare"]
+    assert pod["restartPolicy"] == "Never"
+    fail_job = prep["spec"]["podFailurePolicy"]["rules"][0]
+    assert fail_job["action"] == "FailJob" and fail_job["onExitCodes"]["values"] == [2]
+    train_env = {
+        e["name"]: e.get("value")
+        for e in _master(builders.build_pytorchjob(job, SETTINGS))["containers"][0]["env"]
+    }
+    assert train_env["HF_HUB_OFFLINE"] == "1"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/var/lib/kubetune" in mounts  # the checkpoint volume the trainer reads the prepared files from
+
+
 def test_render_cli(capsys: pytest.CaptureFixture[str]) -> None:
     from kubetune_cli.main import main
 
@@ -381,6 +418,7 @@ def test_render_cli(capsys: pytest.CaptureFixture[str]) -> None:
         "RoleBinding",
         "PersistentVolumeClaim",
         "ConfigMap",
+        "Job",
         "PyTorchJob",
         "Job",
     ]
