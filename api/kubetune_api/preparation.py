@@ -128,6 +128,27 @@ class PreparationReport(ApiModel):
     estimate: Estimate | None = Field(default=None, description="Memory, speed, time and cost estimate.")
     seconds: float | None = Field(default=None, description="How long preparation took.")
 
+    def summary(self) -> str:
+        """One line for a condition message or an event.
+
+        >>> r = PreparationReport(tokenized_key="k", data=DataStats(train_examples=2000, tokens=1_500_000,
+        ...     length_p50=600, length_p95=1500, length_max=4000, truncated_fraction=0.031,
+        ...     loss_token_fraction=0.4))
+        >>> r.summary()
+        '2,000 training examples, 1,500,000 tokens (3.1% truncated at maxLength)'
+        """
+        d = self.data
+        text = f"{d.train_examples:,} training examples, {d.tokens:,} tokens"
+        text += f" ({100 * d.truncated_fraction:.1f}% truncated at maxLength)"
+        e = self.estimate
+        if e is not None:
+            hours = e.duration_seconds / 3600
+            text += (
+                f"; estimate on {e.gpus} x {e.gpu_product}: {e.peak_memory_gib:.0f} of {e.gpu_memory_gib:.0f} GiB "
+                f"per GPU, {e.tokens_per_second:,.0f} tokens/s, {hours:.1f} h, {e.gpu_hours:.1f} GPU-hours"
+            )
+        return text
+
 
 class PreparationRefusal(ApiModel):
     """Why preparation refused the job, and what to do."""
@@ -149,26 +170,27 @@ def termination_message(outcome: PreparationReport | PreparationRefusal) -> str:
     text = json.dumps({key: body}, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > TERMINATION_MESSAGE_LIMIT and isinstance(outcome, PreparationRefusal):
         over = len(text.encode()) - TERMINATION_MESSAGE_LIMIT
-        short = outcome.model_copy(update={"message": outcome.message[: max(0, len(outcome.message) - over - 8)]})
+        short = outcome.model_copy(
+            update={"message": outcome.message[: max(0, len(outcome.message) - over - 8)]}
+        )
         return termination_message(short)
     return text
 
 
 def parse_termination_message(text: str | None) -> PreparationReport | PreparationRefusal | None:
     """The report or refusal in a termination message; None for anything else (a crash's log tail)."""
-    if not text:
-        return None
     try:
-        data: Any = json.loads(text)
+        data: Any = json.loads(text or "")
     except ValueError:
         return None
-    if not isinstance(data, dict):
-        return None
-    try:
-        if isinstance(data.get("report"), dict):
-            return PreparationReport.model_validate(data["report"])
-        if isinstance(data.get("refusal"), dict):
-            return PreparationRefusal.model_validate(data["refusal"])
-    except ValidationError:
-        return None
+    kinds: dict[str, type[PreparationReport] | type[PreparationRefusal]] = {
+        "report": PreparationReport,
+        "refusal": PreparationRefusal,
+    }
+    for key, model in kinds.items():
+        if isinstance(data, dict) and isinstance(data.get(key), dict):
+            try:
+                return model.model_validate(data[key])
+            except ValidationError:
+                return None
     return None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from kubetune_api.preparation import PreparationRefusal, PreparationReport, parse_termination_message
 from kubetune_api.status import ConditionType, Phase, Reason
 
 # the training pods cannot start (Training, and Ready while not trained): most decisive first
@@ -47,6 +48,17 @@ class RegistrationObservation:
     state: Literal["Running", "Complete", "Skipped", "Failed"] | None = None
     message: str = ""
     result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
+
+
+@dataclass(frozen=True)
+class PreparationObservation:
+    """What the preparation Job (and its pods' termination messages) says."""
+
+    exists: bool = False
+    state: Literal["Running", "Succeeded", "Failed"] | None = None
+    report: PreparationReport | None = None  # Succeeded: what it found and estimated
+    refusal: PreparationRefusal | None = None  # Failed with a named reason
+    message: str = ""  # Failed without one (a crash, the deadline): the Job's reason and the log tail
 
 
 # --- the training pods ---------------------------------------------------------------------------------
@@ -392,6 +404,59 @@ def registration_observation(
             return RegistrationObservation(True, "Skipped", "its pod read registration.enabled: false")
         return RegistrationObservation(True, "Complete", "", result)
     return RegistrationObservation(True, "Running")
+
+
+def preparation_observation(
+    job: dict[str, Any] | None, pods: list[dict[str, Any]], container: str
+) -> PreparationObservation:
+    """Fold the preparation Job and its pods into one observation.
+
+    The contract with ``python -m kubetune_trainer.prepare`` (:mod:`kubetune_api.preparation`): its
+    pod's termination message holds ``{"report": ...}`` (exit code 0) or ``{"refusal": ...}`` (exit
+    code ``EXIT_REFUSED``, which fails the Job at once); after a crash it holds the log tail.
+    """
+    if job is None:
+        return PreparationObservation()
+    uid = (job.get("metadata") or {}).get("uid")
+    outcome: PreparationReport | PreparationRefusal | None = None
+    tail = ""
+    own = sorted(
+        (p for p in pods if _owned_by(p, uid)),
+        key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "",
+    )
+    for pod in own:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if cs.get("name") != container or not term:
+                continue
+            message = (term.get("message") or "").strip()
+            parsed = parse_termination_message(message)
+            if parsed is not None:
+                outcome = parsed
+            elif message:
+                tail = message[-500:]
+    conditions = {
+        c.get("type"): c
+        for c in (job.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+    if "Failed" in conditions:
+        if isinstance(outcome, PreparationRefusal):
+            return PreparationObservation(True, "Failed", refusal=outcome)
+        c = conditions["Failed"]
+        text = f"{c.get('reason') or 'Failed'}: {c.get('message') or 'the preparation Job failed'}"
+        if tail:
+            text += f"; last output: {tail}"
+        return PreparationObservation(True, "Failed", message=text)
+    if "Complete" in conditions or "SuccessCriteriaMet" in conditions:
+        if isinstance(outcome, PreparationReport):
+            return PreparationObservation(True, "Succeeded", report=outcome)
+        if not own:
+            # its pods are gone (deleted by hand, garbage-collected): the prepared files are on the
+            # volume all the same; only the report cannot be shown
+            return PreparationObservation(True, "Succeeded")
+    # running, or complete with its pod's status not read yet (it lags the Job's)
+    return PreparationObservation(True, "Running")
 
 
 def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:

@@ -168,10 +168,12 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
         training=seen.training,
         registration=seen.registration,
         pods=seen.pods,
+        preparation=seen.preparation,
         children=seen.children,
         job_name=name,
         pytorchjob_name=builders.pytorchjob_name(job),
         registration_job_name=builders.registration_job_name(job),
+        preparation_job_name=builders.preparation_job_name(job),
         checkpoint_claim=builders.checkpoint_claim(job),
     )
     transition = state.advance(previous, obs)
@@ -198,6 +200,8 @@ class _Seen:
     training: state.TrainingObservation = field(default_factory=state.TrainingObservation)
     registration: state.RegistrationObservation = field(default_factory=state.RegistrationObservation)
     pods: state.PodsObservation = field(default_factory=state.PodsObservation)
+    # None: no preparation in this pass (turned off, or done: the status says Prepared)
+    preparation: observations.PreparationObservation | None = None
     child_error: state.ChildError | None = None
 
 
@@ -214,9 +218,7 @@ def _observe(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) ->
     )
     key = (ns, name)
     try:
-        seen.conflict, seen.training, seen.registration, seen.pods = _children(
-            ctx, job, previous, seen.created, seen.children
-        )
+        _children(ctx, job, previous, seen)
         _failed_passes.pop(key, None)
     except ChildApiError as e:
         attempts = _failed_passes.get(key, 0) + 1
@@ -240,98 +242,116 @@ def _children(
     ctx: Context,
     job: api.FineTuneJob,
     previous: FineTuneJobStatus,
-    created: list[dict[str, Any]],
-    children: dict[str, str],
-) -> tuple[str | None, state.TrainingObservation, state.RegistrationObservation, state.PodsObservation]:
-    """Ensure the children in order and fold their status: (conflict, training, registration, pods).
+    seen: _Seen,
+) -> None:
+    """Ensure the children in order and fold their status into ``seen`` (conflict, preparation,
+    training, registration, pods).
 
-    ``created`` and ``children`` are filled as it goes, so a pass stopped by ``ChildApiError`` (a
-    refused request) still reports what it created.
+    ``seen.created`` and ``seen.children`` are filled as it goes, so a pass stopped by
+    ``ChildApiError`` (a refused request) still reports what it created.
     """
     ns, settings = job.metadata.namespace, ctx.settings
-    conflict: str | None = None
-    # Creation order: identity, volume and config before the PyTorchJob whose pods need them.
-    # Stop at the first conflict: a PyTorchJob must never mount a stranger's volume.
+    # Creation order: identity, volume and config, the preparation Job, then the PyTorchJob whose
+    # pods need them all. Stop at the first conflict: a PyTorchJob must never mount a stranger's volume.
     wanted: list[dict[str, Any]] = [*builders.build_trainer_identity(job, settings)]
     pvc = builders.build_pvc(job, settings)
     if pvc is not None:
         wanted.append(pvc)
     wanted.append(builders.build_config_map(job, settings))
+    for manifest in wanted:
+        result = ensure(ctx.kube, manifest, job)
+        if result.conflict:
+            seen.conflict = result.conflict
+            return
+        if result.created:
+            seen.created.append(manifest)
+        elif manifest["kind"] == "ConfigMap":
+            sync_config(ctx.kube, result.obj, manifest)
     # Training that the status says succeeded is never started again: a PyTorchJob deleted since (by
     # hand, or by a TTL) is not created anew while the model registers; training stays Succeeded.
-    finished = None
     if state.training_succeeded(previous):
         ptj_name = builders.pytorchjob_name(job)
         with about_child("get", "PyTorchJob", ptj_name):
             gone = ctx.kube.get("kubeflow.org/v1", "PyTorchJob", ns, ptj_name) is None
         if gone:
-            finished = state.TrainingObservation(
+            seen.training = state.TrainingObservation(
                 condition="Succeeded",
                 message=f"training finished (PyTorchJob {ptj_name} has been deleted since)",
             )
-    if finished is None:
-        wanted.append(builders.build_pytorchjob(job, settings))
-    pytorchjob: dict[str, Any] | None = None
-    just_created = False
-    for manifest in wanted:
-        result = ensure(ctx.kube, manifest, job)
-        if result.conflict:
-            conflict = result.conflict
-            break
-        if result.created:
-            created.append(manifest)
-        elif manifest["kind"] == "ConfigMap":
-            sync_config(ctx.kube, result.obj, manifest)
-        if manifest["kind"] == "PyTorchJob":
-            pytorchjob = result.obj
-            just_created = result.created
+            _registration(ctx, job, seen)
+            return
+    if settings.preparation and state.preparation_needed(previous):
+        _preparation(ctx, job, seen)
+        if seen.conflict or seen.preparation is None or seen.preparation.state != "Succeeded":
+            return  # nothing GPU-sized before the preparation has succeeded
+    _training(ctx, job, seen)
 
-    training = finished or observations.training_observation(pytorchjob)
-    if pytorchjob is not None and training.condition not in ("Succeeded", "Failed"):
+
+def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
+    """The PyTorchJob, created and observed (its pods when they do not start); then registration."""
+    manifest = builders.build_pytorchjob(job, ctx.settings)
+    result = ensure(ctx.kube, manifest, job)
+    if result.conflict:
+        seen.conflict = result.conflict
+        return
+    if result.created:
+        seen.created.append(manifest)
+    pytorchjob = result.obj
+    seen.training = observations.training_observation(pytorchjob)
+    if pytorchjob is not None and seen.training.condition not in ("Succeeded", "Failed"):
         pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
-    pods = state.PodsObservation()
     if (
         pytorchjob is not None
-        and not just_created  # nothing can have happened to it yet
+        and not result.created  # nothing can have happened to it yet
         and not job.spec.suspend
-        and training.condition in observations.POD_CONDITIONS
+        and seen.training.condition in observations.POD_CONDITIONS
         and not observations.pods_running(pytorchjob)
     ):
-        pods = _pods_observation(ctx, pytorchjob)
-
-    registration = state.RegistrationObservation()
-    if conflict is None and training.condition == "Succeeded":
-        conflict, registration = _registration(ctx, job, created, children)
-    return conflict, training, registration, pods
+        seen.pods = _pods_observation(ctx, pytorchjob)
+    if seen.training.condition == "Succeeded":
+        _registration(ctx, job, seen)
 
 
-def _registration(
-    ctx: Context, job: api.FineTuneJob, created: list[dict[str, Any]], children: dict[str, str]
-) -> tuple[str | None, state.RegistrationObservation]:
+def _preparation(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
+    """The preparation Job, created and observed (with its pods' termination messages)."""
+    manifest = builders.build_preparation_job(job, ctx.settings)
+    result = ensure(ctx.kube, manifest, job)
+    if result.conflict:
+        seen.conflict = result.conflict
+        return
+    if result.created:
+        seen.created.append(manifest)
+    seen.children["preparationJob"] = builders.preparation_job_name(job)
+    selector = _selector(job, builders.COMPONENT_PREPARATION)
+    pods: list[dict[str, Any]] = []
+    if not result.created:
+        with about_child("list", "Pod", selector):
+            pods = ctx.kube.list("v1", "Pod", job.metadata.namespace, selector)
+    seen.preparation = observations.preparation_observation(result.obj, pods, builders.PREPARE_CONTAINER)
+
+
+def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
     """Training finished: the registration Job, created when registration is on, and observed."""
     ns, settings = job.metadata.namespace, ctx.settings
-    conflict: str | None = None
-    registration = state.RegistrationObservation()
     if job.spec.registration.enabled:
         manifest = builders.build_registration_job(job, settings)
         result = ensure(ctx.kube, manifest, job)
         if result.conflict:
-            conflict = result.conflict
-        else:
-            if result.created:
-                created.append(manifest)
-            children["registrationJob"] = builders.registration_job_name(job)
-            registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
-    else:
-        # registration turned off after its Job was created: that Job still registers the model, so
-        # it is followed to its end and reported (turning it off only stops one not yet created)
-        reg_name = builders.registration_job_name(job)
-        with about_child("get", "Job", reg_name):
-            live = ctx.kube.get("batch/v1", "Job", ns, reg_name)
-        if live is not None and is_ours(live, job):
-            children["registrationJob"] = reg_name
-            registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
-    return conflict, registration
+            seen.conflict = result.conflict
+            return
+        if result.created:
+            seen.created.append(manifest)
+        seen.children["registrationJob"] = builders.registration_job_name(job)
+        seen.registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
+        return
+    # registration turned off after its Job was created: that Job still registers the model, so
+    # it is followed to its end and reported (turning it off only stops one not yet created)
+    reg_name = builders.registration_job_name(job)
+    with about_child("get", "Job", reg_name):
+        live = ctx.kube.get("batch/v1", "Job", ns, reg_name)
+    if live is not None and is_ours(live, job):
+        seen.children["registrationJob"] = reg_name
+        seen.registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
 
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:

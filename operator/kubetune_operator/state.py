@@ -2,32 +2,31 @@
 
 Phases::
 
-    Pending ──> Training ──> Registering ──> Succeeded
-       │  ^        │  ^           │
-       v  │        v  │           v
-      Suspended <──┘  │         Failed  (also from Pending/Training: training failed, bad spec,
-                      └─ (unsuspend)          a child the API server refused)
+    Pending ──> Preparing ──> Pending ──> Training ──> Registering ──> Succeeded
+                    │                      │  ^            │
+                    v                      v  │            v
+                  Failed             Suspended┘          Failed  (also from Pending/Training:
+                                                         training failed, bad spec, a refused child)
 
-Succeeded and Failed are final. ``advance`` itself leaves Failed only for a job failed because the
-API server refused a child (``ChildRejected``) whose spec changed since (``reopens``); registering a
-final job again (on request, or once registration is turned on) is decided before it is called.
-``advance(previous status, observation)`` returns the status fields the operator owns (never
-``progress``/``checkpoints``, which the trainer reports) and the events to emit for the
-transitions it made.
+Succeeded and Failed are final; ``advance`` leaves them only for a job failed because the API
+server refused a child (``ChildRejected``) whose spec changed since (``reopens``), or to register a
+final job again (``Reregister``). ``advance(previous status, observation)`` returns the status
+fields the operator owns (never ``progress``/``checkpoints``, which the trainer reports) and the
+events for the transitions it made.
 
-Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants below):
+Conditions (Kubernetes conventions; ``reason`` is one of :class:`~kubetune_api.status.Reason`, or
+a :class:`~kubetune_api.preparation.Refusal`):
 
 - ``Ready``: True once the model is trained and registered (phase Succeeded).
 - ``ChildrenReady``: the PVC, ConfigMap and PyTorchJob exist and are ours. False: ``ChildConflict``
-  (a stranger's object has a child's name), ``ChildRejected`` (the API server refused to create a
-  child as built from this spec: the job is Failed), ``ChildForbidden`` (403: quota, RBAC or an
-  admission policy; retried), ``ChildApiError`` (no answer, 429, 5xx...: retried, shown after
-  ``SHOW_TRANSIENT_AFTER`` attempts in a row).
+  (a stranger's object has a child's name), ``ChildRejected`` (the API server refused a child as
+  built from this spec: Failed), ``ChildForbidden`` (403: quota, RBAC, an admission policy;
+  retried), ``ChildApiError`` (no answer, 429, 5xx: retried, shown after ``SHOW_TRANSIENT_AFTER``).
+- ``Prepared``: True once the preparation Job succeeded (its report is ``status.preparation``);
+  False while it runs (``Preparing``), or with the refusal's reason (``DatasetEmpty``,
+  ``DoesNotFit``...) or ``PreparationFailed``: the job is Failed before any GPU pod existed.
 - ``Training``: True while the PyTorchJob runs. False while it has not started; when its pods
-  cannot start it says why (``pods_observation``): ``PodsNotCreated`` (the Training Operator's
-  ``FailedCreatePod`` event: a missing PriorityClass, a quota, a policy), ``Unschedulable`` (the
-  scheduler's message, once a pod has waited ``SHOW_UNSCHEDULABLE_AFTER`` seconds) or
-  ``ImagePullFailed`` (the kubelet's waiting reason), naming the pod; cleared when they start.
+  cannot start it says why (``PodsNotCreated``, ``Unschedulable``, ``ImagePullFailed``).
 - ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
 - ``Registered``: True once MLflow has the model version.
 """
@@ -35,7 +34,6 @@ Conditions (Kubernetes conventions; ``reason`` is one of the CamelCase constants
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Literal
 
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
@@ -55,84 +53,42 @@ from .observations import (
     SHOW_TRANSIENT_AFTER,
     ChildError,
     PodsObservation,
+    PreparationObservation,
     RegistrationObservation,
     TrainingObservation,
     shown_trouble,
+)
+from .status_view import (
+    FINAL_PHASES,
+    Reregister,
+    failed_in_registration,
+    finished_without_registration,
+    preparation_needed,
+    rejected_child,
+    reopens,
+    training_succeeded,
 )
 
 CONDITION_TYPES = (
     ConditionType.READY,
     ConditionType.CHILDREN_READY,
+    ConditionType.PREPARED,
     ConditionType.TRAINING,
     ConditionType.SUSPENDED,
     ConditionType.REGISTERED,
 )
 
-FINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
-
-
-def failed_in_registration(status: FineTuneJobStatus) -> bool:
-    """Failed after training finished, in registration: the one final phase that can be left.
-
-    The status message tells the user to set the ``kubetune.io/retry-registration`` annotation once
-    the tracking URI or credentials are fixed; the operator then registers again (the registration
-    is idempotent: a version of this run and config already in MLflow is found, not registered twice).
-    """
-    if status.phase != Phase.FAILED:
-        return False
-    ready = next((c for c in status.conditions or [] if c.type == ConditionType.READY), None)
-    return ready is not None and ready.reason == Reason.REGISTRATION_FAILED
-
-
-def training_succeeded(status: FineTuneJobStatus) -> bool:
-    """The status says training finished (its Training condition is TrainingSucceeded)."""
-    training = next((c for c in status.conditions or [] if c.type == ConditionType.TRAINING), None)
-    return training is not None and training.reason == Reason.TRAINING_SUCCEEDED
-
-
-def finished_without_registration(status: FineTuneJobStatus) -> bool:
-    """Succeeded with registration off: turning ``registration.enabled`` on registers the model."""
-    if status.phase != Phase.SUCCEEDED or status.registered_model is not None:
-        return False
-    registered = next((c for c in status.conditions or [] if c.type == ConditionType.REGISTERED), None)
-    return registered is not None and registered.reason == Reason.REGISTRATION_DISABLED
-
-
-def rejected_child(status: FineTuneJobStatus) -> bool:
-    """Failed because the API server refused to create a child as this spec builds it."""
-    if status.phase != Phase.FAILED:
-        return False
-    ready = next((c for c in status.conditions or [] if c.type == ConditionType.READY), None)
-    return ready is not None and ready.reason == Reason.CHILD_REJECTED
-
-
-def reopens(status: FineTuneJobStatus, generation: int) -> bool:
-    """A job Failed with ``ChildRejected`` whose spec changed since: it starts over from Pending.
-
-    The refused object was built from the spec, so only a new spec can be accepted (or the same
-    one, once an admission policy was changed: any accepted spec change retries). Children created
-    before the refusal are ours and are kept; the pass creates the missing ones.
-    """
-    if not rejected_child(status):
-        return False
-    ready = next(c for c in status.conditions or [] if c.type == ConditionType.READY)
-    return (ready.observed_generation or 0) < generation
-
-
-class Reregister(StrEnum):
-    """How a finished job is registered again: the ways out of Succeeded and Failed through
-    registration (an alias move is :func:`alias_transition`; a refused child's spec change, ``reopens``).
-    The reconciler observes which one applies (it reads the annotation and the registration Job)."""
-
-    # Succeeded with registration off, and registration.enabled is now true: register the trained model
-    ENABLED = "enabled"
-    # Failed in registration, the retry annotation set to a new value, the failed Job gone: create it anew
-    RETRY = "retry"
-    # the same, asked while registration.enabled is false: training finished, nothing registered
-    RETRY_DISABLED = "retry-disabled"
-    # Failed in registration, and a registration Job that has not failed exists (created by a retry
-    # whose status write lost a race, or before an operator restart): follow it
-    FOLLOW = "follow"
+__all__ = [
+    "CONDITION_TYPES",
+    "FINAL_PHASES",
+    "Reregister",
+    "failed_in_registration",
+    "finished_without_registration",
+    "preparation_needed",
+    "rejected_child",
+    "reopens",
+    "training_succeeded",
+]
 
 
 @dataclass(frozen=True)
@@ -148,6 +104,8 @@ class Observation:
     training: TrainingObservation = field(default_factory=TrainingObservation)
     registration: RegistrationObservation = field(default_factory=RegistrationObservation)
     pods: PodsObservation = field(default_factory=PodsObservation)
+    # None: preparation has no say in this pass (turned off in the settings, or done earlier)
+    preparation: PreparationObservation | None = None
     children: dict[str, str] = field(default_factory=dict)
     # a finished job registered again, and the retry annotation's value no pass has acted on yet
     reregister: Reregister | None = None
@@ -157,6 +115,7 @@ class Observation:
     job_name: str = ""
     pytorchjob_name: str = ""
     registration_job_name: str = ""
+    preparation_job_name: str = ""
     checkpoint_claim: str = ""
 
 
@@ -249,6 +208,9 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
         "children": obs.children,
     }
+    prep = obs.preparation
+    if prep is not None and prep.report is not None:
+        status["preparation"] = prep.report.wire()
     if phase == Phase.TRAINING and not prev.start_time:
         status["startTime"] = obs.now
     if phase in FINAL_PHASES:
@@ -421,6 +383,50 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     return _before_training_ends(obs, out)
 
 
+def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, Any]) -> Phase | None:
+    """The preparation Job decides while it has not succeeded: Preparing, or Failed with its named
+    reason (a refusal) or with its log tail (a crash). None: prepared, training decides from here."""
+    job = f"preparation Job {obs.preparation_job_name}"
+    if prep.state == "Succeeded":
+        report = prep.report
+        text = (
+            report.summary() if report is not None else f"{job} succeeded (its report is gone with its pod)"
+        )
+        out["prepared"] = (True, Reason.PREPARED, text)
+        return None
+    if prep.state == "Failed":
+        if prep.refusal is not None:
+            r = prep.refusal
+            msg = f"{r.message}. {r.hint}".strip(". ") + ". Nothing was started on a GPU"
+            reason: str = r.reason
+        else:
+            msg = (
+                f"{job} failed ({prep.message}). Its logs: kubectl logs -n {obs.namespace} "
+                f"job/{obs.preparation_job_name}. Nothing was started on a GPU"
+            )
+            reason = Reason.PREPARATION_FAILED
+        out["prepared"] = (False, reason, msg)
+        out["ready"] = (False, reason, msg)
+        return Phase.FAILED
+    msg = f"{job} is downloading the model and the data, checking, tokenizing and estimating (CPU only)"
+    out["children"] = (
+        True,
+        Reason.CHILDREN_CREATED,
+        "checkpoint volume, trainer config and preparation Job exist; the PyTorchJob follows the preparation",
+    )
+    out["prepared"] = (False, Reason.PREPARING, msg)
+    out["training"] = (False, Reason.PREPARING, "training starts once the preparation has succeeded")
+    out["ready"] = (False, Reason.PREPARING, msg)
+    out["registered"] = _registration_pending(obs)
+    return Phase.PREPARING
+
+
+def _registration_pending(obs: Observation) -> tuple[bool, str, str]:
+    if obs.registration_enabled:
+        return (False, Reason.REGISTRATION_PENDING, "registers after training")
+    return (False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
+
+
 def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Training succeeded: the registration decides (Registering; Succeeded, with the model or with
     registration off; or Failed, with the remedy)."""
@@ -490,14 +496,15 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
 
 
 def _before_training_ends(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Training not finished: suspended, queued, resuming, running, restarting or not started (and why)."""
+    """Training not finished: preparing (or refused), suspended, queued, resuming, running,
+    restarting or not started (and why)."""
     tr = obs.training
+    if obs.preparation is not None:
+        held = _preparation(obs, obs.preparation, out)
+        if held is not None:
+            return held, out
     # Training not finished.
-    out["registered"] = (
-        (False, Reason.REGISTRATION_PENDING, "registers after training")
-        if obs.registration_enabled
-        else (False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
-    )
+    out["registered"] = _registration_pending(obs)
     if obs.suspend:
         out["suspended"] = (
             True,
@@ -564,6 +571,7 @@ def _conditions(
     keys = {
         "ready": ConditionType.READY,
         "children": ConditionType.CHILDREN_READY,
+        "prepared": ConditionType.PREPARED,
         "training": ConditionType.TRAINING,
         "suspended": ConditionType.SUSPENDED,
         "registered": ConditionType.REGISTERED,
@@ -573,6 +581,8 @@ def _conditions(
         decided: tuple[bool, str, str]
         if key in reasons:
             decided = reasons[key]
+        elif key == "prepared" and type_ not in prev:
+            continue  # a job that never had a preparation step (turned off, or older than it)
         elif type_ in prev:
             # Not decided this time (e.g. Suspended once training finished): keep what it said.
             old = prev[type_]
@@ -601,10 +611,13 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
         old = prev.get(ConditionType.TRAINING)
         if old is None or old.reason != training[1]:
             events.append(Event("Warning", training[1], training[2]))
+    events += _prepared_event(reasons, prev)
     if phase == prev_phase:
         return events
     ready = reasons.get("ready", (False, "", ""))
-    if phase == Phase.TRAINING:
+    if phase == Phase.PREPARING:
+        events.append(Event("Normal", EventReason.PREPARATION_STARTED, ready[2]))
+    elif phase == Phase.TRAINING:
         reason = EventReason.RESUMED if prev_phase == Phase.SUSPENDED else EventReason.TRAINING_STARTED
         events.append(Event("Normal", reason, "training is running"))
     elif phase == Phase.SUSPENDED:
@@ -624,6 +637,15 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     elif phase == Phase.FAILED:
         events.append(Event("Warning", ready[1] or EventReason.FAILED, ready[2]))
     return events
+
+
+def _prepared_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+    """Once, when the preparation succeeds: what it found and estimated."""
+    prepared = reasons.get("prepared")
+    old = prev.get(ConditionType.PREPARED)
+    if prepared and prepared[0] and (old is None or old.status != "True"):
+        return [Event("Normal", EventReason.PREPARED, prepared[2])]
+    return []
 
 
 def alias_transition(

@@ -108,6 +108,8 @@ def succeeded(*conditions: dict[str, Any], model: Any = MODEL) -> dict[str, Any]
 
 
 NAN, INF = float("nan"), float("inf")
+PREPARING = "preparation Job j-prepare is downloading the model and the data, checking, tokenizing and estimating"
+REFUSED = "data/chat.jsonl has no rows. Point spec.dataset at a file that holds examples. Nothing was started on a GPU"
 PROGRESS = {"step": 25, "totalSteps": 50, "percent": 50, "loss": 1.5, "etaSeconds": 600}
 
 # name: (object, health status, health message), under both library sets
@@ -187,6 +189,34 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         FAILED,
     ),
     "failed-bare": (job({"phase": "Failed"}), "Degraded", "The FineTuneJob failed"),
+    "preparing": (
+        job(
+            {
+                "phase": "Preparing",
+                "conditions": [cond("Prepared", "False", "Preparing", PREPARING)],
+            }
+        ),
+        "Progressing",
+        PREPARING,
+    ),
+    "preparing-bare": (
+        job({"phase": "Preparing"}),
+        "Progressing",
+        "Preparing: downloading, checking and tokenizing",
+    ),
+    "failed-refused-by-preparation": (
+        job(
+            {
+                "phase": "Failed",
+                "conditions": [
+                    cond("Prepared", "False", "DatasetEmpty", REFUSED),
+                    cond("Ready", "False", "DatasetEmpty", REFUSED),
+                ],
+            }
+        ),
+        "Degraded",
+        REFUSED,
+    ),
     "suspended": (
         job(
             {

@@ -1,5 +1,6 @@
 -- Argo CD health check for kubetune.io/FineTuneJob.
---   Pending, Training, Registering -> Progressing
+--   Pending, Preparing, Training,
+--   Registering                    -> Progressing
 --   Succeeded                      -> Healthy (Degraded when moving a changed registration.alias failed)
 --   Failed                         -> Degraded
 --   Suspended                      -> Suspended
@@ -283,7 +284,7 @@ if (phase == "Pending" or phase == "Training") and PODS_CANNOT_START[reason(trai
   return hs
 end
 
-if phase == "Pending" or phase == "Training" or phase == "Registering" then
+if phase == "Pending" or phase == "Preparing" or phase == "Training" or phase == "Registering" then
   hs.status = "Progressing"
   local generation = nil
   if type(obj.metadata) == "table" then
@@ -299,6 +300,8 @@ if phase == "Pending" or phase == "Training" or phase == "Registering" then
     hs.message = progress(status) or says(training) or "Training"
   elseif phase == "Registering" then
     hs.message = says(condition(status, "Registered")) or "Registering the model in MLflow"
+  elseif phase == "Preparing" then
+    hs.message = says(condition(status, "Prepared")) or "Preparing: downloading, checking and tokenizing"
   else
     hs.message = says(training) or says(children) or says(ready) or "Pending"
   end
