@@ -112,7 +112,7 @@ TRAINING_OPERATOR_ENV = (
 )
 # Variables kubetune (kubetune_operator.builders) or the Kubeflow Training Operator set on the pods;
 # a spec.env entry of the same name would define it twice (the API server keeps both, the later wins).
-# KUBETUNE_CONFIG, KUBETUNE_CPUS and KUBETUNE_SHUTDOWN_GRACE_S are spec.OPERATOR_ENV (a rule of their own).
+# KUBETUNE_CONFIG, KUBETUNE_CPUS, KUBETUNE_SHUTDOWN_GRACE_S and KUBETUNE_IMAGE are spec.OPERATOR_ENV (a rule of their own).
 POD_ENV = (
     "HOME",
     "XDG_CACHE_HOME",

@@ -62,7 +62,7 @@ SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CRE
 # Variables the operator sets on the trainer's pods itself. A spec.env entry of the same name would
 # replace KUBETUNE_CONFIG (set before spec.env: the later entry wins, and the trainer finds no
 # config) and silently lose to the other two (set after it); refused, so what the spec says runs.
-OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S")
+OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S", "KUBETUNE_IMAGE")
 
 
 # --- enums ------------------------------------------------------------------------------------------

@@ -292,6 +292,8 @@ def _env(job: api.FineTuneJob, settings: Settings, *, training: bool = False) ->
         {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{COMPILE_CACHE}/torchinductor"},
         {"name": "TMPDIR", "value": TMP_MOUNT},
         {"name": "KUBETUNE_CONFIG", "value": CONFIG_PATH},
+        # lineage: the registered model version is tagged with the image that trained it
+        {"name": "KUBETUNE_IMAGE", "value": _image(job, settings)},
     ]
     if settings.hf_endpoint:
         env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})

@@ -3,7 +3,7 @@
 - FineTuneJob create / update (spec: suspend, registration.alias) / resume (operator start):
   reconcile; ``kopf.TemporaryError`` while a conflict or a pending result needs time,
   ``kopf.PermanentError`` for a spec the operator can never use.
-- PyTorchJob, registration and alias Job, and training, registration and alias pod events
+- PyTorchJob, preparation, registration and alias Job, and their pods' and training pod events
   (selected by the ``kubetune.io/job`` label): reconcile the FineTuneJob named in the label. A
   training pod that the scheduler cannot place, or whose image cannot be pulled, or one that
   starts at last, changes the FineTuneJob's status through these.
@@ -41,7 +41,7 @@ from .settings import Settings
 # Read at import: kopf needs the timer intervals when the decorators run.
 _RESYNC_SECONDS = Settings.from_env().resync_seconds
 _RETRY_SECONDS = Settings.from_env().retry_seconds
-_JOB_COMPONENTS = (builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
+_JOB_COMPONENTS = (builders.COMPONENT_PREPARATION, builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
 
 # Threads for the (sync) handlers. kopf's default pool has min(32, CPUs + 4): 6 on a two-core node.
 # A reconcile pass is a dozen API requests in a row and mostly waits for the API server: under a
@@ -222,6 +222,20 @@ _CHILD = {builders.LABEL_JOB: kopf.PRESENT}
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels=_CHILD)
 def pytorchjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event(
+    "batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_PREPARATION}
+)
+def preparation_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_PREPARATION})
+def preparation_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """Its termination message (the report or the refusal) is in the pod's status, which may land
+    after the Job's."""
     _child_event(body, memo, logger)
 
 

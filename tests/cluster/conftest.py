@@ -23,6 +23,8 @@ from tests.support.operator import OperatorProcess
 
 API_VERSION = "kubetune.io/v1alpha1"
 TINY_IMAGE_DIR = "/opt/kubetune/tiny"  # where the trainer image carries the tiny model and data
+# a folder of the stood-in image that tests fill with their own (bad) data and models
+TESTDATA_DIR = "/opt/kubetune/testdata"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -50,8 +52,13 @@ def tiny_image() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def cluster(tiny_image: Path) -> Iterator[Cluster]:
-    with running_cluster({TINY_IMAGE_DIR: tiny_image}) as c:
-        yield c
+    testdata = Path("/var/tmp") / f"kubetune-testdata-{os.getpid()}"
+    testdata.mkdir(mode=0o755, exist_ok=True)
+    try:
+        with running_cluster({TINY_IMAGE_DIR: tiny_image, TESTDATA_DIR: testdata}) as c:
+            yield c
+    finally:
+        shutil.rmtree(testdata, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -70,6 +70,10 @@ def operator_env(control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch) -
         "KUBETUNE_TRAINER_IMAGE": "registry.example.com/kubetune/trainer:test",
         "KUBETUNE_MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc:5000",
         "KUBETUNE_RETRY_SECONDS": "1",
+        # These tests play the Training Operator and the Job controller by writing the children's
+        # status; the preparation Job's pod never runs here. The preparation step is tested through
+        # the real controllers and the pod runner in tests/cluster/test_preparation.py.
+        "KUBETUNE_PREPARATION": "false",
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -336,6 +336,38 @@ def test_training_shaping_fields_are_immutable(control_plane: ControlPlane, name
     assert stored["spec"]["training"]["learningRate"] == pytest.approx(1e-4)
 
 
+NOW = "2026-12-03T06:00:00Z"
+PREPARATION = {
+    "tokenizedKey": "0123456789abcdef",
+    "data": {
+        "trainExamples": 1800,
+        "evalExamples": 200,
+        "tokens": 912000,
+        "lengthP50": 410,
+        "lengthP95": 1020,
+        "lengthMax": 3900,
+        "truncatedFraction": 0.04,
+        "lossTokenFraction": 0.38,
+    },
+    "estimate": {
+        "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+        "gpus": 8,
+        "gpuMemoryGib": 80,
+        "peakMemoryGib": 41.5,
+        "fits": True,
+        "microBatchRows": 8,
+        "microBatchTokens": 8192,
+        "gradientAccumulationSteps": 1,
+        "gradientCheckpointing": False,
+        "sharding": "ddp",
+        "steps": 14,
+        "tokensPerSecond": 250000,
+        "durationSeconds": 1800,
+        "gpuHours": 0.5,
+    },
+}
+
+
 def test_status_subresource_and_printer_columns(control_plane: ControlPlane, namespace: str) -> None:
     control_plane.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(_manifest(name="columns")))
     status = {
@@ -343,6 +375,10 @@ def test_status_subresource_and_printer_columns(control_plane: ControlPlane, nam
             "phase": "Training",
             "progress": {"step": 30, "totalSteps": 120, "percent": 25, "loss": 1.25},
             "registeredModel": {"name": "qwen-assistant", "version": "3"},
+            "preparation": PREPARATION,
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "TrainingRunning", "lastTransitionTime": NOW}
+            ],
         }
     }
     control_plane.kubectl(
@@ -357,8 +393,29 @@ def test_status_subresource_and_printer_columns(control_plane: ControlPlane, nam
         json.dumps(status),
     )
     table = control_plane.kubectl("get", "ftj", "columns", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "PROGRESS", "LOSS", "MODEL", "VERSION", "AGE"]
-    assert table[1].split()[:6] == ["columns", "Training", "25", "1.25", "qwen-assistant", "3"]
+    assert table[0].split() == [
+        "NAME",
+        "PHASE",
+        "PROGRESS",
+        "LOSS",
+        "TOKENS",
+        "EST-GPU-H",
+        "MODEL",
+        "VERSION",
+        "AGE",
+    ]
+    assert table[1].split()[:8] == [
+        "columns",
+        "Training",
+        "25",
+        "1.25",
+        "912000",
+        "0.5",
+        "qwen-assistant",
+        "3",
+    ]
+    wide = control_plane.kubectl("get", "ftj", "columns", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[6] == "REASON" and wide[1].split()[6] == "TrainingRunning"
     # spec is not writable through the status subresource, status not through the main resource
     _patch(control_plane, namespace, "columns", {"status": {"phase": "Failed"}}, check=True)
     stored = json.loads(control_plane.kubectl("get", "ftj", "columns", "-n", namespace, "-o", "json").stdout)

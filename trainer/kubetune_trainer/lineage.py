@@ -1,0 +1,77 @@
+"""Where a registered model came from, exactly: the tags preparation and the image add to the
+registered version (beside the spec's names, :func:`kubetune_trainer.register.lineage_tags`).
+
+- the commits the preparation step resolved for the base model and the data set, the data's
+  content hash and the tokenized data's hash (``prepared/report.json`` on the checkpoint volume,
+  :mod:`kubetune_api.preparation`);
+- the trainer image the pod runs (``KUBETUNE_IMAGE``, set by the operator on every pod);
+- the versions of the libraries that trained it (torch, transformers, trl, peft, datasets, liger).
+
+Tags are strings, never a secret: the report holds none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from kubetune_api.preparation import REPORT_FILE, PreparationReport
+
+log = logging.getLogger(__name__)
+
+IMAGE_ENV = "KUBETUNE_IMAGE"
+TAG_BASE_MODEL_COMMIT = "kubetune.base_model.commit"
+TAG_DATASET_COMMIT = "kubetune.dataset.commit"
+TAG_DATASET_HASH = "kubetune.dataset.hash"
+TAG_TOKENIZED_HASH = "kubetune.tokenized.hash"
+TAG_TOKENIZED_KEY = "kubetune.tokenized.key"
+TAG_IMAGE = "kubetune.trainer_image"
+VERSION_TAG_PREFIX = "kubetune.version."
+LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "liger-kernel", "kubetune")
+
+
+def preparation_report(output_dir: str | Path) -> PreparationReport | None:
+    """The preparation report on the volume; None when the job was not prepared (or it is unreadable)."""
+    path = Path(output_dir) / REPORT_FILE
+    try:
+        return PreparationReport.model_validate(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, ValidationError) as e:
+        log.warning("%s is not a preparation report (%s): no preparation lineage", path, e)
+        return None
+
+
+def library_versions() -> dict[str, str]:
+    out = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def provenance_tags(output_dir: str | Path) -> dict[str, str]:
+    """The exact sources (from preparation), the image and the library versions, as tags."""
+    tags: dict[str, str] = {}
+    report = preparation_report(output_dir)
+    if report is not None:
+        found = {
+            TAG_BASE_MODEL_COMMIT: report.model_revision,
+            TAG_DATASET_COMMIT: report.dataset_revision,
+            TAG_DATASET_HASH: report.dataset_hash,
+            TAG_TOKENIZED_HASH: report.tokenized_hash,
+            TAG_TOKENIZED_KEY: report.tokenized_key,
+        }
+        tags.update({k: v for k, v in found.items() if v})
+    image = os.environ.get(IMAGE_ENV, "").strip()
+    if image:
+        tags[TAG_IMAGE] = image
+    tags.update({f"{VERSION_TAG_PREFIX}{name}": v for name, v in library_versions().items()})
+    return tags
