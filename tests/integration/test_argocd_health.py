@@ -21,6 +21,7 @@ from tests.support.controlplane import REPO, ControlPlane
 from tests.support.lua import run_health
 
 from kubetune_api import spec as api
+from kubetune_api.preparation import PreparationRefusal, Refusal
 from kubetune_api.status import FineTuneJobStatus, Phase
 from kubetune_operator import observations, state
 from kubetune_operator.kube import Kube
@@ -98,6 +99,22 @@ REGISTRATION_FAILED = _obs(
 )
 SUSPENDED = _obs(generation=2, suspend=True, training=_training("Suspended"))
 CONFLICT = _obs(conflict="PersistentVolumeClaim job-ckpt already exists and is not owned by this FineTuneJob")
+PREPARING = _obs(
+    preparation=observations.PreparationObservation(True, "Running"), preparation_job_name="job-prepare"
+)
+REFUSED = _obs(
+    preparation=observations.PreparationObservation(
+        True,
+        "Failed",
+        refusal=PreparationRefusal.of(Refusal.MODEL_GATED, "the Hub answered 401 for org/model"),
+    ),
+    preparation_job_name="job-prepare",
+)
+PREPARED = _obs(
+    preparation=observations.PreparationObservation(True, "Succeeded", report=None),
+    preparation_job_name="job-prepare",
+    training=_training(None),
+)
 SCHEDULER = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
 
 
@@ -186,6 +203,14 @@ def registered_and(ctype: str) -> Callable[[dict[str, Any]], str]:
 # name: (steps, phase stored, health status, health message: literal, or made from the stored object)
 SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]], str]]] = {
     "pending": ([PENDING], "Pending", "Progressing", said_by("Training")),
+    "preparing": ([PREPARING], "Preparing", "Progressing", said_by("Prepared")),
+    "refused-by-preparation": ([PREPARING, REFUSED], "Failed", "Degraded", said_by("Ready")),
+    "prepared-then-training": (
+        [PREPARING, PREPARED, RUNNING],
+        "Training",
+        "Progressing",
+        said_by("Training"),
+    ),
     "created": ([PENDING, CREATED], "Pending", "Progressing", said_by("Training")),
     "training": ([PENDING, RUNNING], "Training", "Progressing", said_by("Training")),
     "training-with-progress": (

@@ -42,6 +42,9 @@ from tests.support.controlplane import (
     free_port,
 )
 from tests.unit.test_chart import CHART, CI_VALUES
+from tests.unit.test_state_preparation import REPORT as PREPARED
+
+from kubetune_api.preparation import termination_message
 
 pytestmark = [pytest.mark.integration, pytest.mark.helm]
 
@@ -349,7 +352,13 @@ def run_a_job_through(
         doc = load_example("qwen3-4b-full.yaml", job_namespace)
         name = doc["metadata"]["name"]
         kube.create(doc)
+        # the chart runs the preparation step: nothing GPU-sized until its Job has succeeded
+        prep = f"{name}-prepare"
+        wait_for(lambda: kube.get("batch/v1", "Job", job_namespace, prep), timeout=60, what="preparation Job")
+        wait_phase(kube, job_namespace, name, "Preparing", timeout=60)
         ptj = f"{name}-train"
+        assert kube.get("kubeflow.org/v1", "PyTorchJob", job_namespace, ptj) is None
+        finish_registration_job(kube, job_namespace, prep, message=termination_message(PREPARED))
         wait_for(
             lambda: kube.get("kubeflow.org/v1", "PyTorchJob", job_namespace, ptj),
             timeout=60,
@@ -422,6 +431,7 @@ def run_a_job_through(
         finish_registration_job(kube, job_namespace, reg, message=json.dumps(RESULT))
         obj = wait_phase(kube, job_namespace, name, "Succeeded", timeout=60)
         assert obj["status"]["registeredModel"]["version"] == "1"
+        assert obj["status"]["preparation"] == PREPARED.wire()
         assert obj["status"]["progress"] == progress
         assert operator.healthy()
     log = operator.output()
