@@ -35,9 +35,20 @@ def hf_token() -> str | None:
 # --- model and tokenizer ---------------------------------------------------------------------------
 
 
+def prepared_data(cfg: TrainerConfig) -> Any:
+    """What the preparation step left on the volume for this config (:mod:`.prepare`), or None."""
+    from .prepare import prepared
+
+    return prepared(cfg)
+
+
 def model_source(cfg: TrainerConfig) -> tuple[str, dict[str, Any]]:
-    """Where to load the base model from, and the loading arguments that depend on the source."""
+    """Where to load the base model from, and the loading arguments that depend on the source: the
+    model the preparation step downloaded onto the volume, the spec's path, or the Hub."""
     src = cfg.spec.model
+    found = prepared_data(cfg)
+    if found is not None and found.model_dir is not None:
+        return str(found.model_dir), {}
     if src.path:
         return src.path, {}
     assert src.name is not None  # the spec guarantees exactly one of name/path
@@ -163,14 +174,29 @@ def keep_columns(dataset: Any, fmt: str) -> Any:
 
 
 def check_data(cfg: TrainerConfig) -> DataCheck:
-    """The data pre-check (:mod:`kubetune_trainer.data_check`): before anything is loaded."""
+    """The data pre-check (:mod:`kubetune_trainer.data_check`): before anything is loaded. Prepared
+    data was checked by the preparation step: its recorded result (no network, no second read)."""
+    from .prepare import prepared_check
+
+    found = prepared_data(cfg)
+    if found is not None:
+        return prepared_check(found)
     return data_check.check(
         cfg.spec.dataset, assistant_only_loss=cfg.spec.training.assistant_only_loss, token=hf_token()
     )
 
 
 def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tuple[Any, Any, str]:
-    """The training and eval splits, with only their format's columns, and the format."""
+    """The training and eval splits, with only their format's columns, and the format; prepared
+    data: its tokenized splits from the volume (``input_ids``, ``labels``), which TRL packs or
+    truncates without tokenizing again."""
+    found = prepared_data(cfg)
+    if found is not None:
+        from datasets import load_from_disk
+
+        log.info("data: tokenized by the preparation step (%s), read from the volume", found.key)
+        evaluation = load_from_disk(str(found.eval_dir)) if found.eval_dir is not None else None
+        return load_from_disk(str(found.train_dir)), evaluation, found.format
     src = cfg.spec.dataset
     checked = checked or check_data(cfg)
     train, evaluation = load_splits(src, revision=checked.revision)
@@ -264,7 +290,8 @@ def build_sft_config(
         # inner dimension of the weight gradient's product): up to 15 padding tokens, each its own
         # one-token sequence with no label
         pad_to_multiple_of=16 if plan.fp8 != "off" else None,
-        assistant_only_loss=t.assistant_only_loss,
+        # prepared data carries its labels (the assistant mask applied): TRL must not look for chat rows
+        assistant_only_loss=t.assistant_only_loss and prepared_data(cfg) is None,
         dataset_text_field="text",
         logging_steps=t.logging_steps,
         logging_first_step=True,

@@ -80,6 +80,7 @@ from kubetune_api.trainer_config import (
 )
 
 from . import checkpoints
+from .lineage import provenance_tags
 from .mlflow_client import (
     MlflowError,
     MlflowRefusedError,
@@ -149,6 +150,8 @@ def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
         tags[TAG_DATASET] = str(spec.dataset.path)
     if spec.method == Method.LORA:
         tags[TAG_LORA_MERGED] = str(spec.registration.merge_lora).lower()
+    # the exact sources the preparation step resolved, the image and the library versions
+    tags.update(provenance_tags(cfg.output_dir))
     return tags
 
 
@@ -186,10 +189,6 @@ def _torch_dtype(cfg: TrainerConfig) -> Any:
     ]
 
 
-def _hf_token() -> str | None:
-    return os.environ.get("HF_TOKEN") or None
-
-
 @dataclass
 class LoadedModel:
     components: dict[str, Any]
@@ -215,20 +214,12 @@ def load_final_model(cfg: TrainerConfig, final: Path) -> LoadedModel:
 
     from peft import PeftModel
 
-    if spec.model.name:
-        log.info("loading base model %s at revision %s", spec.model.name, spec.model.revision)
-        base = AutoModelForCausalLM.from_pretrained(
-            spec.model.name,
-            revision=spec.model.revision,
-            token=_hf_token(),
-            dtype=dtype,
-            trust_remote_code=trust,
-        )
-    else:
-        log.info("loading base model from %s", spec.model.path)
-        base = AutoModelForCausalLM.from_pretrained(
-            str(spec.model.path), dtype=dtype, trust_remote_code=trust
-        )
+    from .build import model_source
+
+    # the model the preparation step put on the volume (offline), the spec's path, or the Hub
+    where, kwargs = model_source(cfg)
+    log.info("loading base model from %s", where)
+    base = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust, **kwargs)
     if len(tokenizer) > base.get_input_embeddings().num_embeddings:
         # Training added chat tokens and grew the embeddings the same way (kubetune_trainer.chat).
         base.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
