@@ -126,7 +126,14 @@ def data_files(path: Path) -> tuple[str, dict[str, list[str]] | list[str]]:
         return builder, [str(path)]
     if not path.is_dir():
         raise DataError(f"dataset path {path} does not exist")
-    files = sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES and p.is_file())
+    # hidden folders are not data: .git, .cache (huggingface_hub's download metadata)
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.suffix in DATA_SUFFIXES
+        and p.is_file()
+        and not any(x.startswith(".") for x in p.relative_to(path).parts)
+    )
     if not files:
         raise DataError(f"{path}: no .jsonl, .json or .parquet files in this folder")
     builders = {DATA_SUFFIXES[p.suffix] for p in files}

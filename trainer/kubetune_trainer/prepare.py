@@ -44,7 +44,6 @@ from kubetune_api.preparation import (
     MODEL_DIR,
     REPORT_FILE,
     DataStats,
-    PreparationRefusal,
     PreparationReport,
     Refusal,
     termination_message,
@@ -52,6 +51,9 @@ from kubetune_api.preparation import (
 from kubetune_api.trainer_config import TrainerConfig, dump_json
 
 from .data_check import BadInputError, DataCheck
+from .prepare_data import Refused
+
+__all__ = ["Prepared", "Refused", "prepare", "prepared", "prepared_check"]
 
 log = logging.getLogger("kubetune_trainer.prepare")
 
@@ -82,14 +84,6 @@ TOKENIZER_FILES = (
 TERMINATION_LOG_ENV = "KUBETUNE_TERMINATION_LOG"
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _CHUNK = 4 << 20
-
-
-class Refused(Exception):  # noqa: N818  a refusal, not an error of kubetune's
-    """The job cannot train as it is; ``refusal`` says why and what to do."""
-
-    def __init__(self, reason: Refusal, message: str) -> None:
-        super().__init__(message)
-        self.refusal = PreparationRefusal.of(reason, message)
 
 
 @dataclass(frozen=True)
@@ -396,7 +390,7 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
     previous = read_manifest(root)
     model_dir, model_entry = _model(cfg, root, previous)
     tokenizer, has_template = _tokenizer(cfg, model_dir)
-    checked, train, evaluation, fmt = load(cfg)
+    checked, train, evaluation, fmt = load(cfg, root)
     check_template(cfg, has_template, fmt)
     tok_hash = tokenizer_hash(model_dir)
     key = tokenization_key(cfg, tok_hash, checked.data_hash, fmt)
@@ -477,4 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # the package's module, not this __main__ copy: Refused and friends are its classes
+    from kubetune_trainer.prepare import main as package_main
+
+    sys.exit(package_main())

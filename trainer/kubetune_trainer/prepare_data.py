@@ -12,16 +12,26 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from kubetune_api.preparation import DataStats, Refusal
+from kubetune_api.preparation import DataStats, PreparationRefusal, Refusal
 from kubetune_api.spec import DatasetFormat
 from kubetune_api.trainer_config import TrainerConfig
 
 from .data_check import DataCheck, DataError
 
 log = logging.getLogger("kubetune_trainer.prepare")
+
+
+class Refused(Exception):  # noqa: N818  a refusal, not an error of kubetune's
+    """The job cannot train as it is; ``refusal`` says why and what to do."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = PreparationRefusal.of(reason, message)
+
 
 # What a DataError's message says, as a refusal reason (the first that matches; else DatasetSchema).
 _DATA_REFUSALS = (
@@ -49,26 +59,65 @@ def data_refusal(message: str) -> Refusal:
     return Refusal.DATASET_SCHEMA
 
 
-def load(cfg: TrainerConfig) -> tuple[DataCheck, Any, Any, str]:
-    """The data as the trainer loads it: every row checked, splits and eval fraction, the format."""
-    from . import build
-    from .prepare import Refused
+DATASET_SOURCE_DIR = "prepared/dataset"  # a Hub data set's files at the resolved commit
+DATA_PATTERNS = ["*.jsonl", "*.json", "*.parquet"]
 
+
+def download_dataset(cfg: TrainerConfig, root: Path) -> tuple[TrainerConfig, str]:
+    """A Hub data set's files at their commit in ``prepared/dataset/`` (its subset's folder when the
+    spec names one), and the config that reads them from there as local files; the commit."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    from .build import hf_token
+    from .prepare import hub_data_refusal
+
+    src = cfg.spec.dataset
+    assert src.name is not None
     try:
-        checked = build.check_data(cfg)
-        train, evaluation, fmt = build.build_datasets(cfg, checked)
-    except DataError as e:
-        raise Refused(data_refusal(str(e)), str(e)) from e
+        sha = str(HfApi().dataset_info(src.name, revision=src.revision, token=hf_token()).sha)
+        folder = root / DATASET_SOURCE_DIR
+        patterns = [f"{src.subset}/**/{p}" for p in DATA_PATTERNS] if src.subset else DATA_PATTERNS
+        log.info("data set %s: downloading commit %s into %s", src.name, sha, folder)
+        snapshot_download(
+            src.name,
+            repo_type="dataset",
+            revision=sha,
+            local_dir=folder,
+            token=hf_token(),
+            allow_patterns=patterns,
+        )
     except Exception as e:
-        from .prepare import hub_data_refusal
-
         refused = hub_data_refusal(cfg, e)
         if refused is not None:
             raise refused from e
         raise
+    local = src.model_copy(update={"name": None, "path": str(folder / src.subset if src.subset else folder)})
+    return cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"dataset": local})}), sha
+
+
+def load(cfg: TrainerConfig, root: Path) -> tuple[DataCheck, Any, Any, str]:
+    """The data as the trainer loads it: every row checked, splits and eval fraction, the format.
+    A Hub data set is downloaded first and read as local files; its identity stays the Hub commit's
+    (what the trainer records without preparation)."""
+    from . import build, data_check
+
+    src, local = cfg.spec.dataset, cfg
+    identity: DataCheck | None = None
+    if src.name:
+        local, sha = download_dataset(cfg, root)
+        identity = data_check.check(src.model_copy(update={"revision": sha}))
+    try:
+        checked = build.check_data(local)
+        train, evaluation, fmt = build.build_datasets(local, checked)
+    except DataError as e:
+        raise Refused(data_refusal(str(e)), str(e)) from e
     if len(train) == 0:
-        where = cfg.spec.dataset.name or cfg.spec.dataset.path
-        raise Refused(Refusal.DATASET_EMPTY, f"{where}: split {cfg.spec.dataset.split!r} has no rows")
+        where = src.name or src.path
+        raise Refused(Refusal.DATASET_EMPTY, f"{where}: split {src.split!r} has no rows")
+    if identity is not None:
+        checked = DataCheck(
+            format=fmt, data_hash=identity.data_hash, revision=identity.revision, rows=checked.rows
+        )
     return checked, train, evaluation, fmt
 
 
@@ -103,8 +152,6 @@ def tokenize(cfg: TrainerConfig, tokenizer: Any, dataset: Any, name: str) -> Any
         return SFTTrainer._prepare_dataset(decided, dataset, tokenizer, args, False, None, name)
     except RuntimeError as e:
         if "no assistant tokens" in str(e):
-            from .prepare import Refused
-
             raise Refused(
                 Refusal.NO_ASSISTANT_TURNS,
                 f"{name}: an example has no assistant tokens under the chat template (it may lack "
@@ -147,7 +194,6 @@ def stats(cfg: TrainerConfig, train: Any, evaluation: Any) -> DataStats:
 
 
 def check_truncation(cfg: TrainerConfig, data: DataStats) -> None:
-    from .prepare import Refused
 
     allowed = cfg.spec.preparation.max_truncated_fraction
     if data.truncated_fraction > allowed:
@@ -160,7 +206,6 @@ def check_truncation(cfg: TrainerConfig, data: DataStats) -> None:
 
 
 def check_template(cfg: TrainerConfig, has_template: bool, fmt: str) -> None:
-    from .prepare import Refused
 
     if fmt == DatasetFormat.MESSAGES and not has_template:
         where = cfg.spec.model.name or cfg.spec.model.path
