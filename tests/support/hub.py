@@ -1,27 +1,43 @@
-"""A stand-in for the Hugging Face Hub, for tests: the Hub cannot be reached here.
+"""The stand-in for the Hugging Face Hub in tests (the only one): the Hub cannot be reached here.
 
-An HTTP server on 127.0.0.1 that serves model and data set repositories from local folders through
-the part of the Hub's protocol that ``huggingface_hub`` uses to resolve and download
-(``HF_ENDPOINT=<endpoint>``):
+An HTTP server on 127.0.0.1 (a free port, a background thread) that serves model and data set
+repositories from local folders through the part of the Hub's protocol that ``huggingface_hub``
+(``snapshot_download``, ``hf_hub_download``, ``HfApi.model_info``/``dataset_info``, ``HfFileSystem``),
+``transformers`` and ``datasets.load_dataset`` use to resolve and download:
 
-- ``GET /api/{models,datasets}/<repo>/revision/<revision>``: the repository's info (``sha``,
-  ``siblings``);
-- ``GET /api/{models,datasets}/<repo>/tree/<revision>``: its files (``recursive``, no pagination);
+- ``GET /api/{models,datasets}/<repo>[/revision/<revision>]``: the repository's info (``id``,
+  ``sha``, ``siblings`` [{``rfilename``}], ``private``);
+- ``GET /api/{models,datasets}/<repo>/tree/<revision>[/<path>]``: files and folders (``recursive``),
+  no pagination; ``POST .../paths-info/<revision>`` (form ``paths=``): the same entries for given paths;
 - ``HEAD``/``GET /<repo>/resolve/<revision>/<file>`` (``/datasets/<repo>/...`` for data sets):
-  the file, with ``X-Repo-Commit``, ``ETag`` and ``Content-Length`` (a ``Range`` request resumes).
+  the file, with ``X-Repo-Commit``, ``ETag`` (sha256 of the content) and ``Content-Length``; a
+  ``Range: bytes=N-`` request answers 206 with ``Content-Range``.
 
-A repository's commit is a hash of its files' names and contents; ``main`` and the commit itself
-resolve to it. Errors carry the ``X-Error-Code`` header the library maps to its exceptions: 404
-``RepoNotFound``, ``RevisionNotFound``, ``EntryNotFound``; a gated repository answers 401
-``GatedRepo`` without its token and 403 with another one. Every request is counted
-(:meth:`HubStandIn.request_count`), so a test can tell that a process made none.
+A repository's commit is a 40-hex hash of its files' names and contents (stable; it changes when a
+file does; ``add_model`` again to rescan); ``main`` and the commit itself resolve to it. Errors carry
+the ``X-Error-Code`` header that ``huggingface_hub.utils.hf_raise_for_status`` maps to its exceptions:
+404 ``RepoNotFound`` -> RepositoryNotFoundError, 404 ``RevisionNotFound`` -> RevisionNotFoundError,
+404 ``EntryNotFound`` -> RemoteEntryNotFoundError; a gated repository answers 401 ``GatedRepo``
+without a token and 403 ``GatedRepo`` with another one (both -> GatedRepoError) and serves only
+``Authorization: Bearer <gated_token>``. Every request is recorded as (method, path with query):
+:attr:`HubStandIn.requests`, :meth:`request_count`, :meth:`requests_since`, :meth:`reset_counts`,
+so a test can tell that a process made none.
 
-Not implemented: uploads, Xet and LFS pointers, pagination, ``expand``, the datasets server, and
-any other endpoint (they answer 404).
+Not implemented: uploads and commits, Xet and LFS pointers (no ``X-Linked-Etag``/``X-Xet-*``),
+redirects, branches/tags other than ``main``, pagination, ``expand``, the datasets server, and any
+other endpoint (404).
 
-Use: ``hub = HubStandIn(tmp); hub.add_model("org/name", folder)``; then a process started with
-``HF_ENDPOINT=hub.endpoint`` (``huggingface_hub`` reads it when it is imported: set it in the
-environment of a new process, as the pods and the trainer processes of the tests are).
+Use::
+
+    hub = HubStandIn(tmp); sha = hub.add_model("org/name", folder)  # add_dataset(...), gated_token=
+    env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp / "hf")}
+    subprocess.run([sys.executable, "-m", ...], env=env)  # then hub.stop()
+
+``huggingface_hub`` reads ``HF_ENDPOINT`` into ``huggingface_hub.constants.ENDPOINT`` (and the URL
+templates) when it is imported, so setting the variable in a test process that has already imported it
+does nothing: run the client in a new process with the variable in its environment (as the trainer's
+pods and the e2e/cluster tests do). Pass no ``HF_TOKEN`` unless the test means to (a gated repository
+sees it), and give each process a fresh ``HF_HOME`` unless it should reuse a filled cache.
 """
 
 from __future__ import annotations
@@ -33,7 +49,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 
 @dataclass
@@ -71,6 +87,9 @@ class HubStandIn:
                 return
 
             def do_GET(self) -> None:
+                hub._answer(self, body=True)
+
+            def do_POST(self) -> None:
                 hub._answer(self, body=True)
 
             def do_HEAD(self) -> None:
@@ -122,6 +141,13 @@ class HubStandIn:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> HubStandIn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     # --- the protocol -------------------------------------------------------------------------------
 
@@ -144,11 +170,13 @@ class HubStandIn:
 
     def _route(self, req: BaseHTTPRequestHandler, path: str, *, body: bool) -> None:
         parts = path.strip("/").split("/")
-        if parts[0] == "api" and len(parts) >= 6 and parts[1] in ("models", "datasets"):
+        if parts[0] == "api" and len(parts) >= 4 and parts[1] in ("models", "datasets"):
             kind = parts[1][:-1]
             repo = self._repo(req, kind, f"{parts[2]}/{parts[3]}")
-            if parts[4] == "revision":
-                self._revision(repo, parts[5])
+            if len(parts) == 4:  # model_info()/dataset_info() without a revision: main
+                parts += ["revision", "main"]
+            if len(parts) >= 6 and parts[4] == "revision":
+                self._revision(repo, "/".join(parts[5:]))
                 siblings = [{"rfilename": name} for name in repo.files]
                 info = {
                     "id": f"{parts[2]}/{parts[3]}",
@@ -157,15 +185,17 @@ class HubStandIn:
                     "private": False,
                 }
                 return _json(req, info, body=body)
-            if parts[4] == "tree":
+            if len(parts) >= 6 and parts[4] == "tree":
                 self._revision(repo, parts[5])
-                prefix = "/".join(parts[6:])
-                tree = [
-                    {"type": "file", "path": name, "size": size, "oid": digest[:40]}
-                    for name, (size, digest) in repo.files.items()
-                    if name.startswith(prefix)
-                ]
-                return _json(req, tree, body=body)
+                recursive = parse_qs(urlparse(req.path).query).get("recursive", [""])[0].lower() == "true"
+                return _json(req, _tree(repo, "/".join(parts[6:]), recursive=recursive), body=body)
+            if len(parts) == 6 and parts[4] == "paths-info" and req.command == "POST":
+                self._revision(repo, parts[5])
+                wanted = _form(req).get("paths", [])
+                entries = {e["path"]: e for e in _tree(repo, "", recursive=True)}
+                return _json(
+                    req, [entries[p.strip("/")] for p in wanted if p.strip("/") in entries], body=body
+                )
         kind = "model"
         if parts[0] == "datasets":
             kind, parts = "dataset", parts[1:]
@@ -206,6 +236,8 @@ class HubStandIn:
         req.send_header("X-Repo-Commit", repo.sha)
         req.send_header("ETag", f'"{digest}"')
         req.send_header("Content-Length", str(size - start))
+        if start:
+            req.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
         req.send_header("Content-Type", "application/octet-stream")
         req.end_headers()
         if body:
@@ -226,3 +258,31 @@ def _json(req: BaseHTTPRequestHandler, data: Any, *, body: bool) -> None:
     req.end_headers()
     if body:
         req.wfile.write(payload)
+
+
+def _tree(repo: Repo, prefix: str, *, recursive: bool) -> list[dict[str, Any]]:
+    """The files and folders under ``prefix`` (its children, or all below it), as the tree API lists them."""
+    entries: dict[str, dict[str, Any]] = {}
+    for name, (size, digest) in repo.files.items():
+        entries[name] = {"type": "file", "path": name, "size": size, "oid": digest[:40]}
+        folders = name.split("/")[:-1]
+        for i in range(1, len(folders) + 1):
+            folder = "/".join(folders[:i])
+            entries.setdefault(folder, {"type": "directory", "path": folder, "oid": "0" * 40, "size": 0})
+    prefix = prefix.strip("/")
+    base = f"{prefix}/" if prefix else ""
+    if prefix in repo.files:
+        return [entries[prefix]]
+    if prefix and prefix not in entries:
+        raise _HubError(404, "EntryNotFound", f"{prefix} does not exist")
+    below = [e for path, e in sorted(entries.items()) if path.startswith(base)]
+    return below if recursive else [e for e in below if "/" not in e["path"][len(base) :]]
+
+
+def _form(req: BaseHTTPRequestHandler) -> dict[str, list[str]]:
+    """The body of a POST: form-encoded (as ``huggingface_hub`` sends it) or JSON."""
+    raw = req.rfile.read(int(req.headers.get("Content-Length") or 0)).decode()
+    if (req.headers.get("Content-Type") or "").startswith("application/json"):
+        data = json.loads(raw or "{}")
+        return {k: v if isinstance(v, list) else [str(v)] for k, v in data.items()}
+    return parse_qs(raw)
