@@ -160,7 +160,8 @@ class HubStandIn:
         except _HubError as e:
             payload = json.dumps({"error": e.message}).encode()
             req.send_response(e.status)
-            req.send_header("X-Error-Code", e.code)
+            if e.code:
+                req.send_header("X-Error-Code", e.code)
             req.send_header("X-Error-Message", e.message)
             req.send_header("Content-Type", "application/json")
             req.send_header("Content-Length", str(len(payload)))
@@ -203,7 +204,7 @@ class HubStandIn:
             repo = self._repo(req, kind, f"{parts[0]}/{parts[1]}")
             self._revision(repo, parts[3])
             return self._file(req, repo, "/".join(parts[4:]), body=body)
-        raise _HubError(404, "EntryNotFound", f"no such endpoint {path}")
+        raise _HubError(404, "", f"the Hub stand-in does not implement {req.command} {path}")
 
     def _repo(self, req: BaseHTTPRequestHandler, kind: str, repo_id: str) -> Repo:
         repo = self.repos.get((kind, repo_id))
