@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kubetune_api.rules import TRAINING_OPERATOR_ENV
-from kubetune_api.spec import FineTuneJob
+from kubetune_api.spec import EnvVar, FineTuneJob
 from kubetune_api.trainer_config import CONFIG_PATH, TrainerConfig, load_manifest
 from kubetune_cli.render import dump_yaml
 from kubetune_operator import builders
@@ -404,6 +404,10 @@ def test_preparation_job() -> None:
     assert train_env["HF_HUB_OFFLINE"] == "1"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert "/var/lib/kubetune" in mounts  # the checkpoint volume the trainer reads the prepared files from
+    # a job that wants its trainer online says so in spec.env: its value is the only one
+    online = example("qwen3-4b-full.yaml", spec__env=[EnvVar(name="HF_HUB_OFFLINE", value="0")])
+    names = [e["name"] for e in _master(builders.build_pytorchjob(online, SETTINGS))["containers"][0]["env"]]
+    assert names.count("HF_HUB_OFFLINE") == 1 and names.count("HF_DATASETS_OFFLINE") == 1
 
 
 def test_render_cli(capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,7 +108,9 @@ def succeeded(*conditions: dict[str, Any], model: Any = MODEL) -> dict[str, Any]
 
 
 NAN, INF = float("nan"), float("inf")
-PREPARING = "preparation Job j-prepare is downloading the model and the data, checking, tokenizing and estimating"
+PREPARING = (
+    "preparation Job j-prepare is downloading the model and the data, checking, tokenizing and estimating"
+)
 REFUSED = "data/chat.jsonl has no rows. Point spec.dataset at a file that holds examples. Nothing was started on a GPU"
 PROGRESS = {"step": 25, "totalSteps": 50, "percent": 50, "loss": 1.5, "etaSeconds": 600}
 

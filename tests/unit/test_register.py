@@ -220,7 +220,9 @@ def test_log_filter_redacts_messages_and_tracebacks(monkeypatch: pytest.MonkeyPa
 
 def test_lineage_tags_name_the_sources_and_never_a_secret(tmp_path: Path) -> None:
     cfg = make_config(tmp_path, "http://mlflow:5000")
-    tags = register.lineage_tags(cfg)
+    versions = {k: v for k, v in register.lineage_tags(cfg).items() if k.startswith("kubetune.version.")}
+    assert versions["kubetune.version.transformers"] and versions["kubetune.version.peft"]
+    tags = {k: v for k, v in register.lineage_tags(cfg).items() if k not in versions}
     assert tags == {
         "kubetune.job.name": "unit-job",
         "kubetune.job.namespace": "ns",
@@ -234,7 +236,7 @@ def test_lineage_tags_name_the_sources_and_never_a_secret(tmp_path: Path) -> Non
         "kubetune.lora_merged": "true",
     }
     # The alias may change later without making it another model.
-    assert register.lineage_tags(make_config(tmp_path, "http://m", alias="other")) == tags
+    assert register.lineage_tags(make_config(tmp_path, "http://m", alias="other")) == {**tags, **versions}
 
 
 # --- results --------------------------------------------------------------------------------------------

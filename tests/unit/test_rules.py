@@ -328,7 +328,8 @@ def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
         for container in _containers(obj):
             names |= {e["name"] for e in container.get("env", [])}
             mounts |= {m["mountPath"] for m in container.get("volumeMounts", [])}
-    assert names <= set(rules.POD_ENV) | set(spec.OPERATOR_ENV), names - set(rules.POD_ENV)
+    known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(rules.DEFAULTED_ENV)
+    assert names <= known, names - known
     assert mounts <= set(rules.KUBETUNE_MOUNTS), mounts
 
 
