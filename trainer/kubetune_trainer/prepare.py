@@ -343,7 +343,7 @@ def _save(dataset: Any, folder: Path) -> None:
 def _tokenized(
     cfg: TrainerConfig, root: Path, key: str, tokenizer: Any, train: Any, evaluation: Any
 ) -> tuple[Any, Any, bool]:
-    """The tokenized splits: from the volume when this key is there, else tokenized and saved."""
+    """The tokenized splits: from the volume when this key is there (True), else tokenized (False)."""
     from datasets import load_from_disk
 
     from .prepare_data import tokenize
@@ -353,15 +353,19 @@ def _tokenized(
         log.info("tokenized data %s: already on the volume", key)
         evaluation_tok = load_from_disk(str(folder / "eval")) if (folder / "eval").is_dir() else None
         return load_from_disk(str(folder / "train")), evaluation_tok, True
-    folder.mkdir(parents=True, exist_ok=True)
     train_tok = tokenize(cfg, tokenizer, train, "train")
-    _save(train_tok, folder / "train")
-    eval_tok = None
+    eval_tok = tokenize(cfg, tokenizer, evaluation, "eval") if evaluation is not None else None
+    return train_tok, eval_tok, False
+
+
+def _save_tokenized(root: Path, key: str, train: Any, evaluation: Any) -> None:
+    """Both splits, then the COMPLETE marker: a folder without it is never read."""
+    folder = root / DATA_DIR / key
+    folder.mkdir(parents=True, exist_ok=True)
+    _save(train, folder / "train")
     if evaluation is not None:
-        eval_tok = tokenize(cfg, tokenizer, evaluation, "eval")
-        _save(eval_tok, folder / "eval")
+        _save(evaluation, folder / "eval")
     (folder / "COMPLETE").write_text(json.dumps({"key": key, "layout": LAYOUT_VERSION}))
-    return load_from_disk(str(folder / "train")), eval_tok, False
 
 
 def _estimate(cfg: TrainerConfig, model_dir: Path, data: DataStats) -> Any:
@@ -398,6 +402,8 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
     data = stats(cfg, train_tok, eval_tok)
     check_truncation(cfg, data)
     est = _estimate(cfg, model_dir, data)
+    if not reused:  # only what passed every check is kept
+        _save_tokenized(root, key, train_tok, eval_tok)
     tokenized_hash = folder_hash(root / DATA_DIR / key)
     src = cfg.spec.dataset
     report = PreparationReport(

@@ -1,0 +1,161 @@
+"""Each refusal of the preparation step from a real bad input (files on disk, the tiny model), the
+command's exit code and termination message, and the report's numbers against the data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.e2e.conftest import TINY_DATA, trainer_config
+
+from kubetune_api.preparation import (
+    HINTS,
+    MANIFEST_FILE,
+    REPORT_FILE,
+    PreparationRefusal,
+    PreparationReport,
+    Refusal,
+    parse_termination_message,
+)
+from kubetune_api.trainer_config import TrainerConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kubetune_trainer.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", TINY_DATA)
+
+
+def config(tmp_path: Path, model: Path, data: Path | None = None, **training: Any) -> TrainerConfig:
+    dataset = {"path": str(data or TINY_DATA), "format": "messages"}
+    return TrainerConfig.load(trainer_config(tmp_path / "out", model, dataset=dataset, **training))
+
+
+def refused(cfg: TrainerConfig) -> PreparationRefusal:
+    from kubetune_trainer.prepare import Refused, prepare
+
+    with pytest.raises(Refused) as info:
+        prepare(cfg)
+    assert not (Path(cfg.output_dir) / "prepared" / "data").exists() or not any(
+        (Path(cfg.output_dir) / "prepared" / "data").glob("*/COMPLETE")
+    ), "a refused preparation left tokenized data behind"
+    return info.value.refusal
+
+
+def write(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_an_empty_file(tmp_path: Path, tiny_model: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    r = refused(config(tmp_path, tiny_model, tmp_path / "empty.jsonl"))
+    assert r.reason == Refusal.DATASET_EMPTY and "empty.jsonl" in r.message and r.hint == HINTS[r.reason]
+
+
+def test_wrong_columns_name_the_column_and_the_row(tmp_path: Path, tiny_model: Path) -> None:
+    data = write(tmp_path / "qa.jsonl", [{"question": "hi", "answer": "hello"}] * 5)
+    r = refused(config(tmp_path, tiny_model, data))
+    assert r.reason == Refusal.DATASET_SCHEMA
+    assert "'messages'" in r.message and "'question'" in r.message
+
+
+def test_chat_rows_without_an_assistant_turn_under_assistant_only_loss(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 3
+    rows.append({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]})
+    data = write(tmp_path / "chat.jsonl", rows)
+    r = refused(config(tmp_path, tiny_model, data, assistantOnlyLoss=True))
+    assert r.reason == Refusal.NO_ASSISTANT_TURNS and "line 4" in r.message
+
+
+def test_a_model_folder_without_a_chat_template(tmp_path: Path, tiny_model: Path) -> None:
+    model = tmp_path / "no-template"
+    shutil.copytree(tiny_model, model)
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    conf.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(conf))
+    for extra in model.glob("chat_template.*"):
+        extra.unlink()
+    r = refused(config(tmp_path, model))
+    assert r.reason == Refusal.CHAT_TEMPLATE_MISSING and str(model) in r.message
+
+
+def test_mostly_truncated_with_the_threshold_the_spec_sets(tmp_path: Path, tiny_model: Path) -> None:
+    r = refused(config(tmp_path, tiny_model, maxLength=32))
+    assert r.reason == Refusal.MOSTLY_TRUNCATED
+    assert "maxLength 32" in r.message and "50%" in r.message
+    # the user's threshold: allowed
+    from kubetune_trainer.prepare import prepare
+
+    cfg = config(tmp_path, tiny_model, maxLength=32)
+    cfg.spec.preparation.max_truncated_fraction = 0.9
+    assert prepare(cfg).data.truncated_fraction > 0.5
+
+
+def test_a_model_path_with_no_model(tmp_path: Path) -> None:
+    r = refused(config(tmp_path, tmp_path / "nothing-here"))
+    assert r.reason == Refusal.MODEL_NOT_FOUND and "nothing-here" in r.message
+
+
+def test_a_job_that_does_not_fit_its_gpu(tmp_path: Path, tiny_model: Path) -> None:
+    """A full fine-tune of a 70B-shaped config on one L4 (24 GiB): the estimate does not fit."""
+    big = tmp_path / "big"
+    shutil.copytree(tiny_model, big)
+    conf = json.loads((big / "config.json").read_text())
+    conf.update(hidden_size=8192, num_hidden_layers=80, intermediate_size=28672)
+    conf.pop("layer_types", None)
+    (big / "config.json").write_text(json.dumps(conf))
+    cfg = config(tmp_path, big)
+    spec = cfg.spec.model_copy(
+        update={
+            "method": "full",
+            "resources": cfg.spec.resources.model_copy(
+                update={"gpu_product": "NVIDIA-L4", "gpus_per_node": 1}
+            ),
+        }
+    )
+    r = refused(cfg.model_copy(update={"spec": spec}))
+    assert r.reason == Refusal.DOES_NOT_FIT
+    assert "24 GiB" in r.message and "NVIDIA-L4" in r.message and "What would fit" in r.message
+
+
+def test_the_report_counts_what_training_sees(tmp_path: Path, tiny_model: Path) -> None:
+    from kubetune_trainer.prepare import prepare
+
+    cfg = config(tmp_path, tiny_model, maxLength=64)
+    report = prepare(cfg)
+    rows = [line for line in TINY_DATA.read_text().splitlines() if line.strip()]
+    d = report.data
+    assert d.train_examples == len(rows) and d.eval_examples == 0
+    assert 0 < d.truncated_fraction < 0.5 and d.length_p50 <= d.length_p95 <= d.length_max
+    assert d.length_max > 64 and d.tokens < d.length_max * d.train_examples
+    assert 0 < d.loss_token_fraction <= 1
+    root = Path(cfg.output_dir)
+    assert PreparationReport.model_validate_json((root / REPORT_FILE).read_text()) == report
+    manifest = json.loads((root / MANIFEST_FILE).read_text())
+    assert manifest["data"]["key"] == report.tokenized_key
+    assert manifest["data"]["dataHash"] == report.dataset_hash
+
+
+def test_the_command_exit_codes_and_termination_messages(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubetune_trainer.prepare import main
+
+    term = tmp_path / "termination-log"
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(term))
+    good = trainer_config(tmp_path / "good", tiny_model)
+    assert main(["--config", str(good)]) == 0
+    assert isinstance(parse_termination_message(term.read_text()), PreparationReport)
+    (tmp_path / "empty.jsonl").write_text("")
+    bad = trainer_config(tmp_path / "bad", tiny_model, dataset={"path": str(tmp_path / "empty.jsonl")})
+    assert main(["--config", str(bad)]) == 2
+    refusal = parse_termination_message(term.read_text())
+    assert isinstance(refusal, PreparationRefusal) and refusal.reason == Refusal.DATASET_EMPTY
+    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
