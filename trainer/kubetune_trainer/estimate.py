@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
+from typing import Any
 
 from kubetune_api.preparation import DataStats, Estimate
-from kubetune_api.spec import Method
+from kubetune_api.spec import Method, Toggle
 from kubetune_api.trainer_config import TrainerConfig
 
 from .plan import (
@@ -51,6 +51,10 @@ GPU_MEMORY_GIB = {
     "NVIDIA-A10": 24,
 }
 DEFAULT_MEMORY_GIB = 80
+# spec.training.tokensPerStep's bounds (the CRD's)
+MIN_TOKENS_PER_STEP, MAX_TOKENS_PER_STEP = 256, 4_194_304
+# GPU counts offered when a full fine-tune does not fit (the first that fits is named)
+MORE_GPUS = (2, 4, 8, 16, 32, 64, 128, 256)
 _GB = re.compile(r"(\d+)GB", re.IGNORECASE)
 
 
@@ -83,6 +87,7 @@ def _param_bytes(plan: Plan) -> int:
 
 
 def _peak(shape: ModelShape, plan: Plan, tokens: int) -> int:
+    """The plan's memory model for one micro-step of ``tokens`` tokens in ``plan``'s layout."""
     return estimate_training_bytes(
         shape,
         lora=plan.lora,
@@ -94,23 +99,47 @@ def _peak(shape: ModelShape, plan: Plan, tokens: int) -> int:
     )
 
 
+def gpus(cfg: TrainerConfig) -> int:
+    """GPUs the job asks for in all: nodes x gpusPerNode (0: CPU training)."""
+    res = cfg.spec.resources
+    return res.nodes * res.gpus_per_node
+
+
 def _plan(
     cfg: TrainerConfig, shape: ModelShape, world: int, *, lora: bool | None = None
 ) -> tuple[Plan, Hardware, str, bool]:
-    res = cfg.spec.resources
-    hw, product, assumed = gpu_hardware(res.gpu_product, world)
+    """The trainer's plan on ``world`` GPUs of the job's product (method as the spec says, or ``lora``)."""
+    hw, product, assumed = gpu_hardware(cfg.spec.resources.gpu_product, world)
     use_lora = cfg.spec.method == Method.LORA if lora is None else lora
     return make_plan(cfg.spec.training, hw, shape=shape, lora=use_lora), hw, product, assumed
 
 
+def _fits(
+    cfg: TrainerConfig, shape: ModelShape, world: int, *, lora: bool | None = None
+) -> tuple[bool, Plan]:
+    """Whether the plan's own layout on ``world`` GPUs fits MEMORY_HEADROOM of one GPU, and the plan."""
+    plan, hw, _, _ = _plan(cfg, shape, world, lora=lora)
+    assert hw.gpu_memory_bytes is not None
+    peak = _peak(shape, plan, plan.per_device_batch_size * cfg.spec.training.max_length)
+    return peak <= MEMORY_HEADROOM * hw.gpu_memory_bytes, plan
+
+
 def estimate(cfg: TrainerConfig, shape: ModelShape, data: DataStats) -> Estimate:
-    """The estimate for the GPUs the job asks for (nodes x gpusPerNode, at least one)."""
-    res, t = cfg.spec.resources, cfg.spec.training
-    world = max(1, res.nodes * res.gpus_per_node)
+    """The estimate for the GPUs the job asks for (nodes x gpusPerNode).
+
+    Steps: ``maxSteps``, or the epochs' rows over the rows of an optimizer step (per-GPU micro-step
+    rows x accumulation x GPUs, as the trainer's TRL arguments count them); with packing a row is
+    maxLength tokens, so an epoch is ``ceil(tokens / maxLength)`` rows. CPU training (0 GPUs) has
+    nothing GPU-sized to estimate: ``ValueError`` (the preparation step reports no estimate then).
+    """
+    t = cfg.spec.training
+    world = gpus(cfg)
+    if world < 1:
+        raise ValueError("CPU training (gpusPerNode 0): no GPU estimate")
     plan, hw, product, assumed = _plan(cfg, shape, world)
+    assert hw.gpu_memory_bytes is not None
     micro_tokens = plan.per_device_batch_size * t.max_length
     peak = _peak(shape, plan, micro_tokens)
-    assert hw.gpu_memory_bytes is not None
     step_tokens = micro_tokens * plan.gradient_accumulation_steps * world
     if t.max_steps is not None:
         steps = t.max_steps
@@ -146,49 +175,72 @@ def estimate(cfg: TrainerConfig, shape: ModelShape, data: DataStats) -> Estimate
     )
 
 
-def _largest_fitting_tokens(cfg: TrainerConfig, shape: ModelShape, plan: Plan, budget: float) -> int | None:
-    """The largest tokensPerStep (maxLength times a power of two) whose micro-step fits with
-    recomputation; None when not even one row does."""
-    length = cfg.spec.training.max_length
-    lean = replace(plan, gradient_checkpointing=True)
-    if _peak(shape, lean, length) > budget:
+def _with_training(cfg: TrainerConfig, **update: Any) -> TrainerConfig:
+    training = cfg.spec.training.model_copy(update=update)
+    return cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"training": training})})
+
+
+def largest_tokens_per_step(cfg: TrainerConfig, shape: ModelShape) -> int | None:
+    """The largest ``spec.training.tokensPerStep`` (maxLength times a power of two, within the spec's
+    bounds) whose plan fits the job's GPUs; None without packing (tokensPerStep needs it) or when not
+    even one row of maxLength fits."""
+    t = cfg.spec.training
+    if not t.packing:
         return None
+    best = None
     rows = 1
-    while rows < 4096 and _peak(shape, lean, 2 * rows * length) <= budget:
-        rows *= 2
-    return max(256, rows * length)
+    while rows * t.max_length <= MAX_TOKENS_PER_STEP:
+        tokens = max(MIN_TOKENS_PER_STEP, rows * t.max_length)
+        fits, _ = _fits(_with_training(cfg, tokens_per_step=tokens), shape, gpus(cfg))
+        if not fits:
+            break
+        best, rows = tokens, rows * 2
+    return best
+
+
+def _alternatives(cfg: TrainerConfig, shape: ModelShape, world: int) -> list[str]:
+    """What the plan says would fit instead: each checked with make_plan as the trainer would plan it."""
+    t, options = cfg.spec.training, []
+    tokens = largest_tokens_per_step(cfg, shape)
+    if tokens is not None:
+        options.append(
+            f"spec.training.tokensPerStep: {tokens} ({tokens // t.max_length} rows of maxLength a micro-step)"
+        )
+    never = str(t.gradient_checkpointing) == Toggle.NEVER
+    if never and _fits(_with_training(cfg, gradient_checkpointing=Toggle.AUTO), shape, world)[0]:
+        options.append("spec.training.gradientCheckpointing: auto (recompute activations)")
+    if cfg.spec.method == Method.FULL:
+        for more in MORE_GPUS:
+            if more <= world:
+                continue
+            fits, wider = _fits(cfg, shape, more)
+            if fits:
+                options.append(
+                    f"{more} GPUs (spec.resources nodes x gpusPerNode; the plan shards with {wider.sharding})"
+                )
+                break
+        if _fits(cfg, shape, world, lora=True)[0]:
+            options.append("method: lora instead of full")
+    return options
 
 
 def does_not_fit(cfg: TrainerConfig, shape: ModelShape, data: DataStats, est: Estimate) -> str | None:
-    """None when the estimate fits; else what it needs against what the GPU holds, and what would fit."""
+    """None when the estimate fits; else its peak against the GPU's memory, and what would fit.
+
+    "Fits" is the plan's own layout: where nothing fits, make_plan falls back to one row per
+    micro-step with recomputation (auto), and that layout's peak is what is compared.
+    """
     if est.fits:
         return None
-    budget = MEMORY_HEADROOM * est.gpu_memory_gib * 2**30
-    res = cfg.spec.resources
-    world = max(1, res.nodes * res.gpus_per_node)
-    plan, _, _, _ = _plan(cfg, shape, world)
     message = (
-        f"estimated peak {est.peak_memory_gib:.0f} GiB per GPU, above {MEMORY_HEADROOM:.0%} of the "
-        f"{est.gpu_memory_gib:.0f} GiB of one {est.gpu_product} ({est.micro_batch_tokens} tokens a micro-step, "
+        f"estimated peak {est.peak_memory_gib:.1f} GiB per GPU, above {MEMORY_HEADROOM:.0%} of the "
+        f"{est.gpu_memory_gib:.0f} GiB of one {est.gpu_product} ({est.gpus} GPU{'s' if est.gpus != 1 else ''}, "
+        f"{est.micro_batch_tokens} tokens a micro-step, "
         f"{'with' if est.gradient_checkpointing else 'without'} recomputation, sharding {est.sharding})"
     )
-    options: list[str] = []
-    tokens = _largest_fitting_tokens(cfg, shape, plan, budget)
-    if tokens is not None and cfg.spec.training.packing:
-        options.append(f"spec.training.tokensPerStep: {tokens} (with gradientCheckpointing: always)")
-    if cfg.spec.method == Method.FULL:
-        for gpus in (2, 4, 8, 16, 32, 64):
-            if gpus <= world:
-                continue
-            wider, _, _, _ = _plan(cfg, shape, gpus)
-            if _peak(shape, wider, wider.per_device_batch_size * cfg.spec.training.max_length) <= budget:
-                options.append(
-                    f"{gpus} GPUs (resources.nodes x gpusPerNode; {wider.sharding} shards the weights)"
-                )
-                break
-        lora, _, _, _ = _plan(cfg, shape, world, lora=True)
-        if _peak(shape, lora, lora.per_device_batch_size * cfg.spec.training.max_length) <= budget:
-            options.append("method: lora instead of full")
+    options = _alternatives(cfg, shape, est.gpus)
     if options:
         return f"{message}. What would fit: " + "; or ".join(options)
-    return f"{message}. Nothing kubetune can plan fits this GPU: a GPU with more memory is needed"
+    return (
+        f"{message}. Nothing kubetune can plan fits this GPU: a smaller maxLength or a GPU with more memory"
+    )
