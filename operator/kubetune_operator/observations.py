@@ -433,8 +433,10 @@ def preparation_observation(
             parsed = parse_termination_message(message)
             if parsed is not None:
                 outcome = parsed
-            elif message:
-                tail = message[-500:]
+            elif message or term.get("reason") not in (None, "Completed", "Error"):
+                # the kubelet's reason says what the log cannot: OOMKilled
+                how = f"{term.get('reason')}, exit code {term.get('exitCode')}"
+                tail = f"({how}) {message[-500:]}".strip()
     conditions = {
         c.get("type"): c
         for c in (job.get("status") or {}).get("conditions") or []

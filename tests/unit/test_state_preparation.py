@@ -168,6 +168,10 @@ def test_observation_of_a_report_a_refusal_and_a_crash() -> None:
     assert refused.state == "Failed" and refused.refusal == refusal
     crash = preparation_observation(prep_job("Failed"), [pod(1, "Traceback ...\nMemoryError")], "prepare")
     assert crash.state == "Failed" and crash.refusal is None and "MemoryError" in crash.message
+    oom = pod(137, "")
+    oom["status"]["containerStatuses"][0]["state"]["terminated"]["reason"] = "OOMKilled"
+    killed = preparation_observation(prep_job("Failed"), [oom], "prepare")
+    assert killed.state == "Failed" and "OOMKilled, exit code 137" in killed.message
     # a stranger's pod with the same labels says nothing about this Job
     stranger = preparation_observation(
         prep_job("Complete"), [pod(0, termination_message(REPORT), owner="u2")], "prepare"
