@@ -1,6 +1,7 @@
 """The ``kubetune`` command.
 
     kubetune run examples/tiny-local.yaml --local   # fine-tune on this machine (CPU or GPU)
+    kubetune prepare job.yaml                         # check the data, estimate memory, time, cost
     kubetune render job.yaml                          # the manifests the operator would create
     kubetune watch <name>                             # follow a FineTuneJob in the cluster
     kubetune bench                                    # notebook configs vs kubetune defaults
@@ -19,6 +20,7 @@ import sys
 # (module, help) per sub-command; a module missing from this install is simply not offered.
 SUBCOMMANDS = {
     "run": "kubetune_cli.run",
+    "prepare": "kubetune_cli.prepare",
     "render": "kubetune_cli.render",
     "watch": "kubetune_cli.watch",
     "bench": "kubetune_cli.bench",

@@ -15,13 +15,17 @@ What happens:
    built there when missing: a random-init Qwen2-architecture model with a tokenizer trained on
    kubetune's own chat data, so nothing is downloaded. Other paths are used as they are; they
    must be absolute, as the API server requires (the same manifest runs in a cluster).
-3. Training writes checkpoints (``<output-dir>/checkpoints``, default output dir ``./runs/<name>``);
+3. The preparation step runs first (:mod:`kubetune_cli.prepare`): the data is checked and
+   tokenized once into ``<output-dir>/prepared``, and the report (examples, tokens, lengths,
+   and for a job that asks for GPUs the memory, time and GPU-hours estimate) is shown; a refusal
+   (empty data, no assistant turns, mostly truncated, ...) ends the run with exit code 2.
+4. Training writes checkpoints (``<output-dir>/checkpoints``, default output dir ``./runs/<name>``);
    run the same command again after an interruption and it resumes from the newest complete one.
-4. MLflow: ``--tracking-uri``, the manifest's ``registration.trackingUri``, ``MLFLOW_TRACKING_URI``,
+5. MLflow: ``--tracking-uri``, the manifest's ``registration.trackingUri``, ``MLFLOW_TRACKING_URI``,
    or a local sqlite store in the output folder, in that order. The trained model is registered
    there (``kubetune_trainer.register``). A tracking URI with credentials (``user:password@``),
    wherever it comes from, is refused: they go in ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``.
-5. It prints where everything is, and how to look at it (``mlflow ui ...``).
+6. It prints where everything is, and how to look at it (``mlflow ui ...``).
 
 Bad input (a manifest that is not a FineTuneJob, a field misspelt, data that cannot train: an
 empty file, a malformed line, a row without the format's column, an unknown chat role) ends the run
@@ -283,6 +287,14 @@ def _run_local(args: argparse.Namespace) -> int:
         ensure_tiny_assets(cache)
     checked = checked or train.check_data(cfg)
 
+    # the preparation step, as in a cluster: the data tokenized once into the run folder (training
+    # reads it from there), the report shown; a refusal ends the run before training
+    from .prepare import run_preparation
+
+    print(f"kubetune: preparing {cfg.job.name} into {out}", file=sys.stderr)
+    code = run_preparation(cfg, sys.stderr, sys.stderr)
+    if code != 0:
+        return code
     print(f"kubetune: training {cfg.job.name} into {out}", file=sys.stderr)
     print("kubetune: Ctrl-C saves a checkpoint and stops (twice: stop now)", file=sys.stderr)
     outcome = train.run(
