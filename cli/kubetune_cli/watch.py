@@ -1,6 +1,7 @@
 """``kubetune watch <name>``: follow a FineTuneJob until it ends.
 
-Shows the phase (and why, from the status conditions), a progress bar with the step, loss, tokens per
+Shows the phase (and why, from the status conditions), the preparation report once it is there
+(examples, tokens, lengths, and the estimate of memory, time and GPU-hours), a progress bar with the step, loss, tokens per
 second and ETA the trainer reports, then the registered model. On a terminal the progress line is
 redrawn in place; otherwise (CI logs, pipes) a line is printed whenever something changes.
 
@@ -24,7 +25,10 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from kubetune_api import spec as api
+from kubetune_api.preparation import PreparationReport
 from kubetune_api.status import ConditionType, Phase
+
+from .report import render_report
 
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
@@ -36,6 +40,7 @@ BAR_WIDTH = 24
 # Which condition explains each phase best.
 PHASE_CONDITION: dict[Phase, tuple[ConditionType, ...]] = {
     Phase.PENDING: (ConditionType.CHILDREN_READY, ConditionType.TRAINING, ConditionType.READY),
+    Phase.PREPARING: (ConditionType.PREPARED,),
     Phase.TRAINING: (ConditionType.TRAINING,),
     Phase.SUSPENDED: (ConditionType.SUSPENDED,),
     Phase.REGISTERING: (ConditionType.REGISTERED,),
@@ -155,6 +160,19 @@ def outcome(status: dict[str, Any]) -> str:
     return phase_reason(status) or "the FineTuneJob failed"
 
 
+def preparation_lines(status: dict[str, Any]) -> list[str]:
+    """The preparation report (status.preparation) as lines; none before it is there (or unreadable)."""
+    from pydantic import ValidationError
+
+    body = status.get("preparation")
+    if not isinstance(body, dict):
+        return []
+    try:
+        return render_report(PreparationReport.model_validate(body))
+    except ValidationError:
+        return []
+
+
 # --- following a stream of objects -----------------------------------------------------------------------
 
 
@@ -169,6 +187,7 @@ class Follower:
     _reason: str = ""
     _line: str = ""
     _drawn: bool = False
+    _prepared: bool = False
 
     def show(self, obj: dict[str, Any]) -> int | None:
         """Render one version; the exit status once the job has ended, else None."""
@@ -182,6 +201,12 @@ class Follower:
                 f"{stamp:>7}  {phase}" + (f": {reason}" if reason and phase not in FINAL else "") + "\n"
             )
             self._phase, self._reason = phase, reason
+        if not self._prepared:
+            lines = preparation_lines(status)
+            if lines:
+                self._end_line()
+                self._write("".join(f"         {line}\n" for line in lines))
+                self._prepared = True
         if phase in FINAL:
             self._end_line()
             self._write(outcome(status) + "\n")
