@@ -99,3 +99,31 @@ def test_a_job_too_big_for_its_gpu_is_refused_with_what_would_fit(tmp_path: Path
     assert f"refused: {Refusal.DOES_NOT_FIT}" in proc.stderr
     assert "24 GiB of one NVIDIA-L4" in proc.stderr and "spec.training.tokensPerStep: " in proc.stderr
     assert HINTS[Refusal.DOES_NOT_FIT] in proc.stderr
+
+
+def test_run_local_prepares_first_and_stops_at_a_refusal(tmp_path: Path) -> None:
+    # the tiny data's median example is ~36 tokens: at maxLength 16 most are cut, which only the
+    # preparation step (tokenized lengths) can see; training never starts
+    job = manifest(tmp_path)
+    spec = yaml.safe_load(job.read_text())
+    spec["spec"]["training"]["maxLength"] = 16
+    job.write_text(yaml.safe_dump(spec))
+    env = trainer_env()
+    env["HF_HUB_OFFLINE"] = "1"
+    env["KUBETUNE_CACHE"] = str(tmp_path.parent / "cache")
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kubetune_cli", "run", str(job), "--local", "--output-dir", str(out)],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert (
+        f"refused: {Refusal.MOSTLY_TRUNCATED}" in proc.stderr
+        and HINTS[Refusal.MOSTLY_TRUNCATED] in proc.stderr
+    )
+    assert "kubetune: training" not in proc.stderr and not (out / "checkpoints").exists()
