@@ -126,9 +126,6 @@ POD_ENV = (
     "MLFLOW_TRACKING_PASSWORD",
     *TRAINING_OPERATOR_ENV,  # PYTHONUNBUFFERED: kubetune sets it in the registration pod
 )
-# Set by kubetune on the trainer pods after the preparation step (they read the volume only), unless
-# spec.env names them: then the spec's value is the only one.
-DEFAULTED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 # Where kubetune mounts its own volumes in the trainer and registration pods: the checkpoint volume,
 # the trainer config, the caches, /tmp and the memory-backed /dev/shm (kubetune_operator.builders)
 KUBETUNE_MOUNTS = ("/var/lib/kubetune", "/etc/kubetune", "/var/cache/kubetune", "/tmp", "/dev/shm")

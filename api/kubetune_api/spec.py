@@ -62,6 +62,9 @@ SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CRE
 # Variables the operator sets on the trainer's pods itself. A spec.env entry of the same name would
 # replace KUBETUNE_CONFIG (set before spec.env: the later entry wins, and the trainer finds no
 # config) and silently lose to the other two (set after it); refused, so what the spec says runs.
+# Set by kubetune on the trainer pods after the preparation step (they read the volume only), unless
+# spec.env names them: then the spec's value is the only one.
+DEFAULTED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S", "KUBETUNE_IMAGE")
 
 

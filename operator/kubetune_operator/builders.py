@@ -38,7 +38,6 @@ from typing import Any
 
 from kubetune_api import spec as api
 from kubetune_api.preparation import EXIT_REFUSED
-from kubetune_api.rules import DEFAULTED_ENV
 from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
 
 from .settings import Settings
@@ -302,7 +301,7 @@ def _env(job: api.FineTuneJob, settings: Settings, *, training: bool = False) ->
         # the preparation Job put the model and the tokenized data on the volume: a (re)started
         # trainer reads them from there and never reaches for the Hub (unless spec.env says otherwise)
         own = {e.name for e in job.spec.env or []}
-        env += [{"name": name, "value": "1"} for name in DEFAULTED_ENV if name not in own]
+        env += [{"name": name, "value": "1"} for name in api.DEFAULTED_ENV if name not in own]
     secrets = job.spec.secrets
     if secrets is not None:
         for field, var in SECRET_ENV.items():

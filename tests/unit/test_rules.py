@@ -328,7 +328,7 @@ def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
         for container in _containers(obj):
             names |= {e["name"] for e in container.get("env", [])}
             mounts |= {m["mountPath"] for m in container.get("volumeMounts", [])}
-    known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(rules.DEFAULTED_ENV)
+    known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(spec.DEFAULTED_ENV)
     assert names <= known, names - known
     assert mounts <= set(rules.KUBETUNE_MOUNTS), mounts
 
