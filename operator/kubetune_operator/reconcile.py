@@ -259,13 +259,10 @@ def _children(
         wanted.append(pvc)
     wanted.append(builders.build_config_map(job, settings))
     for manifest in wanted:
-        result = ensure(ctx.kube, manifest, job)
-        if result.conflict:
-            seen.conflict = result.conflict
+        result = _ensure(ctx, job, manifest, seen)
+        if result is None:
             return
-        if result.created:
-            seen.created.append(manifest)
-        elif manifest["kind"] == "ConfigMap":
+        if not result.created and manifest["kind"] == "ConfigMap":
             sync_config(ctx.kube, result.obj, manifest)
     # Training that the status says succeeded is never started again: a PyTorchJob deleted since (by
     # hand, or by a TTL) is not created anew while the model registers; training stays Succeeded.
@@ -287,15 +284,24 @@ def _children(
     _training(ctx, job, seen)
 
 
-def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
-    """The PyTorchJob, created and observed (its pods when they do not start); then registration."""
-    manifest = builders.build_pytorchjob(job, ctx.settings)
+def _ensure(ctx: Context, job: api.FineTuneJob, manifest: dict[str, Any], seen: _Seen) -> Any:
+    """Create the child or read it (``children.ensure``); None, with ``seen.conflict`` set, when a
+    stranger's object has its name."""
     result = ensure(ctx.kube, manifest, job)
     if result.conflict:
         seen.conflict = result.conflict
-        return
+        return None
     if result.created:
         seen.created.append(manifest)
+    return result
+
+
+def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
+    """The PyTorchJob, created and observed (its pods when they do not start); then registration."""
+    manifest = builders.build_pytorchjob(job, ctx.settings)
+    result = _ensure(ctx, job, manifest, seen)
+    if result is None:
+        return
     pytorchjob = result.obj
     seen.training = observations.training_observation(pytorchjob)
     if pytorchjob is not None and seen.training.condition not in ("Succeeded", "Failed"):
@@ -315,12 +321,9 @@ def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
 def _preparation(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
     """The preparation Job, created and observed (with its pods' termination messages)."""
     manifest = builders.build_preparation_job(job, ctx.settings)
-    result = ensure(ctx.kube, manifest, job)
-    if result.conflict:
-        seen.conflict = result.conflict
+    result = _ensure(ctx, job, manifest, seen)
+    if result is None:
         return
-    if result.created:
-        seen.created.append(manifest)
     seen.children["preparationJob"] = builders.preparation_job_name(job)
     selector = _selector(job, builders.COMPONENT_PREPARATION)
     pods: list[dict[str, Any]] = []
@@ -335,12 +338,9 @@ def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
     ns, settings = job.metadata.namespace, ctx.settings
     if job.spec.registration.enabled:
         manifest = builders.build_registration_job(job, settings)
-        result = ensure(ctx.kube, manifest, job)
-        if result.conflict:
-            seen.conflict = result.conflict
+        result = _ensure(ctx, job, manifest, seen)
+        if result is None:
             return
-        if result.created:
-            seen.created.append(manifest)
         seen.children["registrationJob"] = builders.registration_job_name(job)
         seen.registration = _registration_observation(ctx, job, result.obj, builders.COMPONENT_REGISTRATION)
         return
