@@ -159,3 +159,100 @@ def test_the_command_exit_codes_and_termination_messages(
     refusal = parse_termination_message(term.read_text())
     assert isinstance(refusal, PreparationRefusal) and refusal.reason == Refusal.DATASET_EMPTY
     assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def _text_rows(path: Path) -> Path:
+    rows = [json.loads(line) for line in TINY_DATA.read_text().splitlines() if line.strip()]
+    texts = [" ".join(m["content"] for m in r["messages"]) for r in rows]
+    return write(path / "text.jsonl", [{"text": t} for t in texts])
+
+
+def _pc_rows(path: Path) -> Path:
+    rows = [json.loads(line) for line in TINY_DATA.read_text().splitlines() if line.strip()]
+    out = []
+    for r in rows:
+        msgs = r["messages"]
+        prompt = next(m["content"] for m in msgs if m["role"] == "user")
+        out.append(
+            {"prompt": prompt, "completion": next(m["content"] for m in msgs if m["role"] == "assistant")}
+        )
+    return write(path / "pc.jsonl", out)
+
+
+TOKEN_CASES = {
+    "messages-assistant-only": ("messages", True),
+    "messages": ("messages", False),
+    "prompt-completion": ("promptCompletion", False),
+    "text": ("text", False),
+}
+
+
+def _batches(trainer: Any, rows: int) -> list[dict[str, Any]]:
+    """What the trainer's collator hands the model: the first ``rows`` examples, in fours."""
+    data = trainer.train_dataset
+    return [
+        trainer.data_collator([data[i] for i in range(start, min(rows, start + 4))])
+        for start in range(0, rows, 4)
+    ]
+
+
+@pytest.mark.parametrize("case", list(TOKEN_CASES))
+def test_prepared_tokens_and_labels_equal_the_trainers_own(
+    case: str, tmp_path: Path, tiny_model: Path
+) -> None:
+    """Token for token: TRL's SFTTrainer on the raw rows and on the prepared splits gives its
+    collator (and so the model) the same input_ids and the same labels (assistant / completion
+    masks applied), truncated at maxLength alike."""
+    from datasets import load_dataset, load_from_disk
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from kubetune_trainer.build import keep_columns
+    from kubetune_trainer.chat import ensure_chat_format
+    from kubetune_trainer.prepare import prepare, prepared
+
+    fmt, assistant_only = TOKEN_CASES[case]
+    data = {"messages": TINY_DATA, "promptCompletion": _pc_rows(tmp_path), "text": _text_rows(tmp_path)}[fmt]
+    cfg = TrainerConfig.load(
+        trainer_config(
+            tmp_path / "out",
+            tiny_model,
+            dataset={"path": str(data), "format": fmt},
+            maxLength=48,
+            assistantOnlyLoss=assistant_only,
+        )
+    )
+    prepare(cfg)
+    found = prepared(cfg)
+    assert found is not None and found.model_dir is None
+
+    def trainer(dataset: Any, aol: bool) -> Any:
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model)
+        ensure_chat_format(model, tokenizer)
+        args = SFTConfig(
+            output_dir=str(tmp_path / "scratch"),
+            max_length=48,
+            packing=False,
+            assistant_only_loss=aol,
+            dataset_text_field="text",
+            report_to="none",
+            use_cpu=True,
+            per_device_train_batch_size=4,
+        )
+        return SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+    raw = keep_columns(load_dataset("json", data_files=str(data), split="train"), fmt)
+    own = trainer(raw, assistant_only)
+    ours = trainer(load_from_disk(str(found.train_dir)), False)
+    rows = len(own.train_dataset)
+    assert rows == len(ours.train_dataset) > 0
+    loss_tokens = 0
+    for a, b in zip(_batches(own, rows), _batches(ours, rows), strict=True):
+        assert a["input_ids"].tolist() == b["input_ids"].tolist()
+        assert a["labels"].tolist() == b["labels"].tolist()
+        loss_tokens += int((a["labels"] != -100).sum())
+        # assistant-only and completion-only loss mask the rest; plain chat and text train on all
+        masked = int((a["labels"] != -100).sum()) < int(a["attention_mask"].sum())  # padding aside
+        assert masked == (assistant_only or fmt == "promptCompletion")
+    assert loss_tokens > 0
