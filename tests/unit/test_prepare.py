@@ -3,6 +3,7 @@ command's exit code and termination message, and the report's numbers against th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -141,6 +142,12 @@ def test_the_report_counts_what_training_sees(tmp_path: Path, tiny_model: Path) 
     manifest = json.loads((root / MANIFEST_FILE).read_text())
     assert manifest["data"]["key"] == report.tokenized_key
     assert manifest["data"]["dataHash"] == report.dataset_hash
+    assert manifest["data"]["files"] == {
+        TINY_DATA.name: {
+            "size": TINY_DATA.stat().st_size,
+            "sha256": hashlib.sha256(TINY_DATA.read_bytes()).hexdigest(),
+        }
+    }
 
 
 def test_the_command_exit_codes_and_termination_messages(

@@ -142,6 +142,23 @@ def tokenization_key(cfg: TrainerConfig, tok_hash: str, data_hash: str | None, f
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def data_files_entry(cfg: TrainerConfig, root: Path) -> dict[str, Any]:
+    """The data's files (a local path, or the Hub data set's downloaded files) with size and sha256."""
+    from .data_check import splits_of
+    from .prepare_data import DATASET_SOURCE_DIR
+
+    src = cfg.spec.dataset
+    where = Path(src.path) if src.path else root / DATASET_SOURCE_DIR / (src.subset or "")
+    try:
+        files = [f for fs in splits_of(where).values() for f in fs]
+    except BadInputError:
+        return {}
+    base = where if where.is_dir() else where.parent
+    return {
+        str(f.relative_to(base)): {"size": f.stat().st_size, "sha256": file_sha256(f)} for f in sorted(files)
+    }
+
+
 def folder_hash(folder: Path) -> str:
     """A content hash of a saved data set folder (file names and contents)."""
     digest = hashlib.sha256()
@@ -201,7 +218,6 @@ def _hub_refusal(e: Exception, what: str, name: str, revision: str) -> Refused |
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
-        HfHubHTTPError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -222,9 +238,7 @@ def _hub_refusal(e: Exception, what: str, name: str, revision: str) -> Refused |
         return Refused(missing, f"{what} {name} has no revision {revision!r} on the Hub")
     if isinstance(e, RepositoryNotFoundError | EntryNotFoundError) or status == 404:
         return Refused(missing, f"the Hub has no {what} {name!r} (HTTP 404)")
-    if isinstance(e, HfHubHTTPError):
-        return None
-    return None
+    return None  # another failure (a 5xx, no connection): an error of the step, not a refusal
 
 
 def _verified(folder: Path, files: dict[str, Any]) -> bool:
@@ -428,6 +442,7 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
             "key": key,
             "tokenizerHash": tok_hash,
             "tokenizedHash": tokenized_hash,
+            "files": data_files_entry(cfg, root),
         },
         "report": report.wire(),
     }
