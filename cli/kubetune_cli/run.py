@@ -265,6 +265,42 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def check_raw_data(cfg: TrainerConfig) -> Any:
+    """The data check of the data as it is now (not what an earlier preparation recorded in the run
+    folder): a data file changed under the same name must be seen before anything is prepared."""
+    from kubetune_trainer import data_check
+    from kubetune_trainer.build import hf_token
+
+    training = cfg.spec.training
+    return data_check.check(
+        cfg.spec.dataset, assistant_only_loss=training.assistant_only_loss, token=hf_token()
+    )
+
+
+def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> int:
+    """The preparation step, as in a cluster: the data tokenized once into the run folder (training
+    reads it from there) and the report shown; a refusal ends the run before training (exit 2).
+
+    Not over a folder that holds another training (the trainer refuses it as it is, untouched: the
+    same check first, here), nor when its final model is complete (nothing left to train).
+    """
+    from kubetune_trainer import checkpoints
+
+    from .prepare import run_preparation
+
+    out = Path(cfg.output_dir)
+    attempt = checkpoints.decide_attempt(
+        out, lambda path: other_training(path, cfg, data_hash), clean_up=False
+    )
+    if attempt.kind == checkpoints.AttemptKind.REFUSE:
+        print(f"kubetune: {attempt.refusal}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if attempt.kind != checkpoints.AttemptKind.TRAIN:
+        return 0
+    print(f"kubetune: preparing {cfg.job.name} into {out}", file=sys.stderr)
+    return run_preparation(cfg, sys.stderr, sys.stderr)
+
+
 def _run_local(args: argparse.Namespace) -> int:
     from kubetune_trainer import train
 
@@ -274,7 +310,7 @@ def _run_local(args: argparse.Namespace) -> int:
     data_path = cfg.spec.dataset.path
     tiny_data = data_path is not None and Path(data_path).is_relative_to(cache)
     # The data first: bad data ends the run before anything is built, written or loaded.
-    checked = None if tiny_data else train.check_data(cfg)
+    checked = None if tiny_data else check_raw_data(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / CONFIG_FILE
@@ -285,14 +321,9 @@ def _run_local(args: argparse.Namespace) -> int:
 
         print(f"kubetune: tiny model and data in {cache} (built on first use, no download)", file=sys.stderr)
         ensure_tiny_assets(cache)
-    checked = checked or train.check_data(cfg)
+    checked = checked or check_raw_data(cfg)
 
-    # the preparation step, as in a cluster: the data tokenized once into the run folder (training
-    # reads it from there), the report shown; a refusal ends the run before training
-    from .prepare import run_preparation
-
-    print(f"kubetune: preparing {cfg.job.name} into {out}", file=sys.stderr)
-    code = run_preparation(cfg, sys.stderr, sys.stderr)
+    code = _prepare(cfg, train.other_training, checked.data_hash)
     if code != 0:
         return code
     print(f"kubetune: training {cfg.job.name} into {out}", file=sys.stderr)
