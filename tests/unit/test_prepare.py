@@ -263,3 +263,29 @@ def test_prepared_tokens_and_labels_equal_the_trainers_own(
         masked = int((a["labels"] != -100).sum()) < int(a["attention_mask"].sum())  # padding aside
         assert masked == (assistant_only or fmt == "promptCompletion")
     assert loss_tokens > 0
+
+
+def test_the_trainer_uses_prepared_data_only_for_what_was_prepared(tmp_path: Path, tiny_model: Path) -> None:
+    """Another data path, or a model folder whose tokenizer changed since: not this preparation's data."""
+    from kubetune_trainer.prepare import prepare, prepared
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    cfg = config(tmp_path, model)
+    report = prepare(cfg)
+    found = prepared(cfg)
+    assert found is not None and found.key == report.tokenized_key and found.model_dir is None
+    assert (
+        prepared(cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"method": "lora"})})) is not None
+    )
+
+    other = write(
+        tmp_path / "other.jsonl", [json.loads(line) for line in TINY_DATA.read_text().splitlines()[:3]]
+    )
+    dataset = cfg.spec.dataset.model_copy(update={"path": str(other)})
+    assert prepared(cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"dataset": dataset})})) is None
+
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    conf["model_max_length"] = 12345
+    (model / "tokenizer_config.json").write_text(json.dumps(conf))
+    assert prepared(cfg) is None

@@ -185,15 +185,23 @@ def prepared(cfg: TrainerConfig, root: Path | None = None) -> Prepared | None:
     manifest = read_manifest(root)
     data = manifest.get("data") or {}
     model = manifest.get("model") or {}
+    src, dataset = cfg.spec.model, cfg.spec.dataset
     if not data.get("key") or not data.get("tokenizerHash"):
         return None
-    key = tokenization_key(cfg, data["tokenizerHash"], data.get("dataHash"), data.get("format", ""))
+    if data.get("source") != (dataset.name or dataset.path):
+        return None  # prepared from other data
+    tok_hash = data["tokenizerHash"]
+    if src.path:  # read where it is: its tokenizer now, not as it was
+        if model.get("path") != str(Path(src.path)) or not Path(src.path).is_dir():
+            return None
+        tok_hash = tokenizer_hash(Path(src.path))
+    elif not model.get("downloaded") or model.get("name") != src.name:
+        return None
+    key = tokenization_key(cfg, tok_hash, data.get("dataHash"), data.get("format", ""))
     folder = root / DATA_DIR / key
     if key != data["key"] or not (folder / "COMPLETE").is_file():
         return None
-    model_dir = root / MODEL_DIR if model.get("downloaded") and cfg.spec.model.name else None
-    if model_dir is not None and model.get("name") != cfg.spec.model.name:
-        return None
+    model_dir = None if src.path else root / MODEL_DIR
     return Prepared(
         model_dir=model_dir,
         train_dir=folder / "train",
