@@ -268,13 +268,9 @@ def _run(args: argparse.Namespace) -> int:
 def check_raw_data(cfg: TrainerConfig) -> Any:
     """The data check of the data as it is now (not what an earlier preparation recorded in the run
     folder): a data file changed under the same name must be seen before anything is prepared."""
-    from kubetune_trainer import data_check
-    from kubetune_trainer.build import hf_token
+    from kubetune_trainer.build import check_raw_data as check
 
-    training = cfg.spec.training
-    return data_check.check(
-        cfg.spec.dataset, assistant_only_loss=training.assistant_only_loss, token=hf_token()
-    )
+    return check(cfg)
 
 
 def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> int:

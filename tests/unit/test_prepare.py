@@ -289,3 +289,18 @@ def test_the_trainer_uses_prepared_data_only_for_what_was_prepared(tmp_path: Pat
     conf["model_max_length"] = 12345
     (model / "tokenizer_config.json").write_text(json.dumps(conf))
     assert prepared(cfg) is None
+
+
+def test_a_data_file_changed_in_place_is_prepared_again(tmp_path: Path, tiny_model: Path) -> None:
+    """The same path, other rows: the data as it is now is tokenized, never what was recorded."""
+    from kubetune_trainer.prepare import prepare
+
+    rows = [line for line in TINY_DATA.read_text().splitlines() if line.strip()]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(rows[:100]) + "\n")
+    first = prepare(config(tmp_path, tiny_model, data))
+    data.write_text("\n".join(rows[:50]) + "\n")
+    second = prepare(config(tmp_path, tiny_model, data))
+    assert (first.data.train_examples, second.data.train_examples) == (100, 50)
+    assert not second.reused and second.tokenized_key != first.tokenized_key
+    assert second.dataset_hash != first.dataset_hash

@@ -181,6 +181,11 @@ def check_data(cfg: TrainerConfig) -> DataCheck:
     found = prepared_data(cfg)
     if found is not None:
         return prepared_check(found)
+    return check_raw_data(cfg)
+
+
+def check_raw_data(cfg: TrainerConfig) -> DataCheck:
+    """The data pre-check of the data as it is now (never what a preparation recorded)."""
     return data_check.check(
         cfg.spec.dataset, assistant_only_loss=cfg.spec.training.assistant_only_loss, token=hf_token()
     )
@@ -197,8 +202,12 @@ def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tupl
         log.info("data: tokenized by the preparation step (%s), read from the volume", found.key)
         evaluation = load_from_disk(str(found.eval_dir)) if found.eval_dir is not None else None
         return load_from_disk(str(found.train_dir)), evaluation, found.format
+    return raw_datasets(cfg, checked or check_data(cfg))
+
+
+def raw_datasets(cfg: TrainerConfig, checked: DataCheck) -> tuple[Any, Any, str]:
+    """The splits as the spec's source holds them now (what preparation tokenizes)."""
     src = cfg.spec.dataset
-    checked = checked or check_data(cfg)
     train, evaluation = load_splits(src, revision=checked.revision)
     if checked.format is not None:
         fmt = checked.format  # every row was read and checked already

@@ -107,8 +107,9 @@ def load(cfg: TrainerConfig, root: Path) -> tuple[DataCheck, Any, Any, str]:
         local, sha = download_dataset(cfg, root)
         identity = data_check.check(src.model_copy(update={"revision": sha}))
     try:
-        checked = build.check_data(local)
-        train, evaluation, fmt = build.build_datasets(local, checked)
+        # the data as it is now: never what an earlier preparation recorded
+        checked = build.check_raw_data(local)
+        train, evaluation, fmt = build.raw_datasets(local, checked)
     except DataError as e:
         raise Refused(data_refusal(str(e)), str(e)) from e
     if len(train) == 0:
