@@ -361,7 +361,7 @@ def _volumes_and_mounts(
     return volumes + data_volumes, mounts + data_mounts
 
 
-def _scheduling(job: api.FineTuneJob, *, gpu: bool) -> dict[str, Any]:
+def _scheduling(job: api.FineTuneJob, *, gpu: bool, priority: bool = True) -> dict[str, Any]:
     res = job.spec.resources
     out: dict[str, Any] = {}
     node_selector = dict(res.node_selector or {})
@@ -371,7 +371,7 @@ def _scheduling(job: api.FineTuneJob, *, gpu: bool) -> dict[str, Any]:
         out["nodeSelector"] = node_selector
     if res.tolerations:
         out["tolerations"] = [t.wire() for t in res.tolerations]
-    if res.priority_class_name:
+    if priority and res.priority_class_name:
         out["priorityClassName"] = res.priority_class_name
     return out
 
@@ -562,6 +562,7 @@ def _cpu_job(
     resources: dict[str, Any],
     backoff_limit: int,
     deadline_seconds: int,
+    priority: bool = True,
 ) -> dict[str, Any]:
     """A batch/v1 Job of one CPU pod in the trainer image (registration, preparation), with the
     checkpoint volume and the trainer config mounted, and its result in the termination message."""
@@ -588,7 +589,7 @@ def _cpu_job(
         "securityContext": pod_security_context(settings),
         "containers": [container],
         "volumes": volumes,
-        **_scheduling(job, gpu=False),
+        **_scheduling(job, gpu=False, priority=priority),
     }
     return {
         "apiVersion": "batch/v1",
@@ -648,6 +649,8 @@ def build_preparation_job(job: api.FineTuneJob, settings: Settings) -> dict[str,
         resources=resources,
         backoff_limit=settings.prepare_backoff_limit,
         deadline_seconds=settings.prepare_deadline_seconds,
+        # it holds no GPU: the job's priorityClassName (GPU preemption) is the training pods'
+        priority=False,
     )
     manifest["spec"]["podFailurePolicy"] = {
         "rules": [

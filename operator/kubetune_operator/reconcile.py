@@ -331,6 +331,27 @@ def _preparation(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
         with about_child("list", "Pod", selector):
             pods = ctx.kube.list("v1", "Pod", job.metadata.namespace, selector)
     seen.preparation = observations.preparation_observation(result.obj, pods, builders.PREPARE_CONTAINER)
+    if not pods and not result.created and seen.preparation.state == "Running":
+        # no pod at all: the Job controller may be unable to create it (a quota, a policy)
+        blocked = _job_pod_not_created(ctx, result.obj)
+        if blocked:
+            seen.preparation = replace(seen.preparation, message=blocked)
+
+
+def _job_pod_not_created(ctx: Context, job_obj: dict[str, Any]) -> str:
+    """The Job controller's newest FailedCreate event of this Job (its pod cannot be created); best
+    effort, like the training pods' trouble."""
+    meta = job_obj["metadata"]
+    try:
+        events = ctx.kube.list(
+            "v1", "Event", meta["namespace"], field_selector=f"involvedObject.uid={meta['uid']}"
+        )
+    except ApiError as e:
+        ctx.logger.warning("cannot read the events of Job %s: %s", meta["name"], e)
+        return ""
+    failed = [e for e in events if e.get("reason") == "FailedCreate"]
+    failed.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return str(failed[-1].get("message") or "") if failed else ""
 
 
 def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:

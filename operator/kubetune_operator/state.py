@@ -409,15 +409,20 @@ def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, 
         out["ready"] = (False, reason, msg)
         return Phase.FAILED
     msg = f"{job} is downloading the model and the data, checking, tokenizing and estimating (CPU only)"
+    reason = Reason.PREPARING
+    if prep.message:  # running, and its pod cannot be created: the Job controller's words
+        reason = Reason.PODS_NOT_CREATED
+        msg = f"the Job controller cannot create the pod of {job}: {prep.message}"
     out["children"] = (
         True,
         Reason.CHILDREN_CREATED,
         "checkpoint volume, trainer config and preparation Job exist; the PyTorchJob follows the preparation",
     )
-    out["prepared"] = (False, Reason.PREPARING, msg)
+    out["prepared"] = (False, reason, msg)
     out["training"] = (False, Reason.PREPARING, "training starts once the preparation has succeeded")
-    out["ready"] = (False, Reason.PREPARING, msg)
+    out["ready"] = (False, reason, msg)
     out["registered"] = _registration_pending(obs)
+    out["waiting"] = True  # a pod that cannot be created sends no event: look again soon
     return Phase.PREPARING
 
 

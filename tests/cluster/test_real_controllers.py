@@ -431,7 +431,8 @@ def test_the_operator_restarted_mid_training_duplicates_nothing(
     operator.start()
     wait_phase(cluster, ns, name, "Succeeded")
     assert len((get(cluster, "pytorchjob", ns) or {}).get("items", [])) == 1
-    assert len((get(cluster, "job", ns) or {}).get("items", [])) == 1
+    jobs = sorted(j["metadata"]["name"] for j in (get(cluster, "job", ns) or {}).get("items", []))
+    assert jobs == [f"{name}-prepare", f"{name}-register"]
     assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
 
 
@@ -464,7 +465,10 @@ def test_spec_suspend_holds_the_pods_until_it_is_turned_off(
         cluster,
     )
     time.sleep(5)
-    assert not (get(cluster, "pod", ns) or {}).get("items")
+    training = "app.kubernetes.io/component=training"
+    assert not (get(cluster, "pod", ns, selector=training) or {}).get("items")
+    # the preparation ran while suspended (it holds no GPU): training starts as soon as it is resumed
+    assert (get(cluster, "job", ns, f"{name}-prepare") or {}).get("status", {}).get("succeeded") == 1
     cluster.kubectl(
         "-n", ns, "patch", "finetunejob", name, "--type=merge", "-p", '{"spec":{"suspend":false}}'
     )

@@ -74,6 +74,17 @@ def test_a_new_job_prepares_first() -> None:
     assert [e.reason for e in t.events] == [EventReason.PREPARATION_STARTED]
 
 
+def test_a_preparation_pod_that_cannot_be_created_says_why() -> None:
+    blocked = PreparationObservation(
+        True, "Running", message='pods "j-prepare-x" is forbidden: exceeded quota: cpu-quota'
+    )
+    t = state.advance(None, obs(preparation=blocked, preparation_job_name="j-prepare"))
+    assert t.phase == Phase.PREPARING and t.waiting
+    prepared = conditions(t)[ConditionType.PREPARED]
+    assert prepared["reason"] == Reason.PODS_NOT_CREATED
+    assert "exceeded quota: cpu-quota" in prepared["message"] and "j-prepare" in prepared["message"]
+
+
 @pytest.mark.parametrize("reason", list(Refusal))
 def test_each_refusal_fails_the_job_with_its_reason_and_remedy(reason: Refusal) -> None:
     refusal = PreparationRefusal.of(reason, "data/chat.jsonl line 3: what is wrong")
