@@ -172,7 +172,7 @@ INVALID: list[tuple[str, Mutation, str]] = [
     (
         "env-operator-owned",
         _set("spec.env", [{"name": "KUBETUNE_CONFIG", "value": "/tmp/mine.yaml"}]),
-        "spec.env[0].name: Invalid value: KUBETUNE_CONFIG, KUBETUNE_CPUS, KUBETUNE_SHUTDOWN_GRACE_S are set",
+        "spec.env[0].name: Invalid value: KUBETUNE_CONFIG, KUBETUNE_CPUS, KUBETUNE_SHUTDOWN_GRACE_S, KUBETUNE_IMAGE are set",
     ),
     (
         "env-tuning-not-a-number",
