@@ -69,6 +69,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write <case>.profile.txt per case (and rank): torch.profiler over the measured steps",
     )
+    p.add_argument(
+        "--startup",
+        metavar="PARTS",
+        help="issue 22's benchmark instead of the cases (kubetune_bench.startup): restart, scaling, estimate "
+        "(comma-separated)",
+    )
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 
@@ -136,6 +142,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     """One ``kubetune bench`` call: a case's own process (``--one``), the report alone, or the whole run."""
     if args.one:
         return _run_one(args)
+    if args.startup:
+        from .startup import run_from_args as run_startup
+
+        return run_startup(args)
     if args.report_only:
         return 0 if report(args.out) else 1
     return _run_all(args)
