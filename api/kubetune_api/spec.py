@@ -191,6 +191,22 @@ class LoraSpec(ApiModel):
     )
 
 
+class LossWatchdog(ApiModel):
+    """Stop a run whose loss diverged (LossDiverged) instead of letting it burn GPU-hours to the end."""
+
+    enabled: bool = Field(default=True, description="Watch the training loss (false: never stop for it).")
+    spike_factor: Annotated[float, Field(gt=1, le=1000)] = Field(
+        default=3.0,
+        description="A logged loss above this many times the median of the recent logged losses is a spike.",
+    )
+    patience: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=3, description="Spikes in a row that stop the run (a NaN or Inf loss stops it at once)."
+    )
+    window: Annotated[int, Field(ge=3, le=10_000)] = Field(
+        default=20, description="Recent logged losses whose median a spike is measured against."
+    )
+
+
 class TrainingSpec(ApiModel):
     """Hyperparameters. Defaults follow the notebooks where they are sane, and are fast."""
 
@@ -275,6 +291,14 @@ class TrainingSpec(ApiModel):
         default=2, description="Complete checkpoints to keep on the volume."
     )
     seed: Annotated[int, Field(ge=0)] = Field(default=42, description="Training seed.")
+    loss_watchdog: LossWatchdog = Field(
+        default_factory=LossWatchdog, description="Stop with LossDiverged when the loss is NaN/Inf or spikes."
+    )
+    oom_retries: Annotated[int, Field(ge=0, le=8)] = Field(
+        default=2,
+        description="After a CUDA out-of-memory error, retry this many times with smaller micro-steps and "
+        "the same tokens per optimizer step, from the newest checkpoint. 0: fail at once.",
+    )
 
 
 class Toleration(ApiModel):
@@ -444,6 +468,45 @@ class PreparationSpec(ApiModel):
     )
 
 
+DURATION_PATTERN = r"^([0-9]{1,5}h)?([0-9]{1,7}m)?([0-9]{1,9}s)?$"
+
+
+def duration_seconds(text: str) -> int:
+    """Seconds in a duration such as ``90m``, ``2h30m`` or ``45s``.
+
+    >>> duration_seconds("2h30m"), duration_seconds("45s")
+    (9000, 45)
+    """
+    import re
+
+    match = re.fullmatch(DURATION_PATTERN, text)
+    if not text or match is None:
+        raise ValueError(f"not a duration (e.g. 90m, 2h30m, 45s): {text!r}")
+    h, m, s = (int(g[:-1]) if g else 0 for g in match.groups())
+    return 3600 * h + 60 * m + s
+
+
+class BudgetSpec(ApiModel):
+    """Where training stops cleanly, keeping and registering what it has (condition BudgetReached)."""
+
+    max_duration: Annotated[str, Field(max_length=24, pattern=DURATION_PATTERN, min_length=2)] | None = Field(
+        default=None,
+        description="Training wall time across attempts (e.g. 90m, 2h30m), from the first optimizer step "
+        "of the first attempt. The PyTorchJob's activeDeadlineSeconds sits a margin above it.",
+    )
+    max_gpu_hours: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
+        default=None, description="GPU-hours of training (wall time x GPUs) across attempts."
+    )
+    register_model: bool = Field(
+        default=True,
+        alias="register",
+        description="Register the model trained up to the budget (false: keep it on the volume)."
+    )
+
+    def seconds(self) -> int | None:
+        return duration_seconds(self.max_duration) if self.max_duration else None
+
+
 # Fields of the spec that may change after creation; everything else shapes the training.
 MUTABLE_SPEC_FIELDS = ("suspend", "registration")
 
@@ -463,6 +526,9 @@ class FineTuneJobSpec(ApiModel):
     )
     preparation: PreparationSpec = Field(
         default_factory=PreparationSpec, description="Checks before any GPU is held (preparation step)."
+    )
+    budget: BudgetSpec | None = Field(
+        default=None, description="Stop training cleanly at a wall time or GPU-hours, and register what it has."
     )
     secrets: SecretsSpec | None = Field(default=None, description="Credentials, by Secret reference only.")
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(

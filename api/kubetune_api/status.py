@@ -43,6 +43,8 @@ class ConditionType(StrEnum):
     REGISTERED = "Registered"  # True once MLflow has the model version
     # after Succeeded: whether the registered version carries the spec's registration.alias
     ALIAS_SYNCED = "AliasSynced"
+    # True when training stopped at spec.budget (the job still Succeeds with what it trained)
+    BUDGET_REACHED = "BudgetReached"
 
 
 class Reason(StrEnum):
@@ -80,6 +82,9 @@ class Reason(StrEnum):
     PODS_NOT_CREATED = "PodsNotCreated"
     UNSCHEDULABLE = "Unschedulable"
     IMAGE_PULL_FAILED = "ImagePullFailed"
+    MOUNT_FAILED = "MountFailed"
+    # the BudgetReached condition's
+    BUDGET_REACHED = "BudgetReached"
     # the AliasSynced condition's
     MOVING_ALIAS = "MovingAlias"
     ALIAS_MOVED = "AliasMoved"
@@ -135,6 +140,38 @@ class CheckpointStatus(ApiModel):
     count: int | None = Field(default=None, description="Complete checkpoints kept.")
 
 
+class Goodput(ApiModel):
+    """Where the GPU time went, across attempts (reported by the trainer; GPU-seconds = seconds x GPUs)."""
+
+    held_gpu_seconds: float = Field(default=0, description="GPU-seconds the training pods held, from process start.")
+    productive_gpu_seconds: float = Field(default=0, description="Spent in optimizer steps that count.")
+    restart_lost_gpu_seconds: float = Field(
+        default=0, description="Spent in steps redone after a restart (done after the checkpoint resumed from)."
+    )
+    startup_gpu_seconds: float = Field(default=0, description="From process start to the first step, per attempt.")
+    checkpoint_gpu_seconds: float = Field(default=0, description="Spent saving checkpoints.")
+    restarts: int = Field(default=0, description="Attempts after the first.")
+    goodput_percent: float | None = Field(default=None, description="productive / held, in percent.")
+
+
+class BudgetStatus(ApiModel):
+    """Training stopped at spec.budget (reported by the trainer)."""
+
+    reached: bool = Field(description="Whether training stopped at the budget.")
+    limit: str = Field(description="Which limit, e.g. maxDuration 2h or maxGpuHours 16.")
+    step: int | None = Field(default=None, description="Optimizer steps done.")
+    total_steps: int | None = Field(default=None, description="Optimizer steps planned.")
+
+
+class MemoryRetry(ApiModel):
+    """A retry after CUDA out of memory, with a smaller micro-step and the same tokens per optimizer step."""
+
+    attempt: int = Field(description="Retry number (1, 2, ...).")
+    step: int | None = Field(default=None, description="Optimizer step the attempt failed at.")
+    before: str = Field(description="The micro-step layout that ran out of memory.")
+    after: str = Field(description="The layout of the retry.")
+
+
 class MlflowStatus(ApiModel):
     tracking_uri: str | None = Field(default=None, description="Tracking server used.")
     experiment_id: str | None = Field(default=None, description="MLflow experiment id.")
@@ -178,6 +215,11 @@ class FineTuneJobStatus(ApiModel):
     progress: Progress | None = Field(default=None, description="Training progress reported by the trainer.")
     checkpoints: CheckpointStatus | None = Field(default=None, description="Checkpoints on the volume.")
     mlflow: MlflowStatus | None = Field(default=None, description="MLflow tracking.")
+    goodput: Goodput | None = Field(default=None, description="Where the GPU time went (trainer-reported).")
+    budget: BudgetStatus | None = Field(default=None, description="Training stopped at spec.budget.")
+    memory_retries: list[MemoryRetry] | None = Field(
+        default=None, description="Retries after CUDA out of memory, each with its old and new layout."
+    )
     registered_model: RegisteredModelStatus | None = Field(default=None, description="The registered model.")
     children: ChildrenStatus | None = Field(
         default=None, description="Names of the objects kubetune created."

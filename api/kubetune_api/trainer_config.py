@@ -61,6 +61,8 @@ HOW_THE_RUN_GOES = (
     "eval_steps",
     "save_steps",
     "save_total_limit",
+    "loss_watchdog",
+    "oom_retries",
 )
 
 
