@@ -2,8 +2,11 @@
 
 Shows the phase (and why, from the status conditions), the preparation report once it is there
 (examples, tokens, lengths, and the estimate of memory, time and GPU-hours), a progress bar with the step, loss, tokens per
-second and ETA the trainer reports, then the registered model. On a terminal the progress line is
-redrawn in place; otherwise (CI logs, pipes) a line is printed whenever something changes.
+second and ETA the trainer reports, each retry after CUDA out of memory (the micro-step layout before
+and after), then the registered model, or why training failed (the reason, what happened, what it
+means and what to do), whether it stopped at spec.budget, and where the GPU time went (goodput). On a
+terminal the progress line is redrawn in place; otherwise (CI logs, pipes) a line is printed whenever
+something changes.
 
     kubetune watch qwen3-4b-assistant
     kubetune watch qwen3-4b-assistant -n team-llm --timeout 6h
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from kubetune_api import spec as api
+from kubetune_api.failures import HINTS, MEANINGS, Failure
 from kubetune_api.preparation import PreparationReport
 from kubetune_api.status import ConditionType, Phase
 
@@ -138,10 +142,100 @@ def progress_line(status: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def training_failure(status: dict[str, Any]) -> tuple[Failure, str] | None:
+    """The failure reason and message the operator put on the Ready (else the Training) condition,
+    when its reason is one of :class:`~kubetune_api.failures.Failure`."""
+    for ctype in (ConditionType.READY, ConditionType.TRAINING):
+        c = condition(status, ctype)
+        if c and c.get("status") == "False" and c.get("reason") in set(Failure):
+            return Failure(c["reason"]), str(c.get("message") or "")
+    return None
+
+
+def failure_lines(reason: Failure, message: str) -> list[str]:
+    """``DiskFull at step 120: ...``, then what it means and what to do.
+
+    The operator's message is ``TrainingFailure.describe()``, which ends with the hint: it is shown
+    once, on its own line.
+
+    >>> failure_lines(Failure.DISK_FULL, "No space left on device")[:2]
+    ['DiskFull: No space left on device', '  what it means: the checkpoint volume is full (No space left on device)']
+    """
+    hint = HINTS[reason]
+    head = message.strip()
+    if head.endswith(hint):
+        head = head[: -len(hint)].rstrip()
+        head = head[:-1] if head.endswith(".") else head
+    if not head:
+        head = str(reason)
+    elif not (head == reason or head.startswith((f"{reason} ", f"{reason}:"))):
+        head = f"{reason}: {head}"
+    return [head, f"  what it means: {MEANINGS[reason]}", f"  what to do: {hint}"]
+
+
+def budget_line(status: dict[str, Any]) -> str | None:
+    """Why a succeeded job stopped early: the BudgetReached condition's message (else status.budget)."""
+    c = condition(status, ConditionType.BUDGET_REACHED)
+    if c and c.get("status") == "True":
+        return "Budget reached: " + str(c.get("message") or c.get("reason") or "")
+    budget = status.get("budget") or {}
+    if budget.get("reached"):
+        line = f"Budget reached: {budget.get('limit') or 'spec.budget'}"
+        if budget.get("step") is not None:
+            line += f", step {budget['step']}" + (
+                f" of {budget['totalSteps']}" if budget.get("totalSteps") else ""
+            )
+        return line
+    return None
+
+
+def goodput_line(status: dict[str, Any]) -> str | None:
+    """Where the GPU time went (status.goodput, in GPU-seconds), one line; None before it is reported.
+
+    >>> goodput_line({"goodput": {"heldGpuSeconds": 5040, "productiveGpuSeconds": 4410,
+    ...     "restartLostGpuSeconds": 300, "startupGpuSeconds": 230, "checkpointGpuSeconds": 100,
+    ...     "restarts": 1, "goodputPercent": 87.5}})
+    'Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 300 lost to 1 restart, 230 start-up, 100 saving checkpoints'
+    """
+    g = status.get("goodput")
+    if not isinstance(g, dict):
+        return None
+
+    def seconds(key: str) -> float:
+        value = g.get(key)
+        return float(value) if isinstance(value, int | float) else 0.0
+
+    held = seconds("heldGpuSeconds")
+    percent = g.get("goodputPercent")
+    if not isinstance(percent, int | float):
+        percent = 100 * seconds("productiveGpuSeconds") / held if held > 0 else None
+    restarts = g.get("restarts") if isinstance(g.get("restarts"), int) else 0
+    return (
+        f"Goodput {'?' if percent is None else f'{percent:.1f}%'}: of {held:,.0f} GPU-seconds held, "
+        f"{seconds('productiveGpuSeconds'):,.0f} productive, "
+        f"{seconds('restartLostGpuSeconds'):,.0f} lost to {restarts} restart{'' if restarts == 1 else 's'}, "
+        f"{seconds('startupGpuSeconds'):,.0f} start-up, {seconds('checkpointGpuSeconds'):,.0f} saving checkpoints"
+    )
+
+
+def memory_retry_line(retry: dict[str, Any]) -> str:
+    """``CUDA out of memory at step 40: retry 1, <layout before> -> <layout after>`` (status.memoryRetries)."""
+    at = f" at step {retry['step']}" if retry.get("step") is not None else ""
+    return (
+        f"CUDA out of memory{at}: retry {retry.get('attempt', '?')}, "
+        f"{retry.get('before', '?')} -> {retry.get('after', '?')}"
+    )
+
+
 def outcome(status: dict[str, Any]) -> str:
-    """The closing lines: the registered model (with its run) or why it failed."""
+    """The closing lines: the registered model (with its run) or why it failed; then whether it stopped
+    at the budget and the goodput."""
     phase = status.get("phase")
+    lines: list[str] = []
     if phase == Phase.SUCCEEDED:
+        budget = budget_line(status)
+        if budget:
+            lines.append(budget)
         model = status.get("registeredModel") or {}
         if model.get("name"):
             line = f"Registered model {model['name']} version {model.get('version', '?')}"
@@ -151,13 +245,23 @@ def outcome(status: dict[str, Any]) -> str:
                 line += f"  alias @{model['alias']}"
         else:
             line = phase_reason(status) or str(Phase.SUCCEEDED)
+        lines.append(line)
         mlflow = status.get("mlflow") or {}
         if mlflow.get("runId"):
-            line += f"\nMLflow run {mlflow['runId']}" + (
-                f" on {mlflow['trackingUri']}" if mlflow.get("trackingUri") else ""
+            lines.append(
+                f"MLflow run {mlflow['runId']}"
+                + (f" on {mlflow['trackingUri']}" if mlflow.get("trackingUri") else "")
             )
-        return line
-    return phase_reason(status) or "the FineTuneJob failed"
+    else:
+        failure = training_failure(status)
+        if failure is not None:
+            lines.extend(failure_lines(*failure))
+        else:
+            lines.append(phase_reason(status) or "the FineTuneJob failed")
+    goodput = goodput_line(status)
+    if goodput:
+        lines.append(goodput)
+    return "\n".join(lines)
 
 
 def preparation_lines(status: dict[str, Any]) -> list[str]:
@@ -188,6 +292,7 @@ class Follower:
     _line: str = ""
     _drawn: bool = False
     _prepared: bool = False
+    _retries: int = 0
 
     def show(self, obj: dict[str, Any]) -> int | None:
         """Render one version; the exit status once the job has ended, else None."""
@@ -207,6 +312,12 @@ class Follower:
                 self._end_line()
                 self._write("".join(f"         {line}\n" for line in lines))
                 self._prepared = True
+        retries = [r for r in status.get("memoryRetries") or [] if isinstance(r, dict)]
+        if len(retries) > self._retries:
+            self._end_line()
+            self._write("".join(f"         {memory_retry_line(r)}\n" for r in retries[self._retries :]))
+            self._retries = len(retries)
+            self._line = ""  # the progress line, if any, is drawn again below the retry
         if phase in FINAL:
             self._end_line()
             self._write(outcome(status) + "\n")

@@ -196,6 +196,20 @@ def said_by(ctype: str) -> Callable[[dict[str, Any]], str]:
     return message
 
 
+def explained_by(ctype: str) -> Callable[[dict[str, Any]], str]:
+    """A failed job's expected message: the stored condition's reason, then its message (which a
+    training failure's already begins with: then the message alone)."""
+
+    def message(obj: dict[str, Any]) -> str:
+        (c,) = [c for c in obj["status"]["conditions"] if c["type"] == ctype]
+        reason, text = str(c["reason"]), said_by(ctype)(obj)
+        if text == reason or text.startswith((f"{reason} ", f"{reason}:")):
+            return text
+        return f"{reason}: {text}"
+
+    return message
+
+
 def registered_and(ctype: str) -> Callable[[dict[str, Any]], str]:
     return lambda obj: f"{REGISTERED_MESSAGE}; {said_by(ctype)(obj)}"
 
@@ -204,7 +218,7 @@ def registered_and(ctype: str) -> Callable[[dict[str, Any]], str]:
 SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]], str]]] = {
     "pending": ([PENDING], "Pending", "Progressing", said_by("Training")),
     "preparing": ([PREPARING], "Preparing", "Progressing", said_by("Prepared")),
-    "refused-by-preparation": ([PREPARING, REFUSED], "Failed", "Degraded", said_by("Ready")),
+    "refused-by-preparation": ([PREPARING, REFUSED], "Failed", "Degraded", explained_by("Ready")),
     "prepared-then-training": (
         [PREPARING, PREPARED, RUNNING],
         "Training",
@@ -251,8 +265,13 @@ SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]]
         "Degraded",
         registered_and("AliasSynced"),
     ),
-    "training-failed": ([PENDING, RUNNING, TRAINING_FAILED], "Failed", "Degraded", said_by("Ready")),
-    "registration-failed": ([PENDING, RUNNING, REGISTRATION_FAILED], "Failed", "Degraded", said_by("Ready")),
+    "training-failed": ([PENDING, RUNNING, TRAINING_FAILED], "Failed", "Degraded", explained_by("Ready")),
+    "registration-failed": (
+        [PENDING, RUNNING, REGISTRATION_FAILED],
+        "Failed",
+        "Degraded",
+        explained_by("Ready"),
+    ),
     "suspended": ([PENDING, RUNNING, SUSPENDED], "Suspended", "Suspended", said_by("Suspended")),
     "child-conflict": ([CONFLICT], "Pending", "Degraded", said_by("ChildrenReady")),
     "child-forbidden": ([FORBIDDEN], "Pending", "Degraded", said_by("ChildrenReady")),

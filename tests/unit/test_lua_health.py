@@ -20,6 +20,7 @@ from tests.support.controlplane import REPO
 from tests.support.lua import LuaError, run_health
 
 from kubetune_api import spec as api
+from kubetune_api.failures import Failure, TrainingFailure
 from kubetune_api.status import Phase
 
 ARGOCD = REPO / "deploy" / "argocd"
@@ -51,6 +52,14 @@ NOT_CREATED = (
     '"job-train-master-0" is forbidden: no PriorityClass with name training-preemptible was found'
 )
 IMAGE_PULL = "pod job-train-master-0 cannot pull its image: container pytorch (image t:nope): ErrImagePull"
+MOUNT = (
+    'pod job-train-master-0 cannot mount its volumes: MountVolume.SetUp failed for volume "ckpt": '
+    "mount failed: exit status 32"
+)
+DISK_FULL = TrainingFailure.of(
+    Failure.DISK_FULL, "OSError: [Errno 28] No space left on device saving checkpoint-120", step=120
+).describe()
+BUDGET = "stopped at maxDuration 2h: step 300 of 500 planned"
 MODEL = {"name": "qwen3_4b_assistant", "version": "3", "uri": "models:/qwen3_4b_assistant/3"}
 REGISTERED = "Registered model qwen3_4b_assistant version 3"
 
@@ -188,7 +197,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "failed": (
         job({"phase": "Failed", "conditions": [cond("Ready", "False", "TrainingFailed", FAILED)]}),
         "Degraded",
-        FAILED,
+        f"TrainingFailed: {FAILED}",
     ),
     "failed-bare": (job({"phase": "Failed"}), "Degraded", "The FineTuneJob failed"),
     "preparing": (
@@ -217,7 +226,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
             }
         ),
         "Degraded",
-        REFUSED,
+        f"DatasetEmpty: {REFUSED}",
     ),
     "suspended": (
         job(
@@ -375,6 +384,112 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "waiting",
     ),
     "unknown-phase": (job({"phase": "Exploded"}), "Unknown", "Unknown phase Exploded"),
+    # --- why training failed: the reason and the message (the operator's TrainingFailure.describe()) ---
+    "failed-disk-full": (
+        job(
+            {
+                "phase": "Failed",
+                "conditions": [
+                    cond("Training", "False", "DiskFull", DISK_FULL),
+                    cond("Ready", "False", "DiskFull", DISK_FULL),
+                ],
+            }
+        ),
+        "Degraded",
+        DISK_FULL,
+    ),
+    "failed-message-without-the-reason": (
+        job(
+            {"phase": "Failed", "conditions": [cond("Ready", "False", "DiskFull", "No space left on device")]}
+        ),
+        "Degraded",
+        "DiskFull: No space left on device",
+    ),
+    "failed-message-begins-with-a-longer-word": (
+        job({"phase": "Failed", "conditions": [cond("Ready", "False", "NcclError", "NcclErrors on rank 3")]}),
+        "Degraded",
+        "NcclError: NcclErrors on rank 3",
+    ),
+    "failed-message-begins-with-the-reason-and-a-colon": (
+        job({"phase": "Failed", "conditions": [cond("Ready", "False", "Unknown", "Unknown: boom")]}),
+        "Degraded",
+        "Unknown: boom",
+    ),
+    "failed-message-is-the-reason": (
+        job({"phase": "Failed", "conditions": [cond("Ready", "False", "Evicted", "Evicted")]}),
+        "Degraded",
+        "Evicted",
+    ),
+    "failed-message-not-ascii": (
+        job({"phase": "Failed", "conditions": [cond("Ready", "False", "DiskFull", "DiskFullé ü 😀")]}),
+        "Degraded",
+        "DiskFull: DiskFullé ü 😀",
+    ),
+    "failed-message-begins-with-the-reason-then-not-ascii": (
+        job({"phase": "Failed", "conditions": [cond("Ready", "False", "DiskFull", "DiskFull ÿ 😀")]}),
+        "Degraded",
+        "DiskFull ÿ 😀",
+    ),
+    "failed-reason-only": (
+        job({"phase": "Failed", "conditions": [cond("Ready", "False", "LossDiverged")]}),
+        "Degraded",
+        "LossDiverged",
+    ),
+    "failed-message-only": (
+        job({"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "message": "boom"}]}),
+        "Degraded",
+        "boom",
+    ),
+    # --- stopped at spec.budget: still Succeeded, with what it trained ---
+    "succeeded-at-budget": (
+        succeeded(cond("BudgetReached", "True", "BudgetReached", BUDGET)),
+        "Healthy",
+        f"{REGISTERED}; BudgetReached: {BUDGET}",
+    ),
+    "succeeded-at-budget-not-registered": (
+        succeeded(cond("BudgetReached", "True", "BudgetReached", BUDGET), model=None),
+        "Healthy",
+        f"registered qwen3_4b_assistant version 3; BudgetReached: {BUDGET}",
+    ),
+    "succeeded-at-budget-reason-only": (
+        succeeded(cond("BudgetReached", "True", "BudgetReached")),
+        "Healthy",
+        f"{REGISTERED}; BudgetReached",
+    ),
+    "succeeded-at-budget-without-words": (
+        succeeded({"type": "BudgetReached", "status": "True"}),
+        "Healthy",
+        f"{REGISTERED}; BudgetReached",
+    ),
+    "succeeded-at-budget-and-alias-failed": (
+        succeeded(
+            cond("BudgetReached", "True", "BudgetReached", BUDGET),
+            cond("AliasSynced", "False", "AliasFailed", "moving the alias to 'challenger' failed: 401"),
+        ),
+        "Degraded",
+        f"{REGISTERED}; BudgetReached: {BUDGET}; moving the alias to 'challenger' failed: 401",
+    ),
+    "succeeded-budget-not-reached": (
+        succeeded(cond("BudgetReached", "False", "BudgetReached", BUDGET)),
+        "Healthy",
+        REGISTERED,
+    ),
+    # --- training pods that cannot mount a volume: like the other pod troubles ---
+    "mount-failed": (
+        job({"phase": "Pending", "conditions": [cond("Training", "False", "MountFailed", MOUNT)]}),
+        "Degraded",
+        MOUNT,
+    ),
+    "mount-failed-while-training": (
+        training(PROGRESS, conditions=[cond("Training", "False", "MountFailed", MOUNT)]),
+        "Degraded",
+        MOUNT,
+    ),
+    "mount-failed-cleared": (
+        training(PROGRESS, conditions=[cond("Training", "True", "MountFailed", MOUNT)]),
+        "Progressing",
+        "step 25/50 (50%), loss 1.5000, ETA 10 min",
+    ),
     # --- the alias of a succeeded job ---
     "alias-moving": (
         succeeded(
@@ -528,7 +643,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
             }
         ),
         "Degraded",
-        FAILED,
+        f"TrainingFailed: {FAILED}",
     ),
     "condition-message-not-a-string": (
         job(
@@ -644,6 +759,19 @@ def test_cases_cover_every_phase() -> None:
     statuses = [obj.get("status") for obj, _, _ in CASES.values()]
     phases = {s.get("phase") for s in statuses if isinstance(s, dict) and isinstance(s.get("phase"), str)}
     assert {p.value for p in Phase} <= phases, {p.value for p in Phase} - phases
+
+
+@pytest.mark.parametrize("libs", LIBRARIES)
+def test_every_training_failure_is_degraded_with_its_reason_message_and_remedy(libs: str) -> None:
+    """The operator's words for each failures.Failure, as it writes them (reason on Ready, message
+    TrainingFailure.describe(), which holds the hint), shown as they are: no reason said twice."""
+    for reason in Failure:
+        for step in (None, 7):
+            failure = TrainingFailure.of(reason, "what happened", step=step)
+            obj = job({"phase": "Failed", "conditions": [cond("Ready", "False", reason, failure.describe())]})
+            hs = run_health(SCRIPT_PATH, obj, open_libs=LIBRARIES[libs])
+            assert hs == {"status": "Degraded", "message": failure.describe()}, reason
+            assert hs["message"].startswith(f"{reason}") and failure.hint in hs["message"], reason
 
 
 def test_loss_is_rounded_half_up_to_4_decimals() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kubetune_api.failures import HINTS, MEANINGS, Failure, TrainingFailure
 from kubetune_cli import watch
 from kubetune_cli.main import build_parser
 
@@ -164,3 +165,184 @@ def test_the_subcommand_is_wired() -> None:
     args = build_parser().parse_args(["watch", "my-job", "-n", "team", "--timeout", "2h"])
     assert (args.name, args.namespace, args.timeout) == ("my-job", "team", 7200.0)
     assert args.func is watch._run
+
+
+# --- why training failed, the budget, memory retries and goodput ------------------------------------------
+
+DISK_FULL = TrainingFailure.of(
+    Failure.DISK_FULL, "OSError: [Errno 28] No space left on device saving checkpoint-120", step=120
+)
+GOODPUT = {
+    "heldGpuSeconds": 5040.0,
+    "productiveGpuSeconds": 4410.0,
+    "restartLostGpuSeconds": 300.0,
+    "startupGpuSeconds": 230.0,
+    "checkpointGpuSeconds": 100.0,
+    "restarts": 1,
+    "goodputPercent": 87.5,
+}
+GOODPUT_LINE = (
+    "Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 300 lost to 1 restart, 230 start-up, "
+    "100 saving checkpoints"
+)
+BUDGET = "stopped at maxDuration 2h: step 300 of 500 planned"
+
+
+def failed(reason: str, message: str, **status: Any) -> dict[str, Any]:
+    """A Failed job as the operator writes a training failure: the reason on Training and Ready."""
+    return job(
+        "Failed",
+        conditions=[cond("Training", message, "False", reason), cond("Ready", message, "False", reason)],
+        **status,
+    )
+
+
+def test_a_training_failure_shows_its_reason_message_meaning_and_remedy() -> None:
+    code, text = run([job("Training", conditions=TRAINING), failed("DiskFull", DISK_FULL.describe())])
+    assert code == watch.EXIT_FAILED
+    assert text.splitlines() == [
+        "     0s  Training: training",
+        "     0s  Failed",
+        "DiskFull at step 120: OSError: [Errno 28] No space left on device saving checkpoint-120",
+        "  what it means: the checkpoint volume is full (No space left on device)",
+        "  what to do: the previous checkpoint stays usable: give the job a larger volume (spec.storage.size, "
+        "or a larger existingClaim) or keep fewer checkpoints (spec.training.saveTotalLimit), then re-create "
+        "it on the same claim to resume",
+    ]
+    assert text.count(HINTS[Failure.DISK_FULL]) == 1  # the hint the message ends with, shown once
+
+
+@pytest.mark.parametrize("reason", list(Failure))
+def test_every_failure_is_shown_with_its_texts_once(reason: Failure) -> None:
+    for step in (None, 7):
+        failure = TrainingFailure.of(reason, "what happened", step=step)
+        at = "" if step is None else " at step 7"
+        assert watch.failure_lines(reason, failure.describe()) == [
+            f"{reason}{at}: what happened",
+            f"  what it means: {MEANINGS[reason]}",
+            f"  what to do: {HINTS[reason]}",
+        ]
+
+
+def test_a_failure_message_without_the_reason_or_the_hint_gets_both() -> None:
+    code, text = run([failed("LossDiverged", "the loss was NaN at step 40")])
+    assert code == watch.EXIT_FAILED
+    assert text.splitlines()[-3:] == [
+        "LossDiverged: the loss was NaN at step 40",
+        f"  what it means: {MEANINGS[Failure.LOSS_DIVERGED]}",
+        f"  what to do: {HINTS[Failure.LOSS_DIVERGED]}",
+    ]
+    assert watch.failure_lines(Failure.EVICTED, "")[0] == "Evicted"
+    assert (
+        watch.failure_lines(Failure.NCCL_ERROR, "NcclErrors on rank 3")[0]
+        == "NcclError: NcclErrors on rank 3"
+    )
+
+
+def test_the_failure_on_the_training_condition_when_ready_says_something_else() -> None:
+    oom = TrainingFailure.of(Failure.HOST_OUT_OF_MEMORY, "container pytorch was OOMKilled (limit 64Gi)")
+    status = job(
+        "Failed",
+        conditions=[
+            cond("Training", oom.describe(), "False", "HostOutOfMemory"),
+            cond("Ready", "training failed", "False", "TrainingFailed"),
+        ],
+    )
+    _, text = run([status])
+    assert text.splitlines()[-3] == "HostOutOfMemory: container pytorch was OOMKilled (limit 64Gi)"
+
+
+def test_a_failure_reason_on_a_true_condition_is_not_a_failure() -> None:
+    assert watch.training_failure({"conditions": [cond("Ready", "all good", "True", "DiskFull")]}) is None
+
+
+def test_stopped_at_the_budget_and_registered() -> None:
+    status = job(
+        "Succeeded",
+        conditions=[
+            cond("Ready", "registered model qwen version 3"),
+            cond("BudgetReached", BUDGET, "True", "BudgetReached"),
+        ],
+        registeredModel={"name": "qwen", "version": "3", "uri": "models:/qwen/3"},
+        budget={"reached": True, "limit": "maxDuration 2h", "step": 300, "totalSteps": 500},
+        goodput=GOODPUT,
+    )
+    code, text = run([status])
+    assert code == watch.EXIT_SUCCEEDED
+    assert text.splitlines() == [
+        "     0s  Succeeded",
+        f"Budget reached: {BUDGET}",
+        "Registered model qwen version 3  (models:/qwen/3)",
+        GOODPUT_LINE,
+    ]
+
+
+def test_stopped_at_the_budget_without_registering() -> None:
+    status = job(
+        "Succeeded",
+        conditions=[cond("Ready", "trained; registration is off (budget.register: false)")],
+        budget={"reached": True, "limit": "maxGpuHours 16", "step": 300, "totalSteps": 500},
+    )
+    _, text = run([status])
+    assert text.splitlines()[1:] == [
+        "Budget reached: maxGpuHours 16, step 300 of 500",
+        "trained; registration is off (budget.register: false)",
+    ]
+    assert watch.budget_line({"budget": {"reached": False, "limit": "maxDuration 2h"}}) is None
+    assert watch.budget_line({"conditions": [cond("BudgetReached", "", "False", "BudgetReached")]}) is None
+
+
+def test_memory_retries_are_shown_once_each_as_they_come() -> None:
+    first = {"attempt": 1, "step": 40, "before": "8 rows x 1", "after": "4 rows x 2"}
+    second = {"attempt": 2, "step": 41, "before": "4 rows x 2", "after": "2 rows x 4"}
+    progress = {"step": 40, "totalSteps": 100}
+    code, text = run(
+        [
+            job("Training", conditions=TRAINING, progress=progress),
+            job("Training", conditions=TRAINING, progress=progress, memoryRetries=[first]),
+            job("Training", conditions=TRAINING, progress=progress, memoryRetries=[first]),
+            job("Training", conditions=TRAINING, progress=progress, memoryRetries=[first, second]),
+            job("Succeeded", conditions=[cond("Ready", "done")], memoryRetries=[first, second]),
+        ]
+    )
+    assert code == 0
+    bar = "         [##########--------------]  40%  step 40/100"
+    assert text.splitlines() == [
+        "     0s  Training: training",
+        bar,
+        "         CUDA out of memory at step 40: retry 1, 8 rows x 1 -> 4 rows x 2",
+        bar,
+        "         CUDA out of memory at step 41: retry 2, 4 rows x 2 -> 2 rows x 4",
+        bar,
+        "     0s  Succeeded",
+        "done",
+    ]
+
+
+def test_a_memory_retry_ends_the_redrawn_progress_line_on_a_terminal() -> None:
+    retry = {"attempt": 1, "before": "8 rows x 1", "after": "4 rows x 2"}
+    progress = {"step": 1, "totalSteps": 4}
+    _, text = run(
+        [
+            job("Training", conditions=TRAINING, progress=progress),
+            job("Training", conditions=TRAINING, progress=progress, memoryRetries=[retry]),
+        ],
+        tty=True,
+    )
+    bar = "[######------------------]  25%  step 1/4"
+    assert text.endswith(
+        f"\r\033[2K{bar}\n         CUDA out of memory: retry 1, 8 rows x 1 -> 4 rows x 2\n\r\033[2K{bar}\n"  # the stream ended: the line is closed
+    )
+
+
+def test_goodput_after_a_failure_and_without_a_percent() -> None:
+    goodput = {**GOODPUT, "goodputPercent": None, "restarts": 2}
+    _, text = run([failed("DiskFull", DISK_FULL.describe(), goodput=goodput)])
+    assert text.splitlines()[-1] == (
+        "Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 300 lost to 2 restarts, 230 start-up, "
+        "100 saving checkpoints"
+    )
+    assert watch.goodput_line({"goodput": {}}) == (
+        "Goodput ?: of 0 GPU-seconds held, 0 productive, 0 lost to 0 restarts, 0 start-up, 0 saving checkpoints"
+    )
+    assert watch.goodput_line({}) is None

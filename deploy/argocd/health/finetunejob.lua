@@ -5,10 +5,14 @@
 --   Failed                         -> Degraded
 --   Suspended                      -> Suspended
 -- The message comes from the status: the conditions' messages, training progress, the registered model.
+-- Failed: the Ready condition's reason and message ("DiskFull at step 120: ..." as the operator
+-- writes a training failure; the reason is put in front of a message that does not begin with it).
+-- Succeeded at spec.budget (BudgetReached=True): the model, then the BudgetReached message.
 -- Degraded too, while not final, when a person is needed: a child object kubetune will not overwrite
 -- or that the API server forbids (ChildrenReady=False, ChildConflict or ChildForbidden: its message),
--- and training pods that cannot start (Training=False, Unschedulable, PodsNotCreated or
--- ImagePullFailed: its message; the operator shows a pod waiting for a node only after a while).
+-- and training pods that cannot start (Training=False, Unschedulable, PodsNotCreated,
+-- ImagePullFailed or MountFailed: its message; the operator shows a pod waiting for a node only
+-- after a while).
 -- A child request that failed for a while and is retried (ChildApiError) is Progressing with its
 -- message.
 --
@@ -176,6 +180,29 @@ local function says(c)
   return text(c.message) or text(c.reason)
 end
 
+-- whether s begins with p, without the string library: strings compare byte by byte, and no UTF-8
+-- text (all a JSON string can hold) has the byte 255, so every s that begins with p lies in
+-- [p, p .. "\255")
+local function begins(s, p)
+  return p <= s and s < p .. "\255"
+end
+
+-- the condition's reason and message ("Reason: message"; the message alone when it already begins
+-- with the reason as a word: "DiskFull at step 120: ...", "DiskFull: ..."), or whichever there is
+local function explains(c)
+  if c == nil then
+    return nil
+  end
+  local r, m = text(c.reason), text(c.message)
+  if r == nil or m == nil then
+    return m or r
+  end
+  if m == r or begins(m, r .. " ") or begins(m, r .. ":") then
+    return m
+  end
+  return r .. ": " .. m
+end
+
 local function progress(status)
   local p = status.progress
   if type(p) ~= "table" or count(p.step) == nil then
@@ -237,6 +264,11 @@ local ready = condition(status, "Ready")
 if phase == "Succeeded" then
   hs.status = "Healthy"
   hs.message = registered(status.registeredModel) or says(ready) or "Succeeded"
+  -- stopped at spec.budget: the job still succeeds with what it trained
+  local budget = condition(status, "BudgetReached")
+  if budget ~= nil and budget.status == "True" then
+    hs.message = hs.message .. "; " .. (explains(budget) or "BudgetReached")
+  end
   -- a changed registration.alias: the model stays registered; a failed move needs a person
   local alias = condition(status, "AliasSynced")
   if alias ~= nil and alias.status == "False" and says(alias) ~= nil then
@@ -250,7 +282,7 @@ end
 
 if phase == "Failed" then
   hs.status = "Degraded"
-  hs.message = says(ready) or "The FineTuneJob failed"
+  hs.message = explains(ready) or "The FineTuneJob failed"
   return hs
 end
 
@@ -261,7 +293,12 @@ if phase == "Suspended" then
 end
 
 local DEGRADED_CHILDREN = { ChildConflict = true, ChildForbidden = true }
-local PODS_CANNOT_START = { Unschedulable = true, PodsNotCreated = true, ImagePullFailed = true }
+local PODS_CANNOT_START = {
+  Unschedulable = true,
+  PodsNotCreated = true,
+  ImagePullFailed = true,
+  MountFailed = true,
+}
 
 -- c.reason only when it is a string (a table key of another type would be looked up as itself)
 local function reason(c)
