@@ -48,6 +48,7 @@ class Failure(StrEnum):
     LOSS_DIVERGED = "LossDiverged"
     PREEMPTED = "Preempted"
     EVICTED = "Evicted"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
     UNKNOWN = "Unknown"
 
 
@@ -73,6 +74,8 @@ MEANINGS: dict[Failure, str] = {
     "(the loss watchdog)",
     Failure.PREEMPTED: "the pod was stopped (SIGTERM: preemption, a drained node) after saving a checkpoint",
     Failure.EVICTED: "the kubelet evicted the pod (node pressure: memory, disk)",
+    Failure.DEADLINE_EXCEEDED: "the PyTorchJob ran past its hard deadline (activeDeadlineSeconds, a margin "
+    "above spec.budget): the trainer did not stop at the budget, it hung",
     Failure.UNKNOWN: "an error kubetune does not recognise: the message holds the last log lines",
 }
 
@@ -101,6 +104,8 @@ HINTS: dict[Failure, str] = {
     Failure.PREEMPTED: "nothing: the Training Operator starts a new pod, which resumes from the checkpoint",
     Failure.EVICTED: "retried up to the backoff limit; set spec.resources.memory and cpu requests so that "
     "the pod is not the first one evicted, or use a node pool with more headroom",
+    Failure.DEADLINE_EXCEEDED: "read the trainer's logs for where it hung (a stuck collective, a stalled "
+    "volume); checkpoints saved before stay on the volume",
     Failure.UNKNOWN: "read the message and the trainer's logs (kubectl logs); report it if it is a kubetune bug",
 }
 
@@ -116,7 +121,9 @@ class TrainingFailure(ApiModel):
 
     @classmethod
     def of(cls, reason: Failure, message: str, step: int | None = None) -> TrainingFailure:
-        return cls(reason=reason, message=message, hint=HINTS[reason], step=step, retryable=reason in RETRYABLE)
+        return cls(
+            reason=reason, message=message, hint=HINTS[reason], step=step, retryable=reason in RETRYABLE
+        )
 
     @property
     def exit_code(self) -> int:
@@ -142,8 +149,8 @@ class TrainingFailure(ApiModel):
 def parse_failure(text: str | None) -> TrainingFailure | None:
     """The failure in a termination message (the JSON line, also when a log tail surrounds it);
     None for anything else."""
-    for line in reversed((text or "").strip().splitlines()):
-        line = line.strip()
+    for raw in reversed((text or "").strip().splitlines()):
+        line = raw.strip()
         if not line.startswith("{"):
             continue
         try:

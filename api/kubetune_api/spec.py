@@ -486,6 +486,11 @@ def duration_seconds(text: str) -> int:
     return 3600 * h + 60 * m + s
 
 
+# The hard deadline sits this far above spec.budget (at least BUDGET_MARGIN_MIN_S seconds).
+BUDGET_MARGIN = 0.25
+BUDGET_MARGIN_MIN_S = 900
+
+
 class BudgetSpec(ApiModel):
     """Where training stops cleanly, keeping and registering what it has (condition BudgetReached)."""
 
@@ -500,11 +505,26 @@ class BudgetSpec(ApiModel):
     register_model: bool = Field(
         default=True,
         alias="register",
-        description="Register the model trained up to the budget (false: keep it on the volume)."
+        description="Register the model trained up to the budget (false: keep it on the volume).",
     )
 
     def seconds(self) -> int | None:
         return duration_seconds(self.max_duration) if self.max_duration else None
+
+    def deadline_seconds(self, gpus: int) -> int | None:
+        """The PyTorchJob's hard deadline (``activeDeadlineSeconds``): the tighter limit (GPU-hours
+        over the job's GPUs) plus a margin, so only a job that hung reaches it.
+
+        >>> BudgetSpec(maxDuration="2h").deadline_seconds(8), BudgetSpec(maxGpuHours=4).deadline_seconds(8)
+        (9000, 2700)
+        """
+        limits = [s for s in (self.seconds(),) if s is not None]
+        if self.max_gpu_hours is not None:
+            limits.append(int(self.max_gpu_hours * 3600 / max(1, gpus)))
+        if not limits:
+            return None
+        limit = min(limits)
+        return limit + max(BUDGET_MARGIN_MIN_S, int(limit * BUDGET_MARGIN))
 
 
 # Fields of the spec that may change after creation; everything else shapes the training.
@@ -528,7 +548,8 @@ class FineTuneJobSpec(ApiModel):
         default_factory=PreparationSpec, description="Checks before any GPU is held (preparation step)."
     )
     budget: BudgetSpec | None = Field(
-        default=None, description="Stop training cleanly at a wall time or GPU-hours, and register what it has."
+        default=None,
+        description="Stop training cleanly at a wall time or GPU-hours, and register what it has.",
     )
     secrets: SecretsSpec | None = Field(default=None, description="Credentials, by Secret reference only.")
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(

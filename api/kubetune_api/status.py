@@ -143,12 +143,17 @@ class CheckpointStatus(ApiModel):
 class Goodput(ApiModel):
     """Where the GPU time went, across attempts (reported by the trainer; GPU-seconds = seconds x GPUs)."""
 
-    held_gpu_seconds: float = Field(default=0, description="GPU-seconds the training pods held, from process start.")
+    held_gpu_seconds: float = Field(
+        default=0, description="GPU-seconds the training pods held, from process start."
+    )
     productive_gpu_seconds: float = Field(default=0, description="Spent in optimizer steps that count.")
     restart_lost_gpu_seconds: float = Field(
-        default=0, description="Spent in steps redone after a restart (done after the checkpoint resumed from)."
+        default=0,
+        description="Spent in steps redone after a restart (done after the checkpoint resumed from).",
     )
-    startup_gpu_seconds: float = Field(default=0, description="From process start to the first step, per attempt.")
+    startup_gpu_seconds: float = Field(
+        default=0, description="From process start to the first step, per attempt."
+    )
     checkpoint_gpu_seconds: float = Field(default=0, description="Spent saving checkpoints.")
     restarts: int = Field(default=0, description="Attempts after the first.")
     goodput_percent: float | None = Field(default=None, description="productive / held, in percent.")

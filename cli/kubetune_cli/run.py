@@ -330,6 +330,13 @@ def _run_local(args: argparse.Namespace) -> int:
     if outcome.exit_code != 0:
         if outcome.status == "refused":
             print(f"kubetune: {outcome.result.get('error')}", file=sys.stderr)
+        elif outcome.failure is not None:
+            print(f"kubetune: training failed: {outcome.failure.describe()}", file=sys.stderr)
+            if outcome.failure.retryable:
+                print(
+                    "kubetune: run the same command again to retry from the newest checkpoint",
+                    file=sys.stderr,
+                )
         if outcome.exit_code == EXIT_PREEMPTED:
             print(
                 f"kubetune: stopped at a checkpoint in {out / CHECKPOINTS_DIR}; "

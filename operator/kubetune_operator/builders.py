@@ -510,9 +510,17 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
                 # Delete still-running pods when the job ends (frees GPUs), keep finished ones (logs).
                 "cleanPodPolicy": "Running",
                 "suspend": job.spec.suspend,
+                **_hard_deadline(job),
             },
         },
     }
+
+
+def _hard_deadline(job: api.FineTuneJob) -> dict[str, Any]:
+    """``activeDeadlineSeconds`` a margin above ``spec.budget`` (``BudgetSpec.deadline_seconds``)."""
+    res, budget = job.spec.resources, job.spec.budget
+    deadline = budget.deadline_seconds(max(1, res.gpus_per_node) * res.nodes) if budget else None
+    return {"activeDeadlineSeconds": deadline} if deadline else {}
 
 
 def alias_job_name(job: api.FineTuneJob) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubetune_api import spec as api
+from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus, Phase
 
 from . import builders, observations, state
@@ -161,7 +162,9 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
     obs = replace(
         first,
         suspend=job.spec.suspend,
-        registration_enabled=job.spec.registration.enabled,
+        registration_enabled=state.registration_wanted(job, previous),
+        budget=previous.budget if previous.budget and previous.budget.reached else None,
+        failure=seen.failure,
         queued_by_kueue=job.spec.resources.queue_name is not None,
         conflict=seen.conflict,
         child_error=seen.child_error,
@@ -203,6 +206,7 @@ class _Seen:
     # None: no preparation in this pass (turned off, or done: the status says Prepared)
     preparation: observations.PreparationObservation | None = None
     child_error: state.ChildError | None = None
+    failure: TrainingFailure | None = None  # why the PyTorchJob failed (its pods say)
 
 
 def _observe(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) -> _Seen:
@@ -275,13 +279,13 @@ def _children(
                 condition="Succeeded",
                 message=f"training finished (PyTorchJob {ptj_name} has been deleted since)",
             )
-            _registration(ctx, job, seen)
+            _registration(ctx, job, seen, previous)
             return
     if settings.preparation and state.preparation_needed(previous):
         _preparation(ctx, job, seen)
         if seen.conflict or seen.preparation is None or seen.preparation.state != "Succeeded":
             return  # nothing GPU-sized before the preparation has succeeded
-    _training(ctx, job, seen)
+    _training(ctx, job, seen, previous)
 
 
 def _ensure(ctx: Context, job: api.FineTuneJob, manifest: dict[str, Any], seen: _Seen) -> Any:
@@ -296,7 +300,7 @@ def _ensure(ctx: Context, job: api.FineTuneJob, manifest: dict[str, Any], seen: 
     return result
 
 
-def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
+def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen, previous: FineTuneJobStatus) -> None:
     """The PyTorchJob, created and observed (its pods when they do not start); then registration."""
     manifest = builders.build_pytorchjob(job, ctx.settings)
     result = _ensure(ctx, job, manifest, seen)
@@ -314,8 +318,10 @@ def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
         and not observations.pods_running(pytorchjob)
     ):
         seen.pods = _pods_observation(ctx, pytorchjob)
+    if pytorchjob is not None and seen.training.condition == "Failed":
+        seen.failure = _training_failure(ctx, pytorchjob, seen.training)
     if seen.training.condition == "Succeeded":
-        _registration(ctx, job, seen)
+        _registration(ctx, job, seen, previous)
 
 
 def _preparation(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
@@ -354,10 +360,10 @@ def _job_pod_not_created(ctx: Context, job_obj: dict[str, Any]) -> str:
     return str(failed[-1].get("message") or "") if failed else ""
 
 
-def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
+def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen, previous: FineTuneJobStatus) -> None:
     """Training finished: the registration Job, created when registration is on, and observed."""
     ns, settings = job.metadata.namespace, ctx.settings
-    if job.spec.registration.enabled:
+    if state.registration_wanted(job, previous):
         manifest = builders.build_registration_job(job, settings)
         result = _ensure(ctx, job, manifest, seen)
         if result is None:
@@ -373,6 +379,20 @@ def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen) -> None:
     if live is not None and is_ours(live, job):
         seen.children["registrationJob"] = reg_name
         seen.registration = _registration_observation(ctx, job, live, builders.COMPONENT_REGISTRATION)
+
+
+def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.TrainingObservation) -> Any:
+    """Why the Failed PyTorchJob failed, from its pods (best effort: a refused read is logged and the
+    generic message stands)."""
+    meta = pytorchjob["metadata"]
+    try:
+        pods = ctx.kube.list(
+            "v1", "Pod", meta["namespace"], f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}"
+        )
+    except ApiError as e:
+        ctx.logger.warning("cannot read the pods of PyTorchJob %s: %s", meta["name"], e)
+        pods = []
+    return observations.training_failure(training, pods, builders.TRAIN_CONTAINER)
 
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:

@@ -33,9 +33,9 @@ a :class:`~kubetune_api.preparation.Refusal`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kubetune_api.failures import Failure
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
 from kubetune_api.status import (
     Condition,
@@ -58,12 +58,14 @@ from .observations import (
     TrainingObservation,
     shown_trouble,
 )
+from .state_types import Decision, Event, Observation, Transition
 from .status_view import (
     FINAL_PHASES,
     Reregister,
     failed_in_registration,
     finished_without_registration,
     preparation_needed,
+    registration_wanted,
     rejected_child,
     reopens,
     training_succeeded,
@@ -76,65 +78,30 @@ CONDITION_TYPES = (
     ConditionType.TRAINING,
     ConditionType.SUSPENDED,
     ConditionType.REGISTERED,
+    ConditionType.BUDGET_REACHED,
 )
 
 __all__ = [
     "CONDITION_TYPES",
     "FINAL_PHASES",
+    "ChildError",
+    "Decision",
+    "Event",
+    "Observation",
+    "PodsObservation",
+    "PreparationObservation",
+    "RegistrationObservation",
     "Reregister",
+    "TrainingObservation",
+    "Transition",
     "failed_in_registration",
     "finished_without_registration",
     "preparation_needed",
+    "registration_wanted",
     "rejected_child",
     "reopens",
     "training_succeeded",
 ]
-
-
-@dataclass(frozen=True)
-class Observation:
-    generation: int
-    now: str  # RFC 3339
-    suspend: bool = False
-    registration_enabled: bool = True
-    queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
-    invalid_spec: str | None = None
-    conflict: str | None = None  # message naming the foreign object, if any
-    child_error: ChildError | None = None  # the pass stopped at a request the API server refused
-    training: TrainingObservation = field(default_factory=TrainingObservation)
-    registration: RegistrationObservation = field(default_factory=RegistrationObservation)
-    pods: PodsObservation = field(default_factory=PodsObservation)
-    # None: preparation has no say in this pass (turned off in the settings, or done earlier)
-    preparation: PreparationObservation | None = None
-    children: dict[str, str] = field(default_factory=dict)
-    # a finished job registered again, and the retry annotation's value no pass has acted on yet
-    reregister: Reregister | None = None
-    retry_request: str | None = None
-    # For actionable messages.
-    namespace: str = "default"
-    job_name: str = ""
-    pytorchjob_name: str = ""
-    registration_job_name: str = ""
-    preparation_job_name: str = ""
-    checkpoint_claim: str = ""
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass
-class Transition:
-    """The next status (fields the operator owns) and the events for what changed."""
-
-    status: dict[str, Any]
-    events: list[Event]
-    phase: str
-    # True when only time (or the outside world) can move things on: re-check soon.
-    waiting: bool = False
 
 
 # --- the machine ----------------------------------------------------------------------------------------
@@ -310,16 +277,6 @@ def _held(
     return Transition(status=status, events=events, phase=str(phase), waiting=True)
 
 
-@dataclass(frozen=True)
-class Decision:
-    """The phase, and per condition (``ready``, ``children``, ``training``, ``suspended``,
-    ``registered``) its (status, reason, message); ``waiting``: only time can move things on."""
-
-    phase: Phase
-    conditions: dict[str, tuple[bool, str, str]]
-    waiting: bool = False
-
-
 def decide(obs: Observation) -> Decision:
     """What the observation means for a job that is not final (or was reopened)."""
     phase, reasons = _decide(obs)
@@ -367,20 +324,33 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     )
 
     if tr.condition == "Failed":
-        msg = (
-            f"PyTorchJob {obs.pytorchjob_name} failed ({tr.reason or 'Failed'}: {tr.message or 'no message'}). "
-            f"See the {logs_hint}. Exit codes 1-127 (bad config, a bug, missing data or credentials) fail at "
-            "once; fix the spec and re-create the FineTuneJob. Exit codes 128-255 (preemption, OOM kill) were "
-            "retried up to the backoff limit; checkpoints stay on PVC "
-            f"{obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
-        )
-        out["training"] = (False, Reason.TRAINING_FAILED, msg)
-        out["ready"] = (False, Reason.TRAINING_FAILED, msg)
-        return Phase.FAILED, out
-
+        return _training_failed(obs, out, logs_hint)
     if tr.condition == "Succeeded":
         return _after_training(obs, out)
     return _before_training_ends(obs, out)
+
+
+def _training_failed(obs: Observation, out: dict[str, Any], logs_hint: str) -> tuple[str, dict[str, Any]]:
+    """The PyTorchJob failed: why (its pods' classified failure, ``obs.failure``), and what to do."""
+    if obs.failure is not None:
+        f = obs.failure
+        msg = f"{f.describe()} See the {logs_hint}."
+        if f.reason not in (Failure.DATASET_ERROR, Failure.MODEL_GATED, Failure.MODEL_NOT_FOUND):
+            msg += f" Checkpoints stay on PVC {obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
+        out["training"] = (False, f.reason, msg)
+        out["ready"] = (False, f.reason, msg)
+        return Phase.FAILED, out
+    tr = obs.training
+    msg = (
+        f"PyTorchJob {obs.pytorchjob_name} failed ({tr.reason or 'Failed'}: {tr.message or 'no message'}). "
+        f"See the {logs_hint}. Exit codes 1-127 (bad config, a bug, missing data or credentials) fail at "
+        "once; fix the spec and re-create the FineTuneJob. Exit codes 128-255 (preemption, OOM kill) were "
+        "retried up to the backoff limit; checkpoints stay on PVC "
+        f"{obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
+    )
+    out["training"] = (False, Reason.TRAINING_FAILED, msg)
+    out["ready"] = (False, Reason.TRAINING_FAILED, msg)
+    return Phase.FAILED, out
 
 
 def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, Any]) -> Phase | None:
@@ -437,6 +407,14 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
     registration off; or Failed, with the remedy)."""
     tr, reg = obs.training, obs.registration
     out["training"] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
+    if obs.budget is not None:
+        b = obs.budget
+        out["budget"] = (
+            True,
+            Reason.BUDGET_REACHED,
+            f"training stopped at spec.budget {b.limit}: step {b.step} of {b.total_steps} planned; the final "
+            "model is that step's",
+        )
     job = f"registration Job {obs.registration_job_name}"
     retry = (
         f"kubectl annotate ftj -n {obs.namespace} {obs.job_name} "
@@ -445,7 +423,11 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
     kept = "the trained model stays on the checkpoint volume."
     disabled = None  # Succeeded with nothing registered, and why
     if not obs.registration_enabled and not reg.exists:
-        disabled = "spec.registration.enabled is false"
+        disabled = (
+            "spec.budget.register is false: the model trained up to the budget stays on the checkpoint volume"
+            if obs.budget is not None
+            else "spec.registration.enabled is false"
+        )
     elif reg.state == "Skipped" and not obs.registration_enabled:
         disabled = f"{job} ended without registering: spec.registration.enabled is false"
     if disabled is not None:
@@ -580,14 +562,15 @@ def _conditions(
         "training": ConditionType.TRAINING,
         "suspended": ConditionType.SUSPENDED,
         "registered": ConditionType.REGISTERED,
+        "budget": ConditionType.BUDGET_REACHED,
     }
     out = []
     for key, type_ in keys.items():
         decided: tuple[bool, str, str]
         if key in reasons:
             decided = reasons[key]
-        elif key == "prepared" and type_ not in prev:
-            continue  # a job that never had a preparation step (turned off, or older than it)
+        elif key in ("prepared", "budget") and type_ not in prev:
+            continue  # a job that never had a preparation step (turned off, or older than it), or a budget
         elif type_ in prev:
             # Not decided this time (e.g. Suspended once training finished): keep what it said.
             old = prev[type_]

@@ -7,9 +7,20 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from kubetune_api.spec import FineTuneJob
 from kubetune_api.status import ConditionType, FineTuneJobStatus, Phase, Reason
 
 FINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
+
+
+def registration_wanted(job: FineTuneJob, status: FineTuneJobStatus) -> bool:
+    """Whether the trained model is to be registered: ``spec.registration.enabled``, unless training
+    stopped at ``spec.budget`` (status.budget, the trainer's report) and ``budget.register`` is false."""
+    budget = job.spec.budget
+    stopped = status.budget is not None and status.budget.reached
+    return job.spec.registration.enabled and not (
+        stopped and budget is not None and not budget.register_model
+    )
 
 
 def failed_in_registration(status: FineTuneJobStatus) -> bool:

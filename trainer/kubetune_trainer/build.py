@@ -251,12 +251,13 @@ def build_sft_config(
     if t.lr_scheduler == "cosine_with_min_lr":
         # transformers refuses this schedule without a floor; 10% of the peak is the usual one.
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": 0.1}
+    # No NaN filter: it reads every micro-step's loss back to the host, and it hides a NaN loss
+    # from the logs, which the loss watchdog (kubetune_trainer.watchdog) must see.
+    kwargs["logging_nan_inf_filter"] = False
     if plan.liger:
         # The fast path (kubetune_trainer.fast): Liger is applied to the model by build_trainer,
         # fused linear cross-entropy included, and the loss never syncs with the host per
-        # micro-step; so no TRL use_liger_kernel (it keeps TRL's chunked head) and no NaN filter
-        # (it reads every micro-step's loss back to the host).
-        kwargs["logging_nan_inf_filter"] = False
+        # micro-step; so no TRL use_liger_kernel (it keeps TRL's chunked head).
         kwargs["prediction_loss_only"] = True
     fsdp = plan.sharding == "fsdp2"
     if fsdp:

@@ -18,16 +18,20 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from transformers import TrainerCallback
 
-from . import checkpoints
+from kubetune_api.spec import BudgetSpec
+
+from . import checkpoints, failures
+from .ledger import Ledger, budget_reached
 from .progress import ProgressReporter
 from .tracking import MlflowTracker
+from .watchdog import LossDivergedError, LossWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +82,13 @@ def _ignore_sigterm(then: Any, worker_id: int) -> None:
 
 
 class PreemptionGuard:
-    """Remembers a SIGTERM; the training loop asks :meth:`agreed` at each step end."""
+    """Remembers a SIGTERM (or that rank 0 found the budget spent); the training loop asks
+    :meth:`agreed` at each step end."""
 
     def __init__(self, *, ctrl_c: bool = False) -> None:
         self.requested = False
+        # the spec.budget limit reached (rank 0 finds it; agreed() tells every rank): stop, not retry
+        self.budget_limit: str | None = None
         self.received_at: float | None = None
         # Locally (kubetune run --local) Ctrl-C does the same: save, stop; a second Ctrl-C aborts.
         self.signals = [signal.SIGTERM, signal.SIGINT] if ctrl_c else [signal.SIGTERM]
@@ -107,20 +114,30 @@ class PreemptionGuard:
         self.requested = True
         self.received_at = self.received_at or time.monotonic()
 
+    def request_budget_stop(self, limit: str) -> None:
+        """Rank 0: the budget is spent; every rank stops at the end of this step (:meth:`agreed`)."""
+        if self.budget_limit is None:
+            log.warning("budget reached (%s): saving, then stopping", limit)
+        self.budget_limit = limit
+
     def agreed(self) -> bool:
-        """True on every rank when any rank got SIGTERM (one tiny all-reduce per optimizer step)."""
+        """True on every rank when any rank got SIGTERM, or rank 0 found the budget spent (one tiny
+        all-reduce per optimizer step; a spent budget wins: the run ends, it is not retried)."""
         dist = _dist()
         if dist is None or dist.get_world_size() == 1:
-            return self.requested
+            return self.requested or self.budget_limit is not None
         import torch
 
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([1 if self.requested else 0], device=device)
+        flag = torch.tensor([2 if self.budget_limit else 1 if self.requested else 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag.item()) and not self.requested:
+        value = int(flag.item())
+        if value == 2 and self.budget_limit is None:
+            self.budget_limit = "the budget"
+        elif value == 1 and not self.requested:
             self.requested = True
             self.received_at = time.monotonic()
-        return self.requested
+        return value > 0
 
 
 GC_EVERY_STEPS = 50
@@ -196,7 +213,19 @@ class RunCallback(TrainerCallback):
         earlier_eval_losses: list[tuple[int, float]] | None = None,
         training_hash: str | None = None,
         data_hash: str | None = None,
+        watchdog: LossWatchdog | None = None,
+        ledger: Ledger | None = None,
+        budget: BudgetSpec | None = None,
+        micro_rows: int = 1,
+        extra_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
+        self.watchdog = watchdog
+        self.ledger = ledger
+        self.budget = budget
+        self.micro_rows = micro_rows
+        self.extra_status = extra_status
+        self.budget_stop: tuple[int, str] | None = None  # (step, limit) where the budget stopped the run
+        self._step_ended_at = 0.0
         self.root = checkpoints_root
         self.training_hash = training_hash
         self.data_hash = data_hash
@@ -216,19 +245,48 @@ class RunCallback(TrainerCallback):
 
     # --- preemption -------------------------------------------------------------------------
 
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        failures.context.training_started = True
+        failures.context.step = state.global_step + 1
+        failures.injected(state.global_step + 1, self.micro_rows)  # test hooks only
+        return control
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self.guard.agreed() and self.preempted_at_step is None:
-            self.preempted_at_step = state.global_step
+        step = state.global_step
+        if self.ledger is not None:
+            self.ledger.on_step(step)
+            self.ledger.save()
+            if self.is_rank0 and (limit := budget_reached(self.budget, self.ledger)):
+                self.guard.request_budget_stop(limit)
+        if self.guard.agreed() and self.preempted_at_step is None and self.budget_stop is None:
+            if self.guard.budget_limit is not None:
+                self.budget_stop = (step, self.guard.budget_limit)
+            else:
+                self.preempted_at_step = step
             control.should_save = True
             control.should_training_stop = True
         if self.progress is not None:
-            self.progress.on_step(state.global_step, state.epoch)
+            self.refresh_status()
+            self.progress.on_step(step, state.epoch)
+        self._step_ended_at = time.monotonic()
+        return control
+
+    def refresh_status(self) -> None:
+        """The trainer-owned status beside the progress (goodput, budget, memory retries)."""
+        if self.progress is not None and self.extra_status is not None:
+            self.progress.state.extra = self.extra_status()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._step_ended_at = time.monotonic()  # a save after an evaluation is timed from here
         return control
 
     # --- checkpoints ------------------------------------------------------------------------
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         step = state.global_step
+        if self.ledger is not None and self._step_ended_at:
+            self.ledger.on_checkpoint(time.monotonic() - self._step_ended_at)
+            self.ledger.save(force=True)
         path = checkpoints.checkpoint_path(self.root, step)
         # Every rank wrote its part (rank 0 the weights and optimizer, each rank its RNG state):
         # only then may the checkpoint be declared complete.
@@ -275,6 +333,7 @@ class RunCallback(TrainerCallback):
         step = state.global_step
         if "loss" in logs:
             self.losses.append((step, float(logs["loss"])))
+            self._watch(step, float(logs["loss"]))
         if "eval_loss" in logs:
             self.eval_losses.append((step, float(logs["eval_loss"])))
         if "num_tokens" in logs:
@@ -292,7 +351,30 @@ class RunCallback(TrainerCallback):
             self.progress.on_log(logs, self.tokens_per_second)
         return control
 
+    def _watch(self, step: int, loss: float) -> None:
+        """The loss watchdog: raise LossDivergedError (after removing the checkpoints saved from the
+        first bad step on, so the newest one left is the last good one)."""
+        if self.watchdog is None:
+            return
+        why = self.watchdog.observe(step, loss)
+        if why is None:
+            return
+        first_bad = self.watchdog.first_bad_step or step
+        removed = checkpoints.remove_from(self.root, first_bad)
+        good = checkpoints.latest_complete(self.root)
+        kept = (
+            f"; the last good checkpoint is {good.path} (step {good.step})"
+            if good
+            else "; no checkpoint before it"
+        )
+        if removed:
+            kept += f" (removed {', '.join(str(c.step) for c in removed)}: saved after the loss went bad)"
+        raise LossDivergedError(f"{why}{kept}", first_bad)
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.ledger is not None:
+            self.ledger.save(force=True)
+        self.refresh_status()
         if self.progress is not None:
             self.progress.on_step(state.global_step, state.epoch)
             self.progress.report(force=True)

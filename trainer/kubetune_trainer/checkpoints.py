@@ -188,12 +188,24 @@ def prune(root: Path, keep: int) -> list[Checkpoint]:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is what a restart needs")
     done = complete_checkpoints(root)
     doomed = done[:-keep]
+    _delete(doomed)
+    return doomed
+
+
+def _delete(doomed: list[Checkpoint]) -> None:
     for ckpt in doomed:
         # Remove the marker first: if the deletion is cut short, what is left is an incomplete
         # folder (cleaned at the next start), never a "complete" checkpoint with missing files.
         (ckpt.path / COMPLETE_MARKER).unlink(missing_ok=True)
         _fsync_path(ckpt.path)
         shutil.rmtree(ckpt.path, ignore_errors=True)
+
+
+def remove_from(root: Path, step: int) -> list[Checkpoint]:
+    """Delete the complete checkpoints of ``step`` and later (saved after the loss went bad); the
+    deleted. The marker goes first, as in :func:`prune`."""
+    doomed = [c for c in complete_checkpoints(root) if c.step >= step]
+    _delete(doomed)
     return doomed
 
 

@@ -13,6 +13,9 @@ matter when a pod is preempted (the kubelet sends SIGTERM to the container's fir
    finish a step and save a big model's checkpoint. Here the workers get
    ``KUBETUNE_SHUTDOWN_GRACE_S`` seconds (default 300); the pod's ``terminationGracePeriodSeconds``
    should be a bit longer than that.
+3. torchrun exits 1 whatever its workers' failure was. Here the launcher exits with the code of the
+   failure the workers classified (:mod:`kubetune_trainer.failures`, read back from the termination
+   message): retryable ones (a CUDA out-of-memory retry, NCCL) restart the pod.
 
 The second point replaces the timeout default of torch's ``PContext.close`` (torch 2.11, pinned in
 the trainer image); the launcher logs when it cannot.
@@ -26,7 +29,10 @@ import signal
 import sys
 from typing import Any
 
+from kubetune_api.failures import EXIT_RETRY, parse_failure
 from kubetune_api.trainer_config import EXIT_PREEMPTED
+
+from .failures import read_termination_log
 
 log = logging.getLogger("kubetune_trainer.launch")
 
@@ -90,8 +96,18 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("workers were preempted and saved a checkpoint; exiting %d (retryable)", preempted)
             return preempted
         log.error("%s", e.format_msg())
-        return 1
+        return exit_code_after_failure([f.exitcode for f in e.failures.values()])
     return 0
+
+
+def exit_code_after_failure(exit_codes: list[int]) -> int:
+    """The pod's exit code when a worker failed: the classified failure's (the first one the pod's
+    workers wrote to the termination message: retryable or not), else EXIT_RETRY when a worker
+    exited that way, else 1."""
+    failure = parse_failure(read_termination_log())
+    if failure is not None:
+        return failure.exit_code
+    return EXIT_RETRY if EXIT_RETRY in exit_codes else 1
 
 
 if __name__ == "__main__":

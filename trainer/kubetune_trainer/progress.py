@@ -56,6 +56,8 @@ class ProgressState:
     checkpoint_step: int | None = None
     checkpoint_count: int | None = None
     mlflow: dict[str, str] | None = None
+    # trainer-owned status beside the progress: goodput, budget, memoryRetries (camelCase)
+    extra: dict[str, Any] = field(default_factory=dict)
     # For the ETA: steps done by this attempt, and when it started (a resumed run starts mid-way).
     _first_step: int | None = field(default=None, repr=False)
 
@@ -98,6 +100,7 @@ class ProgressState:
             }
         if self.mlflow:
             status["mlflow"] = dict(self.mlflow)
+        status.update({k: v for k, v in self.extra.items() if v is not None})
         return status
 
 

@@ -25,7 +25,7 @@ KEYS = {
         "status", "global_step", "planned_steps", "steps_this_attempt", "epoch", "first_loss",
         "final_loss", "train_loss", "losses", "eval_losses", "resumed_from", "resumed_from_step",
         "final_dir", "checkpoints", "world_size", "plan", "data_format", "data_hash",
-        "tokens_per_second", "seconds",
+        "tokens_per_second", "seconds", "budget", "goodput",
     ),
     "preempted": (
         "status", "preempted_at_step", "global_step", "latest_checkpoint", "latest_checkpoint_step",
@@ -64,6 +64,9 @@ class TrainResult:
     tokens_per_second: float | None = None
     seconds: float | None = None
     mlflow: dict[str, Any] = field(default_factory=dict)  # the tracked run's identity (rank 0)
+    # spec.budget stopped the run: {"reached": true, "limit": ..., "step": ..., "totalSteps": ...}
+    budget: dict[str, Any] | None = None
+    goodput: dict[str, Any] | None = None  # status.goodput at the end (rank 0)
 
     @property
     def first_loss(self) -> float | None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubetune_api.failures import Failure, TrainingFailure
 from kubetune_api.spec import Method
 from kubetune_api.trainer_config import (
     EXIT_PREEMPTED,
@@ -42,7 +43,7 @@ from kubetune_api.trainer_config import (
 )
 from kubetune_api.tuning import GPU_MEMORY_ENV, TuningConfig
 
-from . import checkpoints, data_check
+from . import checkpoints, data_check, failures, oom
 from .build import (
     build_datasets,
     build_model,
@@ -58,7 +59,9 @@ from .data_check import (
     BadInputError,
     DataCheck,
 )
+from .ledger import Ledger, process_start_time
 from .result import TrainResult, earlier_history, finished_earlier, mean_loss
+from .watchdog import LossWatchdog
 
 log = logging.getLogger("kubetune_trainer.train")
 
@@ -132,9 +135,10 @@ def other_training(path: Path | None, cfg: TrainerConfig, data_hash: str | None 
 
 @dataclass
 class Outcome:
-    status: str  # succeeded | preempted | already-complete | refused
+    status: str  # succeeded | preempted | already-complete | refused | failed
     exit_code: int
     result: dict[str, Any] = field(default_factory=dict)
+    failure: TrainingFailure | None = None  # refused or failed: why, for the termination message
 
 
 def write_final(trainer: Any, tokenizer: Any, final_dir: Path, dist: Dist, info: dict[str, Any]) -> None:
@@ -159,10 +163,11 @@ def write_final(trainer: Any, tokenizer: Any, final_dir: Path, dist: Dist, info:
     barrier()
 
 
-def _refuse(message: str, guard: Any, *, debug: bool = False) -> Outcome:
+def _refuse(message: str, guard: Any, *, debug: bool = False, data: bool = False) -> Outcome:
     log.error("%s", message, exc_info=debug)
     guard.uninstall()
-    return Outcome("refused", EXIT_BAD_INPUT, {"error": message})
+    why = TrainingFailure.of(Failure.DATASET_ERROR if data else Failure.UNKNOWN, message)
+    return Outcome("refused", EXIT_BAD_INPUT, {"error": message}, failure=why)
 
 
 def run(
@@ -210,7 +215,8 @@ def _run(
         checked = checked or check_data(cfg)
     except BadInputError as e:
         log.error("%s", e, exc_info=debug)
-        return Outcome("refused", EXIT_BAD_INPUT, {"error": str(e)})
+        why = TrainingFailure.of(Failure.DATASET_ERROR, str(e))
+        return Outcome("refused", EXIT_BAD_INPUT, {"error": str(e)}, failure=why)
 
     guard = PreemptionGuard(ctrl_c=ctrl_c_saves).install()
     output_dir = Path(cfg.output_dir)
@@ -222,6 +228,8 @@ def _run(
     if attempt.kind == checkpoints.AttemptKind.REFUSE:
         return _refuse(attempt.refusal or "", guard)
     final_dir = output_dir / FINAL_DIR
+    failures.context.output_dir = output_dir
+    failures.context.resume_from = attempt.resume.path if attempt.resume else None
     if attempt.kind == checkpoints.AttemptKind.ALREADY_COMPLETE:
         log.info("%s is complete: nothing to train", final_dir)
         guard.uninstall()
@@ -234,7 +242,7 @@ def _run(
         # the data before the model: a Hub data set's rows are checked as they load
         data = build_datasets(cfg, checked)
     except BadInputError as e:
-        return _refuse(str(e), guard, debug=debug)
+        return _refuse(str(e), guard, debug=debug, data=True)
     log.info(
         "data: %d training rows, %s eval rows, format %s, data hash %s",
         len(data[0]),
@@ -318,9 +326,10 @@ class _Attempt:
         )
 
 
-def _plan(cfg: TrainerConfig) -> Any:
+def _plan(cfg: TrainerConfig, retries: list[dict[str, Any]] | None = None) -> Any:
     """The plan for this process's hardware, with the tuning variables read once, here (a bad one:
-    ValueError naming it); the GPU memory cap is applied before anything reaches the GPU."""
+    ValueError naming it); the GPU memory cap is applied before anything reaches the GPU; the
+    layout of the newest retry after CUDA out of memory (:mod:`oom`), if any."""
     from .plan import Hardware, limit_gpu_memory, make_plan
 
     tuning = TuningConfig.from_env()
@@ -331,6 +340,7 @@ def _plan(cfg: TrainerConfig) -> Any:
     plan = make_plan(
         cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA, tuning=tuning
     )
+    plan = oom.apply(plan, retries or [])
     for what, why in plan.reasons.items():
         log.info("plan: %s: %s", what, why)
     return plan, tuning
@@ -338,22 +348,48 @@ def _plan(cfg: TrainerConfig) -> Any:
 
 def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> Outcome:
     """Build the model and trainer, train from the attempt's checkpoint, then report: the final
-    model and a succeeded result, or (SIGTERM) a preempted one."""
-    from .callbacks import RunCallback
-    from .chat import ensure_chat_format
-
+    model and a succeeded result (also when the budget stopped it), a preempted one (SIGTERM), or
+    the classified failure (a CUDA out-of-memory one recorded for a leaner retry)."""
     cfg, dist, resume = attempt.cfg, attempt.dist, attempt.resume
     train_ds, eval_ds, fmt = data
-    plan, tuning = _plan(cfg)
-    tokenizer = build_tokenizer(cfg)
-    model = build_model(cfg, plan, varlen_kernel=tuning.varlen_kernel)
-    ensure_chat_format(model, tokenizer)
-    args = build_sft_config(
-        cfg, plan, has_eval=eval_ds is not None, progress_bar=attempt.progress_bar, tuning=tuning
-    )
+    retries = oom.load(attempt.output_dir)
+    plan, tuning = _plan(cfg, retries)
+    layout = oom.Layout.of(plan)
+    failures.context.layout = str(layout)
+    ledger = Ledger.load(attempt.output_dir, dist.world_size) if dist.is_rank0 else None
+    if ledger is not None:
+        ledger.begin(started=process_start_time(), resumed_step=resume.step if resume else 0)
     reporter = attempt.progress_reporter(tracker)
-    earlier_losses, earlier_evals = earlier_history(resume, attempt.result_path)
-    callback = RunCallback(
+
+    def extra_status() -> dict[str, Any]:
+        out: dict[str, Any] = {"memoryRetries": oom.public(oom.load(attempt.output_dir)) or None}
+        if ledger is not None:
+            out["goodput"] = ledger.goodput()
+        return out
+
+    try:
+        return _fit(attempt, tracker, (train_ds, eval_ds, fmt), plan, tuning, ledger, reporter, extra_status)
+    except Exception as e:
+        failure = failures.classify(e)
+        if failure.reason == Failure.CUDA_OUT_OF_MEMORY:
+            failure = _memory_retry(attempt, failure, layout, len(retries))
+        if reporter is not None:
+            if ledger is not None:
+                ledger.save(force=True)
+            reporter.state.extra = extra_status()
+            reporter.report(force=True)
+        return Outcome("failed", failure.exit_code, {"error": failure.message}, failure=failure)
+
+
+def _callback(
+    attempt: _Attempt, tracker: Any, reporter: Any, plan: Any, ledger: Ledger | None, extra_status: Any
+) -> Any:
+    """The run's hooks: checkpoints, metrics, progress, the loss watchdog, the budget and the ledger."""
+    from .callbacks import RunCallback
+
+    cfg, dist = attempt.cfg, attempt.dist
+    earlier_losses, earlier_evals = earlier_history(attempt.resume, attempt.result_path)
+    return RunCallback(
         earlier_losses=earlier_losses,
         earlier_eval_losses=earlier_evals,
         checkpoints_root=checkpoints.checkpoints_root(attempt.output_dir),
@@ -365,7 +401,58 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
         world_size=dist.world_size,
         training_hash=cfg.training_hash(),
         data_hash=attempt.checked.data_hash,
+        watchdog=LossWatchdog(cfg.spec.training.loss_watchdog) if dist.is_rank0 else None,
+        ledger=ledger,
+        budget=cfg.spec.budget,
+        micro_rows=plan.per_device_batch_size,
+        extra_status=extra_status,
     )
+
+
+def _memory_retry(attempt: _Attempt, failure: TrainingFailure, layout: Any, retried: int) -> TrainingFailure:
+    """After CUDA out of memory: record a leaner layout for the next attempt (retryable), unless the
+    retries are spent or there is no leaner layout (then the failure is final)."""
+    allowed = attempt.cfg.spec.training.oom_retries
+    nxt = oom.leaner(layout)
+    if retried >= allowed or nxt is None:
+        why = (
+            f"no retry left (spec.training.oomRetries {allowed})"
+            if retried >= allowed
+            else "1 row per micro-step with recomputation is the leanest layout"
+        )
+        return failure.model_copy(update={"retryable": False, "message": f"{failure.message}; {why}"})
+    if len(oom.load(attempt.output_dir)) == retried:  # another rank may have recorded it already
+        oom.record(attempt.output_dir, failure.step, layout, nxt)
+    return failure.model_copy(
+        update={
+            "retryable": True,
+            "message": f"{failure.message}; retry {retried + 1} of {allowed} resumes from the newest "
+            f"checkpoint with {nxt} (was {layout}; the same rows per optimizer step)",
+        }
+    )
+
+
+def _fit(
+    attempt: _Attempt,
+    tracker: Any,
+    data: tuple[Any, Any, str],
+    plan: Any,
+    tuning: Any,
+    ledger: Ledger | None,
+    reporter: Any,
+    extra_status: Any,
+) -> Outcome:
+    from .chat import ensure_chat_format
+
+    cfg, dist, resume = attempt.cfg, attempt.dist, attempt.resume
+    train_ds, eval_ds, fmt = data
+    tokenizer = build_tokenizer(cfg)
+    model = build_model(cfg, plan, varlen_kernel=tuning.varlen_kernel)
+    ensure_chat_format(model, tokenizer)
+    args = build_sft_config(
+        cfg, plan, has_eval=eval_ds is not None, progress_bar=attempt.progress_bar, tuning=tuning
+    )
+    callback = _callback(attempt, tracker, reporter, plan, ledger, extra_status)
     trainer = build_trainer(
         model,
         tokenizer,
@@ -379,7 +466,7 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
     if reporter is not None:
         reporter.state.total_steps = _planned_steps(trainer)
     result = TrainResult(status="preempted", world_size=dist.world_size, plan=plan.as_dict())
-    if attempt.guard.agreed():
+    if attempt.guard.agreed() and attempt.guard.budget_limit is None:
         # SIGTERM while loading: nothing new to save, the next attempt starts where this one did.
         return _report(attempt, tracker, _preempted(result, callback, resume, attempt))
     if resume is not None:
@@ -396,12 +483,34 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
     }
     if attempt.checked.data_hash:
         final_info["data_hash"] = attempt.checked.data_hash
+    if callback.budget_stop is not None:
+        final_info["budget"] = callback.budget_stop[1]
     write_final(trainer, tokenizer, final_dir, dist, final_info)
     result = _succeeded(result, callback, trainer, train_output, attempt, fmt)
+    if callback.budget_stop is not None:
+        step, limit = callback.budget_stop
+        planned = reporter.state.total_steps if reporter is not None else trainer.state.max_steps
+        result.budget = {"reached": True, "limit": limit, "step": step, "totalSteps": planned}
+        log.info(
+            "budget reached (%s): stopped at step %d of %d; the final model is step %d's",
+            limit,
+            step,
+            planned,
+            step,
+        )
+    if ledger is not None:
+        ledger.save(force=True)
+        result.goodput = ledger.goodput()
+    if reporter is not None:
+        reporter.state.extra = {**extra_status(), "budget": result.budget}
+        reporter.report(force=True)
     if tracker is not None:
         if result.train_loss is not None:
             tracker.log_metrics({"final_train_loss": result.train_loss}, trainer.state.global_step)
-        tracker.set_tags({"kubetune.final_dir": str(final_dir)})
+        tags = {"kubetune.final_dir": str(final_dir)}
+        if result.budget:
+            tags["kubetune.budget_reached"] = result.budget["limit"]
+        tracker.set_tags(tags)
     return _report(attempt, tracker, result)
 
 
@@ -517,8 +626,24 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"kubetune trainer: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    outcome = run(cfg, progress_bar=args.progress_bar, debug=args.debug)
-    if outcome.status == "preempted":
+    try:
+        outcome = run(cfg, progress_bar=args.progress_bar, debug=args.debug)
+    except Exception as e:  # classified, reported, and the exit code says whether to retry
+        if args.debug:
+            traceback.print_exc()
+        failure = failures.classify(e)
+        if failure.reason == Failure.UNKNOWN:
+            log.error("unexpected error", exc_info=e)
+        failures.report(failure)
+        return failure.exit_code
+    if outcome.failure is not None:
+        failures.report(outcome.failure)
+    elif outcome.status == "preempted":
+        step = outcome.result.get("latest_checkpoint_step")
+        failures.report(
+            TrainingFailure.of(Failure.PREEMPTED, f"SIGTERM; the newest checkpoint is step {step}", step)
+        )
+    if outcome.status in ("preempted", "failed"):
         # no collective goodbye: another rank may already be gone
         sys.stderr.flush()
     else:
