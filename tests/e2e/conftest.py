@@ -47,6 +47,7 @@ def trainer_config(
     name: str = "tiny-test",
     uid: str | None = None,
     dataset: dict[str, Any] | None = None,
+    extra_spec: dict[str, Any] | None = None,
     **training: Any,
 ) -> Path:
     """Write a small, fast trainer config and return its path (output_dir/config.yaml)."""
@@ -71,6 +72,7 @@ def trainer_config(
     }
     if method == "lora":
         spec["lora"] = {"r": 16, "alpha": 32, "dropout": 0.0}
+    spec.update(extra_spec or {})
     cfg = TrainerConfig.model_validate(
         {
             "job": {"name": name, "namespace": "default", "uid": uid or str(uuid.uuid4())},
