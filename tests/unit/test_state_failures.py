@@ -1,0 +1,165 @@
+"""Why training failed, from the PyTorchJob's pods onto the FineTuneJob: the trainer's classified
+failure (its termination message), the kubelet's OOMKilled, an eviction, the deadline; the reason on
+Training and Ready and a Warning event. And a run stopped at its budget: Succeeded with
+BudgetReached, registered unless ``budget.register`` is false."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.support.state_obs import obs
+
+from kubetune_api.failures import HINTS, Failure, TrainingFailure
+from kubetune_api.spec import parse_job
+from kubetune_api.status import BudgetStatus, ConditionType, FineTuneJobStatus, Phase, Reason
+from kubetune_operator import state
+from kubetune_operator.observations import RegistrationObservation, training_failure
+from kubetune_operator.state import TrainingObservation
+
+FAILED = TrainingObservation(True, "Failed", "PyTorchJobFailed", "PyTorchJob j-train is failed")
+
+
+def pod(name: str, terminated: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
+    cs = [{"name": "pytorch", "state": {"terminated": terminated}}] if terminated else []
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "pytorch", "resources": {"limits": {"memory": "2Gi"}}}]},
+        "status": {"phase": "Failed", "containerStatuses": cs, **status},
+    }
+
+
+def test_the_trainers_failure_is_read_from_the_termination_message() -> None:
+    disk = TrainingFailure.of(Failure.DISK_FULL, "No space left on device: 0.0 GiB free of 10.0 GiB", step=40)
+    pods = [
+        pod("j-train-master-0", {"exitCode": 3, "message": disk.termination_message(), "finishedAt": "t2"})
+    ]
+    got = training_failure(FAILED, pods, "pytorch")
+    assert got is not None and got.reason == Failure.DISK_FULL and got.step == 40
+    assert got.message.startswith("pod j-train-master-0: No space left on device")
+
+
+def test_oom_killed_is_host_out_of_memory_with_the_limit() -> None:
+    pods = [pod("j-train-master-0", {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "t1"})]
+    got = training_failure(FAILED, pods, "pytorch")
+    assert got is not None and got.reason == Failure.HOST_OUT_OF_MEMORY
+    assert "memory limit 2Gi" in got.message
+
+
+def test_the_first_pod_to_fail_tells_the_cause_and_a_preemption_never_hides_one() -> None:
+    nccl = TrainingFailure.of(Failure.NCCL_ERROR, "peer went away")
+    oom = TrainingFailure.of(Failure.CUDA_OUT_OF_MEMORY, "CUDA out of memory")
+    pre = TrainingFailure.of(Failure.PREEMPTED, "SIGTERM")
+    pods = [
+        pod(
+            "a",
+            {"exitCode": 142, "message": nccl.termination_message(), "finishedAt": "2026-01-01T00:00:09Z"},
+        ),
+        pod("b", {"exitCode": 3, "message": oom.termination_message(), "finishedAt": "2026-01-01T00:00:05Z"}),
+        pod(
+            "c", {"exitCode": 143, "message": pre.termination_message(), "finishedAt": "2026-01-01T00:00:01Z"}
+        ),
+    ]
+    got = training_failure(FAILED, pods, "pytorch")
+    assert got is not None and got.reason == Failure.CUDA_OUT_OF_MEMORY
+
+
+def test_an_evicted_pod_a_log_tail_and_the_deadline() -> None:
+    evicted = pod("e", reason="Evicted", message="The node was low on resource: memory.")
+    got = training_failure(FAILED, [evicted], "pytorch")
+    assert got is not None and got.reason == Failure.EVICTED and "low on resource" in got.message
+    crash = pod("x", {"exitCode": 1, "reason": "Error", "message": "Traceback\nValueError: boom"})
+    got = training_failure(FAILED, [crash], "pytorch")
+    assert got is not None and got.reason == Failure.UNKNOWN and "ValueError: boom" in got.message
+    late = TrainingObservation(
+        True, "Failed", "DeadlineExceeded", "PyTorchJob j-train has failed: deadline exceeded"
+    )
+    got = training_failure(late, [], "pytorch")
+    assert got is not None and got.reason == Failure.DEADLINE_EXCEEDED
+    assert training_failure(FAILED, [], "pytorch") is None
+
+
+@pytest.mark.parametrize("reason", list(Failure))
+def test_every_reason_lands_on_training_and_ready_with_its_hint_and_a_warning_event(reason: Failure) -> None:
+    failure = TrainingFailure.of(reason, "what happened", step=7)
+    previous = FineTuneJobStatus(phase=Phase.TRAINING)
+    t = state.advance(previous, obs(training=FAILED, failure=failure))
+    assert t.phase == Phase.FAILED
+    conds = {c["type"]: c for c in t.status["conditions"]}
+    for kind in (ConditionType.READY, ConditionType.TRAINING):
+        assert conds[kind]["status"] == "False" and conds[kind]["reason"] == reason
+        assert "what happened" in conds[kind]["message"] and HINTS[reason] in conds[kind]["message"]
+    assert [(e.type, e.reason) for e in t.events] == [("Warning", reason)]
+
+
+def test_without_a_classified_failure_the_generic_message_stands() -> None:
+    t = state.advance(FineTuneJobStatus(phase=Phase.TRAINING), obs(training=FAILED))
+    conds = {c["type"]: c for c in t.status["conditions"]}
+    assert conds[ConditionType.READY]["reason"] == Reason.TRAINING_FAILED
+
+
+BUDGET = BudgetStatus(reached=True, limit="maxDuration 30s", step=12, total_steps=400)
+DONE = TrainingObservation(True, "Succeeded", "PyTorchJobSucceeded", "")
+
+
+def test_a_budget_stop_is_succeeded_with_budget_reached_and_registered() -> None:
+    result = {"name": "m", "version": "1", "uri": "models:/m/1"}
+    reg = RegistrationObservation(exists=True, state="Complete", result=result)
+    t = state.advance(
+        FineTuneJobStatus(phase=Phase.REGISTERING), obs(training=DONE, budget=BUDGET, registration=reg)
+    )
+    assert t.phase == Phase.SUCCEEDED
+    conds = {c["type"]: c for c in t.status["conditions"]}
+    budget = conds[ConditionType.BUDGET_REACHED]
+    assert budget["status"] == "True" and budget["reason"] == Reason.BUDGET_REACHED
+    assert "maxDuration 30s" in budget["message"] and "step 12 of 400" in budget["message"]
+    assert conds[ConditionType.REGISTERED]["status"] == "True"
+
+
+def test_a_budget_stop_with_register_false_is_succeeded_without_registration() -> None:
+    t = state.advance(
+        FineTuneJobStatus(phase=Phase.TRAINING), obs(training=DONE, budget=BUDGET, registration_enabled=False)
+    )
+    assert t.phase == Phase.SUCCEEDED
+    conds = {c["type"]: c for c in t.status["conditions"]}
+    assert conds[ConditionType.REGISTERED]["reason"] == Reason.REGISTRATION_DISABLED
+    assert "spec.budget.register is false" in conds[ConditionType.REGISTERED]["message"]
+    assert ConditionType.BUDGET_REACHED in conds
+
+
+def test_a_job_without_a_budget_has_no_budget_condition() -> None:
+    t = state.advance(FineTuneJobStatus(phase=Phase.TRAINING), obs(training=DONE, registration_enabled=False))
+    assert ConditionType.BUDGET_REACHED not in {c["type"] for c in t.status["conditions"]}
+
+
+def _job(budget: dict[str, Any] | None) -> Any:
+    spec: dict[str, Any] = {
+        "model": {"name": "Qwen/Qwen2-0.5B"},
+        "dataset": {"name": "org/data"},
+        "training": {"maxSteps": 10},
+        "resources": {"gpusPerNode": 8, "nodes": 2},
+        "storage": {"accessMode": "ReadWriteMany"},
+    }
+    if budget is not None:
+        spec["budget"] = budget
+    return parse_job({"metadata": {"name": "j", "namespace": "ml"}, "spec": spec})
+
+
+def test_registration_is_wanted_unless_the_budget_stopped_it_with_register_false() -> None:
+    stopped = FineTuneJobStatus(budget=BUDGET)
+    assert state.registration_wanted(_job({"maxDuration": "30s"}), stopped)
+    assert not state.registration_wanted(_job({"maxDuration": "30s", "register": False}), stopped)
+    assert state.registration_wanted(_job({"maxDuration": "30s", "register": False}), FineTuneJobStatus())
+
+
+def test_the_hard_deadline_sits_a_margin_above_the_budget() -> None:
+    from kubetune_operator.builders import build_pytorchjob
+    from kubetune_operator.settings import Settings
+
+    settings = Settings()
+    policy = build_pytorchjob(_job({"maxDuration": "2h"}), settings)["spec"]["runPolicy"]
+    assert policy["activeDeadlineSeconds"] == 7200 + 1800
+    # 16 GPU-hours on 16 GPUs is one hour of wall time
+    policy = build_pytorchjob(_job({"maxGpuHours": 16}), settings)["spec"]["runPolicy"]
+    assert policy["activeDeadlineSeconds"] == 3600 + 900
+    assert "activeDeadlineSeconds" not in build_pytorchjob(_job(None), settings)["spec"]["runPolicy"]
