@@ -17,7 +17,9 @@ from kubetune_api.preparation import PreparationRefusal, PreparationReport, pars
 from kubetune_api.status import ConditionType, Phase, Reason
 
 # the training pods cannot start (Training, and Ready while not trained): most decisive first
-POD_TROUBLE = (Reason.PODS_NOT_CREATED, Reason.UNSCHEDULABLE, Reason.IMAGE_PULL_FAILED)
+POD_TROUBLE = (Reason.PODS_NOT_CREATED, Reason.UNSCHEDULABLE, Reason.MOUNT_FAILED, Reason.IMAGE_PULL_FAILED)
+# The kubelet's and the attach-detach controller's Warning events of a pod whose volumes cannot be had
+MOUNT_EVENT_REASONS = frozenset({"FailedMount", "FailedAttachVolume"})
 
 # PyTorchJob condition types, most decisive first: the first one that is True wins.
 TRAINING_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
@@ -147,7 +149,10 @@ def pods_running(pytorchjob: dict[str, Any] | None) -> bool:
 
 
 def pods_observation(
-    pytorchjob: dict[str, Any], pods: list[dict[str, Any]], events: list[dict[str, Any]]
+    pytorchjob: dict[str, Any],
+    pods: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    pod_events: list[dict[str, Any]] | None = None,
 ) -> PodsObservation:
     """Fold the PyTorchJob's pods and events into why its pods cannot start, if they cannot.
 
@@ -169,8 +174,9 @@ def pods_observation(
             unexplained.append(name)
         else:
             troubles.append(PodTrouble(Reason.PODS_NOT_CREATED, name, failure[1], since=failure[0]))
+    mounts = _mount_failures(pod_events or [])
     for name in sorted(live):
-        troubles.extend(_pod_troubles(live[name]))
+        troubles.extend(_pod_troubles(live[name], mounts))
     if not troubles:
         return PodsObservation(missing=tuple(unexplained))
     troubles.sort(key=lambda t: (POD_TROUBLE.index(t.reason), t.pod))
@@ -197,10 +203,26 @@ def _live_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> dict[s
     }
 
 
-def _pod_troubles(pod: dict[str, Any]) -> list[PodTrouble]:
+def _mount_failures(events: list[dict[str, Any]]) -> dict[str, str]:
+    """Per pod uid, the newest FailedMount / FailedAttachVolume message."""
+    newest: dict[str, tuple[datetime, str]] = {}
+    for e in events:
+        uid = str((e.get("involvedObject") or {}).get("uid") or "")
+        when = _event_time(e)
+        if e.get("reason") not in MOUNT_EVENT_REASONS or not uid or when is None:
+            continue
+        if uid not in newest or newest[uid][0] <= when:
+            newest[uid] = (when, f"{e.get('reason')}: {e.get('message') or ''}")
+    return {uid: text for uid, (_, text) in newest.items()}
+
+
+def _pod_troubles(pod: dict[str, Any], mounts: dict[str, str] | None = None) -> list[PodTrouble]:
     name = pod["metadata"]["name"]
     status = pod.get("status") or {}
     out = []
+    mount = (mounts or {}).get(str(pod["metadata"].get("uid")))
+    if status.get("phase") in (None, "Pending") and mount:
+        out.append(PodTrouble(Reason.MOUNT_FAILED, name, mount))
     if status.get("phase") in (None, "Pending"):
         for c in status.get("conditions") or []:
             if (
@@ -546,6 +568,12 @@ def shown_trouble(
             "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
             "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
             "with a growing backoff"
+        )
+    if t.reason == Reason.MOUNT_FAILED:
+        return Reason.MOUNT_FAILED, (
+            f"{pod} cannot mount its volumes: {t.message}. Check the checkpoint claim (status.children) and any "
+            "model/dataset volume claims or Secrets (kubectl describe pvc), and the access mode (ReadWriteOnce "
+            f"attaches to one node at a time); {describe}"
         )
     return Reason.IMAGE_PULL_FAILED, (
         f"{pod} cannot pull its image: {t.message}. Check that the image (spec.image, else the operator's "

@@ -405,8 +405,14 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
     try:
         pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
         events: list[dict[str, Any]] = []
+        pod_events: list[dict[str, Any]] = []
         if observations.missing_pods(pytorchjob, pods):
             events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
+        if any((p.get("status") or {}).get("phase") in (None, "Pending") for p in pods):
+            # a pending pod may wait for its volumes: the kubelet says so only in events
+            pod_events = ctx.kube.list(
+                "v1", "Event", ns, field_selector="involvedObject.kind=Pod,type=Warning"
+            )
     except ApiError as e:
         ctx.logger.warning(
             "cannot read the pods or events of PyTorchJob %s/%s (their trouble is not shown): %s",
@@ -415,7 +421,7 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
             e,
         )
         return state.PodsObservation()
-    return observations.pods_observation(pytorchjob, pods, events)
+    return observations.pods_observation(pytorchjob, pods, events, pod_events)
 
 
 def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus, generation: int) -> Step:

@@ -163,3 +163,31 @@ def test_the_hard_deadline_sits_a_margin_above_the_budget() -> None:
     policy = build_pytorchjob(_job({"maxGpuHours": 16}), settings)["spec"]["runPolicy"]
     assert policy["activeDeadlineSeconds"] == 3600 + 900
     assert "activeDeadlineSeconds" not in build_pytorchjob(_job(None), settings)["spec"]["runPolicy"]
+
+
+def test_a_pod_that_cannot_mount_its_volume_shows_mount_failed_while_it_waits() -> None:
+    from kubetune_operator.observations import pods_observation, shown_trouble
+
+    ptj = {
+        "metadata": {"name": "j-train", "uid": "ptj"},
+        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}}},
+    }
+    owner = [{"uid": "ptj", "controller": True}]
+    pending = {
+        "metadata": {"name": "j-train-master-0", "uid": "p1", "ownerReferences": owner},
+        "status": {"phase": "Pending"},
+    }
+    event = {
+        "reason": "FailedMount",
+        "involvedObject": {"kind": "Pod", "uid": "p1"},
+        "message": 'MountVolume.SetUp failed for volume "ckpt": persistentvolumeclaim "j-ckpt" not found',
+        "lastTimestamp": "2026-01-01T00:00:00Z",
+    }
+    seen = pods_observation(ptj, [pending], [], [event])
+    assert seen.trouble is not None and seen.trouble.reason == Reason.MOUNT_FAILED
+    shown = shown_trouble(
+        seen, TrainingObservation(True, "Created"), now="x", namespace="ml", pytorchjob_name="j-train"
+    )
+    assert shown is not None and shown[0] == Reason.MOUNT_FAILED and '"j-ckpt" not found' in shown[1]
+    # the same event for another pod, or a running pod, is no trouble
+    assert pods_observation(ptj, [{**pending, "status": {"phase": "Running"}}], [], [event]).trouble is None
