@@ -153,37 +153,40 @@ def training_failure(status: dict[str, Any]) -> tuple[Failure, str] | None:
 
 
 def failure_lines(reason: Failure, message: str) -> list[str]:
-    """``DiskFull at step 120: ...``, then what it means and what to do.
+    """``DiskFull at step 120: ...``, then what it means, what to do, and what the operator added.
 
-    The operator's message is ``TrainingFailure.describe()``, which ends with the hint: it is shown
-    once, on its own line.
+    The operator's message is ``TrainingFailure.describe()`` (which holds the hint) and where to look
+    next (the logs command, the checkpoint claim): the hint is shown once, on its own line.
 
     >>> failure_lines(Failure.DISK_FULL, "No space left on device")[:2]
     ['DiskFull: No space left on device', '  what it means: the checkpoint volume is full (No space left on device)']
     """
     hint = HINTS[reason]
-    head = message.strip()
-    if head.endswith(hint):
-        head = head[: -len(hint)].rstrip()
-        head = head[:-1] if head.endswith(".") else head
+    head, found, rest = message.strip().partition(hint)
+    head = head.rstrip()
+    if found:
+        head = head.removesuffix(".")
     if not head:
         head = str(reason)
     elif not (head == reason or head.startswith((f"{reason} ", f"{reason}:"))):
         head = f"{reason}: {head}"
-    return [head, f"  what it means: {MEANINGS[reason]}", f"  what to do: {hint}"]
+    lines = [head, f"  what it means: {MEANINGS[reason]}", f"  what to do: {hint}"]
+    rest = rest.strip().removeprefix(".").strip()
+    return [*lines, f"  {rest}"] if rest else lines
 
 
 def budget_line(status: dict[str, Any]) -> str | None:
-    """Why a succeeded job stopped early: the BudgetReached condition's message (else status.budget)."""
+    """Why a succeeded job stopped early: the BudgetReached condition's message (else the trainer's
+    status.budget, in the same words); None when it did not stop at spec.budget."""
     c = condition(status, ConditionType.BUDGET_REACHED)
     if c and c.get("status") == "True":
-        return "Budget reached: " + str(c.get("message") or c.get("reason") or "")
+        return str(c.get("message") or "training stopped at spec.budget")
     budget = status.get("budget") or {}
     if budget.get("reached"):
-        line = f"Budget reached: {budget.get('limit') or 'spec.budget'}"
+        line = "training stopped at spec.budget" + (f" {budget['limit']}" if budget.get("limit") else "")
         if budget.get("step") is not None:
-            line += f", step {budget['step']}" + (
-                f" of {budget['totalSteps']}" if budget.get("totalSteps") else ""
+            line += f": step {budget['step']}" + (
+                f" of {budget['totalSteps']} planned" if budget.get("totalSteps") else ""
             )
         return line
     return None

@@ -21,9 +21,10 @@ from tests.support.controlplane import REPO, ControlPlane
 from tests.support.lua import run_health
 
 from kubetune_api import spec as api
+from kubetune_api.failures import Failure, TrainingFailure
 from kubetune_api.preparation import PreparationRefusal, Refusal
-from kubetune_api.status import FineTuneJobStatus, Phase
-from kubetune_operator import observations, state
+from kubetune_api.status import BudgetStatus, FineTuneJobStatus, Phase
+from kubetune_operator import builders, observations, state
 from kubetune_operator.kube import Kube
 
 pytestmark = pytest.mark.integration
@@ -116,6 +117,53 @@ PREPARED = _obs(
     training=_training(None),
 )
 SCHEDULER = "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+PTJ_FAILED = _training("Failed", "PyTorchJob job-train has failed because 1 Master replica(s) failed.")
+DISK_FULL = _obs(
+    training=PTJ_FAILED,
+    failure=TrainingFailure.of(
+        Failure.DISK_FULL,
+        "pod job-train-master-0: No space left on device on the checkpoint volume",
+        step=120,
+    ),
+)
+# the operator's reading of a pod the kubelet killed for memory
+OOM_KILLED = _obs(
+    training=PTJ_FAILED,
+    failure=observations.training_failure(
+        PTJ_FAILED,
+        [
+            {
+                "metadata": {"name": "job-train-master-0"},
+                "spec": {
+                    "containers": [
+                        {"name": builders.TRAIN_CONTAINER, "resources": {"limits": {"memory": "64Gi"}}}
+                    ]
+                },
+                "status": {
+                    "containerStatuses": [
+                        {
+                            "name": builders.TRAIN_CONTAINER,
+                            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                        }
+                    ]
+                },
+            }
+        ],
+        builders.TRAIN_CONTAINER,
+    ),
+)
+# the trainer stopped at spec.budget: its report (status.budget), then the operator's passes
+BUDGET = BudgetStatus(reached=True, limit="maxDuration 2h", step=300, total_steps=500)
+BUDGET_REPORT = {"budget": BUDGET.model_dump(by_alias=True, exclude_none=True)}
+BUDGET_REGISTERING = _obs(
+    training=TRAINED, budget=BUDGET, registration=state.RegistrationObservation(True, "Running")
+)
+BUDGET_REGISTERED = _obs(
+    training=TRAINED,
+    budget=BUDGET,
+    registration=state.RegistrationObservation(True, "Complete", "", dict(RESULT)),
+)
+BUDGET_NOT_REGISTERED = _obs(training=TRAINED, budget=BUDGET, registration_enabled=False)
 
 
 def _pods(reason: str, message: str, condition: str = "Created") -> state.Observation:
@@ -130,6 +178,13 @@ NOT_CREATED = _pods(
     'Error creating: pods "job-train-master-0" is forbidden: no PriorityClass with name x was found',
 )
 IMAGE_PULL = _pods(state.Reason.IMAGE_PULL_FAILED, "container pytorch (image t:nope): ImagePullBackOff")
+MOUNT_FAILED = _pods(
+    state.Reason.MOUNT_FAILED,
+    'FailedMount: MountVolume.SetUp failed for volume "checkpoints": mount failed: exit status 32',
+)
+WORKER_MOUNT_FAILED = _pods(
+    state.Reason.MOUNT_FAILED, "FailedAttachVolume: Multi-Attach error for volume pvc-123", "Running"
+)
 FORBIDDEN = _obs(
     child_error=state.ChildError(
         "create", "PersistentVolumeClaim", "job-ckpt", 403, "Forbidden", "exceeded quota: no-pvcs"
@@ -214,6 +269,10 @@ def registered_and(ctype: str) -> Callable[[dict[str, Any]], str]:
     return lambda obj: f"{REGISTERED_MESSAGE}; {said_by(ctype)(obj)}"
 
 
+def both(first: str, then: str) -> Callable[[dict[str, Any]], str]:
+    return lambda obj: f"{said_by(first)(obj)}; {said_by(then)(obj)}"
+
+
 # name: (steps, phase stored, health status, health message: literal, or made from the stored object)
 SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]], str]]] = {
     "pending": ([PENDING], "Pending", "Progressing", said_by("Training")),
@@ -291,6 +350,27 @@ SCENARIOS: dict[str, tuple[list[Step], str, str, str | Callable[[dict[str, Any]]
     ),
     "pods-not-created": ([PENDING, CREATED, NOT_CREATED], "Pending", "Degraded", said_by("Training")),
     "image-pull-failed": ([PENDING, CREATED, IMAGE_PULL], "Pending", "Degraded", said_by("Training")),
+    "mount-failed": ([PENDING, CREATED, MOUNT_FAILED], "Pending", "Degraded", said_by("Training")),
+    "worker-mount-failed": (
+        [PENDING, RUNNING, WORKER_MOUNT_FAILED],
+        "Training",
+        "Degraded",
+        said_by("Training"),
+    ),
+    "training-failed-disk-full": ([PENDING, RUNNING, DISK_FULL], "Failed", "Degraded", said_by("Ready")),
+    "training-failed-oom-killed": ([PENDING, RUNNING, OOM_KILLED], "Failed", "Degraded", said_by("Ready")),
+    "succeeded-at-budget": (
+        [PENDING, RUNNING, BUDGET_REPORT, BUDGET_REGISTERING, BUDGET_REGISTERED],
+        "Succeeded",
+        "Healthy",
+        registered_and("BudgetReached"),
+    ),
+    "succeeded-at-budget-not-registered": (
+        [PENDING, RUNNING, BUDGET_REPORT, BUDGET_NOT_REGISTERED],
+        "Succeeded",
+        "Healthy",
+        both("Ready", "BudgetReached"),
+    ),
 }
 
 
@@ -314,6 +394,40 @@ def test_the_alias_messages_say_what_happened(
         "status": "Degraded",
         "message": f"{REGISTERED_MESSAGE}; moving the alias to 'challenger' failed: "
         "BackoffLimitExceeded: 401 Unauthorized",
+    }
+
+
+def test_a_training_failure_shows_its_reason_and_message(
+    kube: Kube, namespace: str, new_job: Callable[[str], str]
+) -> None:
+    """The operator's words for a failure and a budget, spelled out once (the scenarios above take
+    them as stored): the reason leads the Degraded message, the budget follows the model."""
+    obj = drive(kube, namespace, new_job("disk-full"), PENDING, RUNNING, DISK_FULL)
+    hs = health(obj)
+    assert hs["status"] == "Degraded"
+    assert hs["message"].startswith(
+        "DiskFull at step 120: pod job-train-master-0: No space left on device on the checkpoint volume. "
+        "the previous checkpoint stays usable"
+    )
+    obj = drive(kube, namespace, new_job("oom-killed"), PENDING, RUNNING, OOM_KILLED)
+    assert health(obj)["message"].startswith(
+        "HostOutOfMemory: the kernel killed the trainer in pod job-train-master-0 for host memory (exit code 137; "
+        "memory limit 64Gi)"
+    )
+    obj = drive(
+        kube,
+        namespace,
+        new_job("budget"),
+        PENDING,
+        RUNNING,
+        BUDGET_REPORT,
+        BUDGET_REGISTERING,
+        BUDGET_REGISTERED,
+    )
+    assert health(obj) == {
+        "status": "Healthy",
+        "message": f"{REGISTERED_MESSAGE}; training stopped at spec.budget maxDuration 2h: step 300 of 500 "
+        "planned; the final model is that step's",
     }
 
 

@@ -56,10 +56,19 @@ MOUNT = (
     'pod job-train-master-0 cannot mount its volumes: MountVolume.SetUp failed for volume "ckpt": '
     "mount failed: exit status 32"
 )
-DISK_FULL = TrainingFailure.of(
-    Failure.DISK_FULL, "OSError: [Errno 28] No space left on device saving checkpoint-120", step=120
-).describe()
-BUDGET = "stopped at maxDuration 2h: step 300 of 500 planned"
+# as the operator writes it: TrainingFailure.describe(), then where to look
+DISK_FULL = (
+    TrainingFailure.of(
+        Failure.DISK_FULL,
+        "pod job-train-master-0: No space left on device on the checkpoint volume",
+        step=120,
+    ).describe()
+    + " See the trainer logs: kubectl logs -n ns -l training.kubeflow.org/job-name=job-train --all-containers "
+    "--prefix. Checkpoints stay on PVC job-ckpt when it is kept (storage.keepOnDelete or storage.existingClaim)."
+)
+BUDGET = (
+    "training stopped at spec.budget maxDuration 2h: step 300 of 500 planned; the final model is that step's"
+)
 MODEL = {"name": "qwen3_4b_assistant", "version": "3", "uri": "models:/qwen3_4b_assistant/3"}
 REGISTERED = "Registered model qwen3_4b_assistant version 3"
 
@@ -444,12 +453,12 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "succeeded-at-budget": (
         succeeded(cond("BudgetReached", "True", "BudgetReached", BUDGET)),
         "Healthy",
-        f"{REGISTERED}; BudgetReached: {BUDGET}",
+        f"{REGISTERED}; {BUDGET}",
     ),
     "succeeded-at-budget-not-registered": (
         succeeded(cond("BudgetReached", "True", "BudgetReached", BUDGET), model=None),
         "Healthy",
-        f"registered qwen3_4b_assistant version 3; BudgetReached: {BUDGET}",
+        f"registered qwen3_4b_assistant version 3; {BUDGET}",
     ),
     "succeeded-at-budget-reason-only": (
         succeeded(cond("BudgetReached", "True", "BudgetReached")),
@@ -467,7 +476,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
             cond("AliasSynced", "False", "AliasFailed", "moving the alias to 'challenger' failed: 401"),
         ),
         "Degraded",
-        f"{REGISTERED}; BudgetReached: {BUDGET}; moving the alias to 'challenger' failed: 401",
+        f"{REGISTERED}; {BUDGET}; moving the alias to 'challenger' failed: 401",
     ),
     "succeeded-budget-not-reached": (
         succeeded(cond("BudgetReached", "False", "BudgetReached", BUDGET)),

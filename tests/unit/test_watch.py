@@ -185,7 +185,9 @@ GOODPUT_LINE = (
     "Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 300 lost to 1 restart, 230 start-up, "
     "100 saving checkpoints"
 )
-BUDGET = "stopped at maxDuration 2h: step 300 of 500 planned"
+BUDGET = (
+    "training stopped at spec.budget maxDuration 2h: step 300 of 500 planned; the final model is that step's"
+)
 
 
 def failed(reason: str, message: str, **status: Any) -> dict[str, Any]:
@@ -271,7 +273,7 @@ def test_stopped_at_the_budget_and_registered() -> None:
     assert code == watch.EXIT_SUCCEEDED
     assert text.splitlines() == [
         "     0s  Succeeded",
-        f"Budget reached: {BUDGET}",
+        BUDGET,
         "Registered model qwen version 3  (models:/qwen/3)",
         GOODPUT_LINE,
     ]
@@ -285,7 +287,7 @@ def test_stopped_at_the_budget_without_registering() -> None:
     )
     _, text = run([status])
     assert text.splitlines()[1:] == [
-        "Budget reached: maxGpuHours 16, step 300 of 500",
+        "training stopped at spec.budget maxGpuHours 16: step 300 of 500 planned",
         "trained; registration is off (budget.register: false)",
     ]
     assert watch.budget_line({"budget": {"reached": False, "limit": "maxDuration 2h"}}) is None
@@ -346,3 +348,82 @@ def test_goodput_after_a_failure_and_without_a_percent() -> None:
         "Goodput ?: of 0 GPU-seconds held, 0 productive, 0 lost to 0 restarts, 0 start-up, 0 saving checkpoints"
     )
     assert watch.goodput_line({}) is None
+
+
+def _operator_status(*observations: Any) -> dict[str, Any]:
+    """The status the operator's own state machine writes after these observations."""
+    from kubetune_api.status import FineTuneJobStatus
+    from kubetune_operator import state
+
+    status = FineTuneJobStatus()
+    for obs in observations:
+        written = state.advance(status, obs).status
+        status = FineTuneJobStatus.model_validate(written)
+    return {"metadata": {"name": "job", "namespace": "ns"}, "status": written}
+
+
+def _observation(**kw: Any) -> Any:
+    from kubetune_operator import state
+
+    return state.Observation(
+        generation=1,
+        now="2026-11-30T10:00:00Z",
+        namespace="ns",
+        pytorchjob_name="job-train",
+        registration_job_name="job-register",
+        checkpoint_claim="job-ckpt",
+        children={"checkpointClaim": "job-ckpt", "configMap": "job-config", "pytorchJob": "job-train"},
+        **kw,
+    )
+
+
+def _pytorchjob(condition: str, message: str = "") -> Any:
+    from kubetune_operator import state
+
+    return state.TrainingObservation(
+        exists=True, condition=condition, reason=f"PyTorchJob{condition}", message=message
+    )
+
+
+def test_a_failure_in_the_operators_own_words() -> None:
+    """The message the operator writes (TrainingFailure.describe(), then the logs command and the
+    claim): the hint once, on its line, and what the operator added after it."""
+    failure = TrainingFailure.of(
+        Failure.DISK_FULL, "pod job-train-master-0: No space left on device", step=120
+    )
+    obj = _operator_status(
+        _observation(training=_pytorchjob("Running")),
+        _observation(training=_pytorchjob("Failed", "1 Master replica(s) failed"), failure=failure),
+    )
+    code, text = run([obj])
+    assert code == watch.EXIT_FAILED
+    lines = text.splitlines()
+    assert lines[0] == "     0s  Failed"
+    assert lines[1:4] == [
+        "DiskFull at step 120: pod job-train-master-0: No space left on device",
+        f"  what it means: {MEANINGS[Failure.DISK_FULL]}",
+        f"  what to do: {HINTS[Failure.DISK_FULL]}",
+    ]
+    assert lines[4].startswith(
+        "  See the trainer logs: kubectl logs -n ns -l training.kubeflow.org/job-name=job-train"
+    )
+    assert text.count(HINTS[Failure.DISK_FULL]) == 1
+
+
+def test_a_budget_in_the_operators_own_words() -> None:
+    from kubetune_api.status import BudgetStatus
+
+    budget = BudgetStatus(reached=True, limit="maxDuration 2h", step=300, total_steps=500)
+    obj = _operator_status(
+        _observation(training=_pytorchjob("Running")),
+        _observation(training=_pytorchjob("Succeeded", "done"), budget=budget, registration_enabled=False),
+    )
+    obj["status"]["budget"] = budget.model_dump(by_alias=True, exclude_none=True)  # the trainer's report
+    code, text = run([obj])
+    assert code == watch.EXIT_SUCCEEDED
+    assert text.splitlines()[1] == (
+        "training stopped at spec.budget maxDuration 2h: step 300 of 500 planned; the final model is that step's"
+    )
+    assert watch.budget_line({"budget": obj["status"]["budget"]}) == (
+        "training stopped at spec.budget maxDuration 2h: step 300 of 500 planned"
+    )

@@ -7,7 +7,8 @@
 -- The message comes from the status: the conditions' messages, training progress, the registered model.
 -- Failed: the Ready condition's reason and message ("DiskFull at step 120: ..." as the operator
 -- writes a training failure; the reason is put in front of a message that does not begin with it).
--- Succeeded at spec.budget (BudgetReached=True): the model, then the BudgetReached message.
+-- Succeeded at spec.budget (BudgetReached=True): the model, then the BudgetReached condition's message
+-- ("training stopped at spec.budget maxDuration 2h: step 300 of 500 planned; ...").
 -- Degraded too, while not final, when a person is needed: a child object kubetune will not overwrite
 -- or that the API server forbids (ChildrenReady=False, ChildConflict or ChildForbidden: its message),
 -- and training pods that cannot start (Training=False, Unschedulable, PodsNotCreated,
@@ -267,7 +268,7 @@ if phase == "Succeeded" then
   -- stopped at spec.budget: the job still succeeds with what it trained
   local budget = condition(status, "BudgetReached")
   if budget ~= nil and budget.status == "True" then
-    hs.message = hs.message .. "; " .. (explains(budget) or "BudgetReached")
+    hs.message = hs.message .. "; " .. (says(budget) or "BudgetReached")
   end
   -- a changed registration.alias: the model stays registered; a failed move needs a person
   local alias = condition(status, "AliasSynced")
