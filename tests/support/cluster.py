@@ -17,7 +17,9 @@ runs each pod's command as a local process and reports its real exit. The binari
 Go modules by ``hack/build-control-plane.sh cluster`` into the cache outside the repository.
 
 Fake nodes: ``NODES`` nodes with ``GPUS_PER_NODE`` ``nvidia.com/gpu`` each, labelled with the GPU
-product of the examples. StorageClass ``STORAGE_CLASS`` (default) provisions folder volumes.
+product of the examples. StorageClass ``STORAGE_CLASS`` (default) provisions folder volumes;
+``SIZED_STORAGE_CLASS`` provisions volumes that are full at the claim's size, as a cloud disk is (a
+file system of that many bytes). The pod runner enforces containers' memory limits in cgroups.
 Kueue: ResourceFlavor ``FLAVOR`` (that GPU product), ClusterQueue ``CLUSTER_QUEUE`` with a quota of
 ``QUEUE_GPUS`` GPUs and ``QUEUE_CPUS`` CPUs; a test makes a LocalQueue in its namespace with ``local_queue``.
 """
@@ -40,12 +42,13 @@ from typing import Any
 import yaml
 
 from tests.support.controlplane import REPO, ControlPlane, _issue, free_port, running_control_plane
-from tests.support.podrunner import PROVISIONER, PodRunner
+from tests.support.podrunner import CAPACITY_PARAMETER, PROVISIONER, PodRunner
 
 NODES = 4
 GPUS_PER_NODE = 8
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 STORAGE_CLASS = "kubetune-test"
+SIZED_STORAGE_CLASS = "kubetune-test-sized"  # spec.storage.size is the disk's size: writing past it fails
 FLAVOR = "h100"
 CLUSTER_QUEUE = "gpu-cluster"
 QUEUE_GPUS = 16  # the two-node example fits; a third 8-GPU job waits
@@ -230,7 +233,16 @@ class Cluster:
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
         }
-        self.apply(*nodes, storage_class)
+        sized_storage_class = {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": SIZED_STORAGE_CLASS},
+            "provisioner": PROVISIONER,
+            "parameters": {CAPACITY_PARAMETER: "enforced"},
+            "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        }
+        self.apply(*nodes, storage_class, sized_storage_class)
         # KWOK reports capacity from the status the node was created with; a server-side apply of
         # a Node keeps status, but make sure it is there (and that KWOK made the nodes Ready).
         deadline = time.monotonic() + 60

@@ -18,16 +18,29 @@ kubelet that needs a container runtime:
   message from ``terminationMessagePath`` (or the log's tail with ``FallbackToLogsOnError``), in
   the pod's status; ``restartPolicy: Never`` pods only (the Training Operator and the Job
   controller restart by making new pods);
+* **limits its memory** as the kubelet does: the container's processes run in a memory cgroup of
+  their own with ``resources.limits.memory`` as its limit (cgroup v2 ``memory.max`` with
+  ``memory.oom.group``; cgroup v1 ``memory.limit_in_bytes``, where the runner kills the rest of the
+  container when the kernel's OOM killer killed one of its processes, as ``memory.oom.group`` does).
+  A container the kernel OOM-killed is reported ``terminated`` with reason ``OOMKilled`` and exit
+  code 137. The cgroup is removed when the container ends. Without a writable memory cgroup the
+  limit is not enforced, and a warning says so (``memory_cgroups`` is then None);
 * **stops it on deletion**: SIGTERM to the process group, SIGKILL after the pod's grace period,
   and only then removes the pod object (grace 0), as the kubelet does;
 * **provisions volumes** for StorageClasses with ``PROVISIONER``: a PersistentVolume with a
   ``claimRef`` and a local folder, which kube-controller-manager binds; Released volumes of
-  ``Delete`` policy are deleted with their folder.
+  ``Delete`` policy are deleted with their folder. A StorageClass with the parameter
+  ``CAPACITY_PARAMETER: "enforced"`` gets a volume that is full at the claim's size, as a cloud disk
+  is: a file system of exactly that many bytes (an ext4 image, formatted as Kubernetes formats a
+  block volume, ``mkfs.ext4 -F -m0``, loop-mounted at the volume's folder; a tmpfs of that size
+  where loop devices are missing), unmounted when the volume is deleted or the runner stops.
 
 What it does not do: images (the command runs from this machine's Python environment), the pod's
 user (processes run as the test's own user, root: the interpreter of this machine lives under
 /root, which other users cannot read; so ``runAsUser``/``fsGroup`` are not exercised), init
-containers (KWOK reports them completed), resource limits, probes, networking (every pod shares
+containers (KWOK reports them completed), CPU limits, ephemeral-storage limits (``emptyDir``
+``sizeLimit`` included), memory-backed ``emptyDir`` (a folder on disk, not charged to the cgroup),
+node-pressure eviction, probes, networking (every pod shares
 this machine's network: two pods listening on one port at once would collide), container restarts.
 
 Mount points: a container path that does not exist on this machine is created (an empty folder
@@ -38,6 +51,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import shlex
 import shutil
@@ -50,9 +64,14 @@ from pathlib import Path
 from typing import Any
 
 PROVISIONER = "kubetune.test/local-folder"
+# A StorageClass parameter: "enforced" gives volumes that are full at the claim's requested size.
+CAPACITY_PARAMETER = "kubetune.test/capacity"
 CONTAINER_MARK = "PODRUNNER_CONTAINER_UID"
 TERMINATION_LOG_MAX = 4096  # the kubelet's limit on a termination message
 LOG_TAIL_LINES = 80
+OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the runtime reports for a container the OOM killer ended
+
+logger = logging.getLogger(__name__)
 
 
 def now() -> str:
@@ -71,6 +90,8 @@ class RunningPod:
     fallback_to_logs: bool
     started: str
     deleting: bool = False
+    cgroup: Path | None = None  # its memory cgroup, when it has a memory limit the runner enforces
+    oom_killed: bool = False
 
 
 @dataclass
@@ -92,6 +113,9 @@ class PodRunner:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     errors: list[str] = field(default_factory=list)
     _hosts_at: float = 0.0
+    # where containers' memory limits are enforced (None: nowhere; a warning said why)
+    memory_cgroups: MemoryCgroups | None = None
+    _stale_cgroups: list[Path] = field(default_factory=list)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -101,6 +125,7 @@ class PodRunner:
         self.core: Any = client.CoreV1Api(self.api)
         (self.workdir / "pods").mkdir(parents=True, exist_ok=True)
         (self.workdir / "volumes").mkdir(parents=True, exist_ok=True)
+        self.memory_cgroups = MemoryCgroups.find()
         for target in (self._pod_loop, self._volume_loop):
             t = threading.Thread(target=self._guard(target), daemon=True, name=target.__name__)
             t.start()
@@ -114,6 +139,16 @@ class PodRunner:
             _kill_container(p.uid, signal.SIGKILL)
         for t in self._threads:
             t.join(timeout=10)
+        if self.memory_cgroups is not None:
+            self._stale_cgroups += [p.cgroup for p in pods if p.cgroup is not None]
+            deadline = time.monotonic() + 10
+            while self._stale_cgroups and time.monotonic() < deadline:
+                self._remove_stale_cgroups()
+                time.sleep(0.1)
+            self.memory_cgroups.close()
+        for folder in (self.workdir / "volumes").iterdir():
+            if folder.is_dir() and os.path.ismount(folder):
+                _unmount(folder)
 
     def _guard(self, fn: Any) -> Any:
         def run() -> None:
@@ -201,7 +236,10 @@ class PodRunner:
                 f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}"
             )
         cd = f"cd {shlex.quote(container.working_dir)} && " if container.working_dir else ""
-        inner = "set -e; " + "; ".join(binds) + f" && {cd}exec " + shlex.join(command)
+        cgroup = self._memory_cgroup(pod, container)
+        # the shell joins the cgroup before anything else runs: every process of the container is in it
+        join = f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}; " if cgroup is not None else ""
+        inner = "set -e; " + join + "; ".join(binds) + f" && {cd}exec " + shlex.join(command)
         log = root / "container.log"
         out = log.open("ab")
         proc = subprocess.Popen(
@@ -215,19 +253,54 @@ class PodRunner:
         fallback = (container.termination_message_policy or "File") == "FallbackToLogsOnError"
         with self._lock:
             self._pods[meta.uid] = RunningPod(
-                meta.uid, meta.namespace, meta.name, root, proc, log, term_file, fallback, now()
+                meta.uid,
+                meta.namespace,
+                meta.name,
+                root,
+                proc,
+                log,
+                term_file,
+                fallback,
+                now(),
+                cgroup=cgroup,
             )
+
+    def _memory_cgroup(self, pod: Any, container: Any) -> Path | None:
+        limit = ((container.resources and container.resources.limits) or {}).get("memory")
+        if not limit:
+            return None
+        if self.memory_cgroups is None:
+            logger.warning(
+                "pod %s/%s: memory limit %s not enforced (no writable memory cgroup on this machine)",
+                pod.metadata.namespace,
+                pod.metadata.name,
+                limit,
+            )
+            return None
+        return self.memory_cgroups.create(pod.metadata.uid, int(_parse_quantity(str(limit))))
 
     def _reap(self, live: set[str]) -> None:
         with self._lock:
             pods = list(self._pods.values())
+        self._remove_stale_cgroups()
         for p in pods:
             code = p.proc.poll()
+            if p.cgroup is not None and not p.oom_killed and MemoryCgroups.oom_kills(p.cgroup):
+                # the kernel's OOM killer killed a process of the container: the whole container goes,
+                # as under the kubelet's memory.oom.group (what cgroup v2 does by itself)
+                p.oom_killed = True
+                _kill_container(p.uid, signal.SIGKILL)
+                if code is None:
+                    continue  # reported once the main process has gone
             if code is None:
                 continue
             if code < 0:  # killed by a signal: the container runtime reports 128 + signal
                 code = 128 - code
+            if p.oom_killed:
+                code = OOM_EXIT_CODE
             _kill_container(p.uid, signal.SIGKILL)  # the main process ended: so does the container
+            if p.cgroup is not None:
+                self._stale_cgroups.append(p.cgroup)
             if not p.deleting:
                 self._report_exit(p, code)
             with self._lock:
@@ -236,6 +309,18 @@ class PodRunner:
                 self._remove(p.namespace, p.name, p.uid)
             if p.uid not in live:
                 continue
+
+    def _remove_stale_cgroups(self) -> None:
+        """Remove the cgroups of ended containers (a cgroup goes once its last process has)."""
+        left = []
+        for cgroup in self._stale_cgroups:
+            try:
+                cgroup.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # EBUSY: a process of it is still exiting
+                left.append(cgroup)
+        self._stale_cgroups = left
 
     def _report_exit(self, p: RunningPod, code: int) -> None:
         message = p.termination_file.read_text(errors="replace") if p.termination_file else ""
@@ -251,7 +336,7 @@ class PodRunner:
         for c in pod.spec.containers:
             terminated = {
                 "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
+                "reason": "OOMKilled" if p.oom_killed else "Completed" if code == 0 else "Error",
                 "startedAt": p.started,
                 "finishedAt": finished,
             }
@@ -463,14 +548,16 @@ class PodRunner:
         storage: Any = client.StorageV1Api(self.api)
         while not self._stop.is_set():
             ours = {
-                sc.metadata.name for sc in storage.list_storage_class().items if sc.provisioner == PROVISIONER
+                sc.metadata.name: (sc.parameters or {}).get(CAPACITY_PARAMETER) == "enforced"
+                for sc in storage.list_storage_class().items
+                if sc.provisioner == PROVISIONER
             }
             for pvc in self.core.list_persistent_volume_claim_for_all_namespaces().items:
                 if pvc.spec.volume_name or pvc.metadata.deletion_timestamp is not None:
                     continue
                 if pvc.spec.storage_class_name not in ours:
                     continue
-                self._provision(pvc)
+                self._provision(pvc, sized=ours[pvc.spec.storage_class_name])
             for pv in self.core.list_persistent_volume().items:
                 ann = pv.metadata.annotations or {}
                 if ann.get("pv.kubernetes.io/provisioned-by") != PROVISIONER:
@@ -478,16 +565,22 @@ class PodRunner:
                 if pv.status.phase == "Released" and pv.spec.persistent_volume_reclaim_policy == "Delete":
                     with contextlib.suppress(ApiException):
                         self.core.delete_persistent_volume(pv.metadata.name)
-                    shutil.rmtree(pv.spec.host_path.path, ignore_errors=True)
+                    folder = Path(pv.spec.host_path.path)
+                    if os.path.ismount(folder):
+                        _unmount(folder)
+                    shutil.rmtree(folder, ignore_errors=True)
             self._stop.wait(0.3)
 
-    def _provision(self, pvc: Any) -> None:
+    def _provision(self, pvc: Any, *, sized: bool = False) -> None:
         from kubernetes.client.rest import ApiException
 
         name = f"pvc-{pvc.metadata.uid}"
         path = self.workdir / "volumes" / name
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(0o777)
+        if sized:  # mounted before the PV exists: no pod can see the folder before it is the disk
+            size = int(_parse_quantity(str(pvc.spec.resources.requests["storage"])))
+            _mount_sized(path, path.parent / f"{name}.img", size)
         pv = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
@@ -513,6 +606,138 @@ class PodRunner:
         except ApiException as e:
             if e.status != 409:
                 raise
+
+
+# --- memory cgroups --------------------------------------------------------------------------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass
+class MemoryCgroups:
+    """A folder of memory cgroups, one per container with a memory limit: the kubelet's part.
+
+    cgroup v2 (``/sys/fs/cgroup/cgroup.controllers`` lists ``memory``): a cgroup under the root with
+    the memory controller enabled for its children, each with ``memory.max``, ``memory.swap.max`` 0
+    and ``memory.oom.group`` 1, as the kubelet sets them. cgroup v1 (a memory hierarchy at
+    ``/sys/fs/cgroup/memory``): a cgroup under the runner's own (the processes stay accounted where
+    the runner's are), else under the hierarchy's root, each child with ``memory.limit_in_bytes``.
+    """
+
+    version: int
+    parent: Path
+
+    @classmethod
+    def find(cls) -> MemoryCgroups | None:
+        name = f"kubetune-podrunner-{os.getpid()}"
+        tried = []
+        controllers = CGROUP_ROOT / "cgroup.controllers"
+        if controllers.exists() and "memory" in controllers.read_text().split():
+            parent = CGROUP_ROOT / name
+            try:
+                subtree = (CGROUP_ROOT / "cgroup.subtree_control").read_text().split()
+                if "memory" not in subtree:
+                    (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory")
+                parent.mkdir(exist_ok=True)
+                (parent / "cgroup.subtree_control").write_text("+memory")
+                return cls(2, parent)
+            except OSError as e:
+                tried.append(f"cgroup v2 at {parent}: {e}")
+        v1 = CGROUP_ROOT / "memory"
+        if (v1 / "memory.limit_in_bytes").exists():
+            for base in (v1 / _own_v1_memory_cgroup(), v1):
+                parent = base / name
+                try:
+                    parent.mkdir(exist_ok=True)
+                    probe = cls(1, parent).create("probe", 2**30)
+                    probe.rmdir()
+                    return cls(1, parent)
+                except OSError as e:
+                    tried.append(f"cgroup v1 at {parent}: {e}")
+                    with contextlib.suppress(OSError):
+                        parent.rmdir()
+        logger.warning(
+            "pod runner: containers' memory limits are not enforced: no writable memory cgroup (%s)",
+            "; ".join(tried)
+            or f"neither cgroup v2 with the memory controller nor a v1 memory hierarchy under {CGROUP_ROOT}",
+        )
+        return None
+
+    def create(self, uid: str, limit: int) -> Path:
+        cgroup = self.parent / uid
+        cgroup.mkdir(exist_ok=True)
+        if self.version == 2:
+            (cgroup / "memory.max").write_text(str(limit))
+            for knob, value in (("memory.swap.max", "0"), ("memory.oom.group", "1")):
+                if (cgroup / knob).exists():
+                    (cgroup / knob).write_text(value)
+        else:
+            (cgroup / "memory.limit_in_bytes").write_text(str(limit))
+        return cgroup
+
+    @staticmethod
+    def oom_kills(cgroup: Path) -> int:
+        """Processes of this cgroup the kernel's OOM killer killed (v2 memory.events, v1 memory.oom_control)."""
+        for knob in ("memory.events", "memory.oom_control"):
+            with contextlib.suppress(OSError):
+                for line in (cgroup / knob).read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        return 0
+
+    def close(self) -> None:
+        for child in self.parent.iterdir() if self.parent.is_dir() else ():
+            if child.is_dir():
+                with contextlib.suppress(OSError):
+                    child.rmdir()
+        with contextlib.suppress(OSError):
+            self.parent.rmdir()
+
+
+def _own_v1_memory_cgroup() -> str:
+    """This process's cgroup in the v1 memory hierarchy, relative to its root ("" for the root)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return path.lstrip("/")
+    return ""
+
+
+# --- sized volumes ----------------------------------------------------------------------------------
+
+
+def _mount_sized(folder: Path, image: Path, size: int) -> str:
+    """A file system of ``size`` bytes at ``folder``: an ext4 image, formatted as Kubernetes formats a
+    block volume (``mkfs.ext4 -F -m0``: no blocks reserved for root, who the containers run as here),
+    loop-mounted; a tmpfs of that size where that fails. Returns what it mounted."""
+    if os.path.ismount(folder):
+        return "mounted"
+    try:
+        with image.open("wb") as f:
+            f.truncate(size)
+        subprocess.run(["mkfs.ext4", "-q", "-F", "-m0", str(image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(image), str(folder)], check=True, capture_output=True)
+        kind = "ext4"
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = (
+            e.stderr.decode(errors="replace").strip() if isinstance(e, subprocess.CalledProcessError) else e
+        )
+        logger.warning(
+            "volume %s: no loop-mounted ext4 (%s); a tmpfs of %d bytes instead", folder, detail, size
+        )
+        image.unlink(missing_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+        kind = "tmpfs"
+    folder.chmod(0o777)
+    return kind
+
+
+def _unmount(folder: Path) -> None:
+    """Unmount a sized volume (lazily, should a process still hold it) and delete its image."""
+    subprocess.run(["umount", "--lazy", str(folder)], check=False, capture_output=True)
+    (folder.parent / f"{folder.name}.img").unlink(missing_ok=True)
 
 
 # --- helpers ----------------------------------------------------------------------------------------

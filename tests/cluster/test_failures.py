@@ -1,0 +1,251 @@
+"""Training failures that explain themselves, through the real controllers.
+
+The failures are real, not simulated: the pod runner enforces the trainer container's memory limit
+in a memory cgroup and reports the kernel's OOM kill as the kubelet does (``OOMKilled``, 137); the
+checkpoint volume of the sized StorageClass is a file system of the claim's size, so a save past it
+fails with ENOSPC; a learning rate of 1.0 makes the tiny model's loss diverge. Each job must end
+``Failed`` with the failure's reason on its ``Training`` and ``Ready`` conditions, a message with what
+happened and what to do, a Warning event, no registration, and Argo CD's health check Degraded.
+
+The first two tests check the pod runner's part alone (a bare pod, no kubetune): the memory limit and
+the volume's size are enforced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from kubetune_api.failures import HINTS, Failure
+from tests.cluster.conftest import tiny_job, wait_for
+from tests.cluster.test_real_controllers import (
+    apply_job,
+    checkpoint_folder,
+    get,
+    pod_logs,
+    wait_phase,
+    warnings,
+)
+from tests.support.cluster import SIZED_STORAGE_CLASS, Cluster
+from tests.support.controlplane import REPO
+from tests.support.lua import run_health
+from tests.support.operator import OperatorProcess
+
+ARGOCD_HEALTH = REPO / "deploy" / "argocd" / "health" / "finetunejob.lua"
+FAIL_TIMEOUT = 480  # preparation, then training on one core to the failure (with retries)
+IMAGE = "ghcr.io/kubetune/trainer:test"  # any name: the pod runner runs the command from this machine
+
+
+def bare_pod(name: str, ns: str, script: str, **container: Any) -> dict[str, Any]:
+    """A pod of one container running a Python script, for the pod runner alone."""
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {"name": "main", "image": IMAGE, "command": ["python", "-c", script], **container}
+            ],
+        },
+    }
+    return pod
+
+
+def terminated(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    pod = get(cluster, "pod", ns, name) or {}
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "terminated" in state:
+            return {"phase": pod["status"]["phase"], **state["terminated"]}
+    return None
+
+
+# --- the pod runner's part ----------------------------------------------------------------------------
+
+HOG = """
+import sys
+chunks = []
+for _ in range(int(sys.argv[1])):
+    chunks.append(b"\\1" * (16 << 20))  # written, so resident
+print("allocated", len(chunks) * 16, "MiB", flush=True)
+"""
+
+
+def test_the_pod_runner_enforces_the_memory_limit_as_the_kubelet_does(cluster: Cluster, ns: str) -> None:
+    """A container past its limits.memory is OOM-killed by the kernel and reported OOMKilled with exit
+    code 137 (the whole container: here the hog is a child of a shell that would sleep on, as a
+    torchrun worker is a child of the launcher); one under its limit completes; the cgroups go."""
+    runner = cluster.runner
+    assert runner is not None
+    if runner.memory_cgroups is None:
+        pytest.skip("no writable memory cgroup on this machine: the pod runner does not enforce limits")
+    over = bare_pod("over", ns, "", resources={"limits": {"memory": "128Mi"}})
+    over["spec"]["containers"][0]["command"] = ["sh", "-c", f"python -c '{HOG}' 64; sleep 600"]
+    under = bare_pod("under", ns, HOG, args=["4"], resources={"limits": {"memory": "256Mi"}})
+    cluster.apply(over, under)
+    ended: dict[str, dict[str, Any]] = {}
+    for name in ("over", "under"):
+        ended[name] = wait_for(lambda: terminated(cluster, ns, name), 120, f"pod {name} to end", cluster)  # noqa: B023
+    assert (ended["over"]["phase"], ended["over"]["reason"], ended["over"]["exitCode"]) == (
+        "Failed",
+        "OOMKilled",
+        137,
+    ), ended
+    assert (ended["under"]["phase"], ended["under"]["reason"], ended["under"]["exitCode"]) == (
+        "Succeeded",
+        "Completed",
+        0,
+    ), ended
+    assert "allocated 64 MiB" in runner.log_of(ns, "under")
+    uids = [get(cluster, "pod", ns, n)["metadata"]["uid"] for n in ("over", "under")]
+    parent = runner.memory_cgroups.parent
+    wait_for(lambda: not any((parent / uid).exists() for uid in uids), 30, "the cgroups to be removed")
+
+
+FILL = """
+import errno, json, os
+st = os.statvfs("/data")
+written, error = 0, None
+try:
+    with open("/data/fill", "wb") as f:
+        while written < (64 << 20):
+            f.write(b"\\1" * (256 << 10))
+            f.flush()
+            written += 256 << 10
+        os.fsync(f.fileno())
+except OSError as e:
+    error = errno.errorcode.get(e.errno, str(e.errno))
+with open("/dev/termination-log", "w") as t:
+    json.dump({"error": error, "written": written, "size": st.f_blocks * st.f_frsize}, t)
+"""
+
+
+def test_a_sized_volume_is_full_at_the_claims_size(cluster: Cluster, ns: str) -> None:
+    """A claim of the sized StorageClass is a disk of that size: writing past it fails with ENOSPC.
+    Deleting the claim unmounts and deletes the volume."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "small", "namespace": ns},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": SIZED_STORAGE_CLASS,
+            "resources": {"requests": {"storage": "4Mi"}},
+        },
+    }
+    pod = bare_pod("fill", ns, FILL, volumeMounts=[{"name": "data", "mountPath": "/data"}])
+    pod["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "small"}}]
+    cluster.apply(claim, pod)
+    wait_for(lambda: (get(cluster, "pvc", ns, "small") or {}).get("status", {}).get("phase") == "Bound",
+             60, "the claim bound", cluster)  # fmt: skip
+    folder = checkpoint_folder(cluster, ns, "small")
+    assert os.path.ismount(folder), folder
+    ended = wait_for(lambda: terminated(cluster, ns, "fill"), 120, "the writer to end", cluster)
+    assert ended["exitCode"] == 0, (ended, pod_logs(cluster, ns))
+    result = json.loads(ended["message"])
+    assert result["error"] == "ENOSPC", result
+    assert 2 << 20 < result["written"] <= 4 << 20, result
+    assert result["size"] <= 4 << 20, result
+    assert (folder / "fill").stat().st_size == result["written"]  # what a pod wrote is on the volume
+
+    cluster.kubectl("-n", ns, "delete", "pod", "fill", "--wait=false")
+    wait_for(lambda: get(cluster, "pod", ns, "fill") is None, 60, "the pod to go", cluster)
+    cluster.kubectl("-n", ns, "delete", "pvc", "small", "--wait=false")
+    wait_for(lambda: not folder.exists(), 60, "the released volume to be unmounted and deleted", cluster)
+    assert not folder.with_name(folder.name + ".img").exists()
+
+
+# --- training failures through the real controllers ---------------------------------------------------
+
+
+def condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == ctype), {})
+
+
+def assert_failed_with(cluster: Cluster, ns: str, name: str, failure: Failure) -> dict[str, Any]:
+    """Failed with ``failure`` on Training and Ready (status False), its hint in the message, one
+    Warning event with the reason, no registration Job, and Argo CD's health Degraded naming it.
+    Returns the Ready condition."""
+    try:
+        status = wait_phase(cluster, ns, name, "Failed", timeout=FAIL_TIMEOUT)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{pod_logs(cluster, ns)}") from None
+    training, ready = condition(status, "Training"), condition(status, "Ready")
+    seen = {c: (x.get("status"), x.get("reason")) for c, x in (("Training", training), ("Ready", ready))}
+    assert seen == dict.fromkeys(seen, ("False", failure.value)), (status, pod_logs(cluster, ns))
+    assert HINTS[failure] in ready["message"], ready
+    assert HINTS[failure] in training["message"], training
+    events = warnings(cluster, ns, name, failure.value)
+    assert events, (get(cluster, "events", ns) or {}).get("items")
+    assert get(cluster, "job", ns, f"{name}-register") is None
+    obj = get(cluster, "finetunejobs", ns, name)
+    verdict = run_health(ARGOCD_HEALTH, obj)
+    assert verdict["status"] == "Degraded" and failure.value in verdict["message"], verdict
+    return ready
+
+
+def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    """spec.resources.memory too small for the trainer: the kernel kills it (OOMKilled, 137), the job
+    fails HostOutOfMemory and says to raise spec.resources.memory. Only the trainer pod has that limit:
+    the preparation runs under the operator's own setting and succeeds."""
+    assert cluster.runner is not None
+    if cluster.runner.memory_cgroups is None:
+        pytest.skip("no writable memory cgroup on this machine: the pod runner does not enforce limits")
+    name, limit = "oom", "400Mi"
+    apply_job(cluster, tiny_job(name, ns, **{"resources.memory": limit}))
+    ready = assert_failed_with(cluster, ns, name, Failure.HOST_OUT_OF_MEMORY)
+    assert "memory" in ready["message"] and "spec.resources.memory" in ready["message"], ready
+    ptj = get(cluster, "pytorchjob", ns, f"{name}-train")
+    template = ptj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert template["resources"]["limits"]["memory"] == limit
+    prep = get(cluster, "job", ns, f"{name}-prepare")
+    assert prep["status"].get("succeeded") == 1
+    prep_limit = prep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert prep_limit != limit
+    # the kubelet's (here the pod runner's) verdict, as the Training Operator saw it
+    events = (get(cluster, "events", ns) or {}).get("items") or []
+    assert any("exited with code 137" in e.get("message", "") for e in events), [e["message"] for e in events]
+
+
+def test_a_checkpoint_volume_that_fills_up_fails_with_disk_full(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    """A 5 MiB checkpoint disk: the preparation's data and the first full checkpoint (about 2.5 MB)
+    fit, the second does not. The job fails DiskFull, the message says No space left (or the
+    volume's bytes), and the first checkpoint stays complete on the volume."""
+    name = "disk"
+    doc = tiny_job(
+        name, ns, **{"storage.storageClassName": SIZED_STORAGE_CLASS, "storage.size": "5Mi", "method": "full"}
+    )
+    doc["spec"].pop("lora", None)
+    doc["spec"]["registration"].pop("mergeLora", None)
+    doc["spec"]["training"].update(maxSteps=12, saveSteps=2, evalSteps=2, saveTotalLimit=2)
+    apply_job(cluster, doc)
+    ready = assert_failed_with(cluster, ns, name, Failure.DISK_FULL)
+    message = ready["message"]
+    assert "No space left" in message or ("free" in message and "used" in message), message
+    folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
+    assert os.path.ismount(folder)
+    complete = sorted(p.parent.name for p in folder.glob("checkpoints/checkpoint-*/COMPLETE"))
+    assert complete, sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_diverging_loss_fails_with_loss_diverged(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    """learningRate 1.0 (the most the spec allows) on the tiny model, a loss logged every step: the loss
+    goes to NaN within 20 steps (checked with kubetune run --local); the watchdog stops the run and
+    the job fails LossDiverged."""
+    name = "diverge"
+    doc = tiny_job(name, ns)
+    doc["spec"]["training"].update(learningRate=1.0, loggingSteps=1, maxSteps=30, saveSteps=10, evalSteps=10)
+    apply_job(cluster, doc)
+    ready = assert_failed_with(cluster, ns, name, Failure.LOSS_DIVERGED)
+    assert "loss" in ready["message"].lower(), ready
