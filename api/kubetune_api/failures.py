@@ -132,7 +132,8 @@ class TrainingFailure(ApiModel):
     def describe(self) -> str:
         """The message and the remedy, for a condition or an event."""
         at = f" at step {self.step}" if self.step is not None else ""
-        return f"{self.reason}{at}: {self.message}. {self.hint or HINTS[Failure(self.reason)]}"
+        hint = (self.hint or HINTS[Failure(self.reason)]).rstrip(".")
+        return f"{self.reason}{at}: {self.message.rstrip('.')}. What to do: {hint}."
 
     def termination_message(self) -> str:
         """Compact JSON within the kubelet's 4096 bytes (the message is shortened to fit, its end kept:

@@ -297,7 +297,8 @@ class TrainingSpec(ApiModel):
     oom_retries: Annotated[int, Field(ge=0, le=8)] = Field(
         default=2,
         description="After a CUDA out-of-memory error, retry this many times with smaller micro-steps and "
-        "the same tokens per optimizer step, from the newest checkpoint. 0: fail at once.",
+        "the same tokens per optimizer step, from the newest checkpoint. 0: fail at once. Each retry is a new "
+        "pod, within the operator's restart limit for training (Helm trainer.trainBackoffLimit, default 6).",
     )
 
 
@@ -496,8 +497,8 @@ class BudgetSpec(ApiModel):
 
     max_duration: Annotated[str, Field(max_length=24, pattern=DURATION_PATTERN, min_length=2)] | None = Field(
         default=None,
-        description="Training wall time across attempts (e.g. 90m, 2h30m), from the first optimizer step "
-        "of the first attempt. The PyTorchJob's activeDeadlineSeconds sits a margin above it.",
+        description="Wall time of training (e.g. 90m, 2h30m): each attempt from its trainer's start, summed "
+        "over attempts. Once the pods run, the PyTorchJob's activeDeadlineSeconds is set a margin above it.",
     )
     max_gpu_hours: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
         default=None, description="GPU-hours of training (wall time x GPUs) across attempts."

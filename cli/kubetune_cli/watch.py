@@ -165,7 +165,7 @@ def failure_lines(reason: Failure, message: str) -> list[str]:
     head, found, rest = message.strip().partition(hint)
     head = head.rstrip()
     if found:
-        head = head.removesuffix(".")
+        head = head.removesuffix("What to do:").rstrip().removesuffix(".")
     if not head:
         head = str(reason)
     elif not (head == reason or head.startswith((f"{reason} ", f"{reason}:"))):

@@ -50,6 +50,8 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 ANNOTATION_CONFIG_HASH = f"{api.GROUP}/config-hash"
 # Set while the PyTorchJob is suspended because spec.suspend says so. The operator only ever
 # un-suspends what it suspended itself: Kueue suspends jobs waiting for quota, and those are Kueue's.
+# on the PyTorchJob: the status.startTime its budget deadline was set for (children.sync_deadline)
+ANNOTATION_DEADLINE_FOR = "kubetune.io/deadline-for-start"
 ANNOTATION_SUSPENDED_BY_US = f"{api.GROUP}/suspended-by-kubetune"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
@@ -510,17 +512,10 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
                 # Delete still-running pods when the job ends (frees GPUs), keep finished ones (logs).
                 "cleanPodPolicy": "Running",
                 "suspend": job.spec.suspend,
-                **_hard_deadline(job),
+                # activeDeadlineSeconds (spec.budget) is set once the pods run: children.sync_deadline
             },
         },
     }
-
-
-def _hard_deadline(job: api.FineTuneJob) -> dict[str, Any]:
-    """``activeDeadlineSeconds`` a margin above ``spec.budget`` (``BudgetSpec.deadline_seconds``)."""
-    res, budget = job.spec.resources, job.spec.budget
-    deadline = budget.deadline_seconds(max(1, res.gpus_per_node) * res.nodes) if budget else None
-    return {"activeDeadlineSeconds": deadline} if deadline else {}
 
 
 def alias_job_name(job: api.FineTuneJob) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from kubetune_api import spec as api
@@ -110,6 +111,36 @@ def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -
         }
     if patch is None:
         return pytorchjob
+    with about_child("update", "PyTorchJob", meta["name"]):
+        return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
+
+
+def sync_deadline(
+    kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob, now: datetime
+) -> dict[str, Any]:
+    """Once the PyTorchJob runs, set its hard deadline (``runPolicy.activeDeadlineSeconds``) a margin
+    above ``spec.budget``, counted from when it started running.
+
+    The Training Operator counts the deadline from the PyTorchJob's ``status.startTime`` (its first
+    look, or its last resume), waiting for GPUs included, while the budget counts the trainer's own
+    time: so the deadline is set only when the pods run, as the time waited plus the budget's
+    deadline, and again after a resume (a new ``startTime``). The annotation records the start it
+    was set for.
+    """
+    budget = job.spec.budget
+    res = job.spec.resources
+    deadline = budget.deadline_seconds(max(1, res.gpus_per_node) * res.nodes) if budget else None
+    meta = pytorchjob.get("metadata") or {}
+    started = (pytorchjob.get("status") or {}).get("startTime")
+    done_for = (meta.get("annotations") or {}).get(builders.ANNOTATION_DEADLINE_FOR)
+    if deadline is None or not started or done_for == started:
+        return pytorchjob
+    start = datetime.fromisoformat(str(started).replace("Z", "+00:00"))
+    waited = max(0, int((now - start).total_seconds()))
+    patch = {
+        "metadata": {"annotations": {builders.ANNOTATION_DEADLINE_FOR: started}},
+        "spec": {"runPolicy": {"activeDeadlineSeconds": waited + deadline}},
+    }
     with about_child("update", "PyTorchJob", meta["name"]):
         return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
 

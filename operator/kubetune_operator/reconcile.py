@@ -30,7 +30,7 @@ from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus, Phase
 
 from . import builders, observations, state
-from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_suspend
+from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_deadline, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
 
@@ -310,6 +310,8 @@ def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen, previous: FineTun
     seen.training = observations.training_observation(pytorchjob)
     if pytorchjob is not None and seen.training.condition not in ("Succeeded", "Failed"):
         pytorchjob = sync_suspend(ctx.kube, pytorchjob, job)
+    if pytorchjob is not None and seen.training.condition == "Running":
+        pytorchjob = sync_deadline(ctx.kube, pytorchjob, job, datetime.now(UTC))
     if (
         pytorchjob is not None
         and not result.created  # nothing can have happened to it yet
@@ -410,9 +412,9 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
             events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
         if any((p.get("status") or {}).get("phase") in (None, "Pending") for p in pods):
             # a pending pod may wait for its volumes: the kubelet says so only in events
-            pod_events = ctx.kube.list(
-                "v1", "Event", ns, field_selector="involvedObject.kind=Pod,type=Warning"
-            )
+            for reason in sorted(observations.MOUNT_EVENT_REASONS):
+                selector = f"involvedObject.kind=Pod,reason={reason}"
+                pod_events += ctx.kube.list("v1", "Event", ns, field_selector=selector)
     except ApiError as e:
         ctx.logger.warning(
             "cannot read the pods or events of PyTorchJob %s/%s (their trouble is not shown): %s",

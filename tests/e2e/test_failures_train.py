@@ -64,12 +64,18 @@ def test_the_watchdog_can_be_turned_off(tmp_path: Path, tiny_model: Path) -> Non
     assert (out / "final" / COMPLETE_MARKER).is_file()
 
 
-def test_a_budget_of_a_few_seconds_ends_with_the_model_of_the_step_it_reached(
-    tmp_path: Path, tiny_model: Path
+def test_a_budget_of_a_few_seconds_ends_with_the_model_of_the_step_it_reached_and_registers_it(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
 ) -> None:
     out = tmp_path / "run"
     config = trainer_config(
-        out, tiny_model, maxSteps=5000, saveSteps=1000, extra_spec={"budget": {"maxDuration": "12s"}}
+        out,
+        tiny_model,
+        tracking_uri=mlflow_server.uri,
+        name="budgeted",
+        maxSteps=5000,
+        saveSteps=1000,
+        extra_spec={"budget": {"maxDuration": "12s"}},
     )
     code, failure, log = _run(config, tmp_path, "budget")
     assert code == 0, log[-3000:]
@@ -88,6 +94,29 @@ def test_a_budget_of_a_few_seconds_ends_with_the_model_of_the_step_it_reached(
     assert goodput["heldGpuSeconds"] >= 12
     assert 0 < goodput["productiveGpuSeconds"] < goodput["heldGpuSeconds"]
     assert goodput["startupGpuSeconds"] > 0
+
+    # the registration Job's container, against the real MLflow server: one version, and the tags
+    # say which step and checkpoint it is and that the budget stopped it
+    reg = subprocess.run(
+        [sys.executable, "-m", "kubetune_trainer.register", "--config", str(config)],
+        cwd=REPO,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert reg.returncode == 0, reg.stderr[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    versions = MlflowClient(tracking_uri=mlflow_server.uri).search_model_versions("name = 'budgeted'")
+    assert len(versions) == 1
+    tags = versions[0].tags
+    assert tags["kubetune.budget_reached"] == "maxDuration 12s"
+    assert tags["kubetune.final.step"] == str(budget["step"])
+    assert tags["kubetune.final.checkpoint"] == str(
+        checkpoints.checkpoint_path(checkpoints.checkpoints_root(out), budget["step"])
+    )
 
 
 def test_cuda_out_of_memory_retries_with_smaller_micro_steps_and_the_same_loss_curve(

@@ -152,17 +152,23 @@ def test_registration_is_wanted_unless_the_budget_stopped_it_with_register_false
     assert state.registration_wanted(_job({"maxDuration": "30s", "register": False}), FineTuneJobStatus())
 
 
-def test_the_hard_deadline_sits_a_margin_above_the_budget() -> None:
+def test_the_pytorchjob_gets_no_deadline_at_creation() -> None:
+    """The Training Operator's clock starts before the pods run (waiting for GPUs counts): the budget's
+    deadline is set only once they run (``children.sync_deadline``, through the real API server in
+    tests/integration/test_operator_failures.py)."""
     from kubetune_operator.builders import build_pytorchjob
     from kubetune_operator.settings import Settings
 
-    settings = Settings()
-    policy = build_pytorchjob(_job({"maxDuration": "2h"}), settings)["spec"]["runPolicy"]
-    assert policy["activeDeadlineSeconds"] == 7200 + 1800
-    # 16 GPU-hours on 16 GPUs is one hour of wall time
-    policy = build_pytorchjob(_job({"maxGpuHours": 16}), settings)["spec"]["runPolicy"]
-    assert policy["activeDeadlineSeconds"] == 3600 + 900
-    assert "activeDeadlineSeconds" not in build_pytorchjob(_job(None), settings)["spec"]["runPolicy"]
+    policy = build_pytorchjob(_job({"maxDuration": "2h"}), Settings())["spec"]["runPolicy"]
+    assert "activeDeadlineSeconds" not in policy
+
+
+def test_the_deadline_is_the_budget_plus_a_margin() -> None:
+    job = _job({"maxDuration": "2h"})
+    assert job.spec.budget is not None and job.spec.budget.deadline_seconds(16) == 7200 + 1800
+    # 16 GPU-hours on 16 GPUs is one hour of wall time; the margin is at least 15 minutes
+    job = _job({"maxGpuHours": 16})
+    assert job.spec.budget is not None and job.spec.budget.deadline_seconds(16) == 3600 + 900
 
 
 def test_a_pod_that_cannot_mount_its_volume_shows_mount_failed_while_it_waits() -> None:

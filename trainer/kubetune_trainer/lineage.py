@@ -5,7 +5,9 @@ registered version (beside the spec's names, :func:`kubetune_trainer.register.li
   content hash and the tokenized data's hash (``prepared/report.json`` on the checkpoint volume,
   :mod:`kubetune_api.preparation`);
 - the trainer image the pod runs (``KUBETUNE_IMAGE``, set by the operator on every pod);
-- the versions of the libraries that trained it (torch, transformers, trl, peft, datasets, liger).
+- the versions of the libraries that trained it (torch, transformers, trl, peft, datasets, liger);
+- the optimizer step the final model is, the checkpoint of that step on the volume, and the budget
+  limit when ``spec.budget`` stopped the run (the final model's COMPLETE marker).
 
 Tags are strings, never a secret: the report holds none.
 """
@@ -32,6 +34,9 @@ TAG_TOKENIZED_HASH = "kubetune.tokenized.hash"
 TAG_TOKENIZED_KEY = "kubetune.tokenized.key"
 TAG_IMAGE = "kubetune.trainer_image"
 VERSION_TAG_PREFIX = "kubetune.version."
+TAG_FINAL_STEP = "kubetune.final.step"
+TAG_CHECKPOINT = "kubetune.final.checkpoint"
+TAG_BUDGET = "kubetune.budget_reached"
 LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "liger-kernel", "kubetune")
 
 
@@ -74,4 +79,31 @@ def provenance_tags(output_dir: str | Path) -> dict[str, str]:
     if image:
         tags[TAG_IMAGE] = image
     tags.update({f"{VERSION_TAG_PREFIX}{name}": v for name, v in library_versions().items()})
+    tags.update(final_tags(Path(output_dir)))
+    return tags
+
+
+def final_tags(output_dir: Path) -> dict[str, str]:
+    """The final model's step, the complete checkpoint of that step, and the budget that stopped it."""
+    from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR
+
+    from . import checkpoints
+
+    try:
+        marker = json.loads((output_dir / FINAL_DIR / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(marker, dict) or not isinstance(marker.get("step"), int):
+        return {}
+    step = marker["step"]
+    tags = {TAG_FINAL_STEP: str(step)}
+    same = [
+        c
+        for c in checkpoints.complete_checkpoints(checkpoints.checkpoints_root(output_dir))
+        if c.step == step
+    ]
+    if same:
+        tags[TAG_CHECKPOINT] = str(same[0].path)
+    if marker.get("budget"):
+        tags[TAG_BUDGET] = str(marker["budget"])
     return tags
