@@ -220,3 +220,75 @@ def test_a_full_checkpoint_volume_is_disk_full_with_its_free_bytes(tmp_path: Pat
     assert failure is not None and failure.reason == Failure.DISK_FULL, proc.stderr[-3000:]
     assert "No space left on device" in failure.message and "free of" in failure.message
     assert "spec.storage.size" in failure.hint
+
+
+def test_a_corrupt_checkpoint_is_named_when_the_resume_cannot_read_it(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """A real corrupt checkpoint: the first attempt is killed right after its step-4 checkpoint is
+    complete (the kill-after-mark fault), then that checkpoint's weights are cut short on disk."""
+    out = tmp_path / "run"
+    config = trainer_config(out, tiny_model, maxSteps=8, saveSteps=4)
+    code, _, log = _run(config, tmp_path, "first", **{FAULT_ENV: "kill-after-mark:4"})
+    assert code == -9, log[-3000:]
+    ckpt = checkpoints.checkpoint_path(checkpoints.checkpoints_root(out), 4)
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, failure, log = _run(config, tmp_path, "resume")
+    assert code == EXIT_FAILED, log[-3000:]
+    assert failure is not None and failure.reason == Failure.CHECKPOINT_CORRUPT, log[-3000:]
+    assert str(ckpt) in failure.message
+
+
+def test_sigterm_saves_and_says_preempted(tmp_path: Path, tiny_model: Path) -> None:
+    import signal
+    import time
+
+    from tests.e2e.conftest import start_trainer, wait_or_kill
+
+    out = tmp_path / "run"
+    term = tmp_path / "preempted.termination-log"
+    config = trainer_config(out, tiny_model, maxSteps=100000, saveSteps=50)
+    proc = start_trainer(config, tmp_path / "preempted.log", extra_env={TERMINATION_LOG_ENV: str(term)})
+    root = checkpoints.checkpoints_root(out)
+    deadline = time.monotonic() + 240
+    while not checkpoints.complete_checkpoints(root) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert wait_or_kill(proc, 240) == 143
+    failure = parse_failure(term.read_text())
+    assert failure is not None and failure.reason == Failure.PREEMPTED and failure.retryable
+    newest = checkpoints.latest_complete(root)
+    assert newest is not None and failure.step == newest.step
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [("kubetune/tiny-gated", Failure.MODEL_GATED), ("kubetune/none", Failure.MODEL_NOT_FOUND)],
+)
+def test_a_hub_model_the_trainer_cannot_have_is_named(
+    tmp_path: Path, tiny_model: Path, model: str, reason: Failure
+) -> None:
+    """Without preparation (which refuses these first), the trainer itself meets the Hub's 401 and 404
+    (the Hub stand-in of tests/support/hub.py, over the Hub's protocol)."""
+    from tests.support.hub import HubStandIn
+
+    from kubetune_api.trainer_config import TrainerConfig
+
+    hub = HubStandIn(tmp_path / "hub")
+    hub.add_model("kubetune/tiny-gated", tiny_model, gated_token="hf_test_token_not_a_secret")
+    try:
+        out = tmp_path / "run"
+        config = trainer_config(out, tiny_model, maxSteps=2)
+        cfg = TrainerConfig.load(config)
+        named = cfg.spec.model.model_copy(update={"name": model, "path": None})
+        config.write_text(
+            cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"model": named})}).to_yaml()
+        )
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN": ""}
+        code, failure, log = _run(config, tmp_path, "hub", **env)
+    finally:
+        hub.stop()
+    assert code == EXIT_FAILED, log[-3000:]
+    assert failure is not None and failure.reason == reason, log[-3000:]
+    assert model in failure.message

@@ -44,6 +44,7 @@ class RunContext:
     output_dir: Path | None = None
     resume_from: Path | None = None  # the checkpoint this attempt resumes from
     training_started: bool = False  # the first optimizer step began (a resume load is behind)
+    model: str | None = None  # the base model (Hub id or path), for ModelGated / ModelNotFound
 
 
 context = RunContext()
@@ -163,13 +164,14 @@ def classify(exc: BaseException, ctx: RunContext | None = None) -> TrainingFailu
         return of(Failure.NCCL_TIMEOUT, _first_line(exc), step)
     if "DistBackendError" in names or "nccl error" in lower or "ncclinternalerror" in lower.replace(" ", ""):
         return of(Failure.NCCL_ERROR, _first_line(exc), step)
+    model = f"model {ctx.model}: " if ctx.model else ""
     if "GatedRepoError" in names:
-        return of(Failure.MODEL_GATED, _first_line(exc), step)
-    if (
-        names & {"RepositoryNotFoundError", "RevisionNotFoundError"}
-        or "is not a valid model identifier" in lower
-    ):
-        return of(Failure.MODEL_NOT_FOUND, _first_line(exc), step)
+        return of(Failure.MODEL_GATED, f"{model}{_first_line(exc)}", step)
+    missing = {"RepositoryNotFoundError", "RevisionNotFoundError"}
+    if names & missing or "is not a valid model identifier" in lower:
+        return of(Failure.MODEL_NOT_FOUND, f"{model}{_first_line(exc)}", step)
+    if "trying to access a gated repo" in lower:  # transformers' OSError, its cause dropped
+        return of(Failure.MODEL_GATED, f"{model}{_first_line(exc)}", step)
     if _disk_full(chain, lower, ctx):
         where = ctx.output_dir or Path()
         return of(

@@ -209,6 +209,10 @@ def _run(
     setup_logging(dist)
     install_log_redaction()
     started = time.monotonic()
+    failures.context.model = cfg.spec.model.name or (
+        str(cfg.spec.model.path) if cfg.spec.model.path else None
+    )
+
     try:
         # before anything is written or loaded (torch and transformers included): every row of
         # local data, and the data's identity
