@@ -13,7 +13,7 @@ for step in "$@"; do
   case "$step" in
     tests) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu > "$OUT/tests.log" 2>&1; tail -15 "$OUT/tests.log" ;;
     smoke) python3 hack/gpu/smoke.py /tmp/smoke > "$OUT/smoke.log" 2>&1; tail -40 "$OUT/smoke.log" ;;
-    oom) timeout 420 python3 hack/gpu/oom.py /tmp/oom > "$OUT/oom.log" 2>&1; tail -60 "$OUT/oom.log"; grep -h "CUDA out of memory\|oom_retry" /tmp/oom/capped-*.log | cut -c1-300 | head -12 ;;
+    oom) rm -rf /tmp/oom; timeout 420 python3 hack/gpu/oom.py /tmp/oom > "$OUT/oom.log" 2>&1; tail -60 "$OUT/oom.log"; grep -h "capped at\|CUDA out of memory\|oom_retry\|plan: batch" /tmp/oom/capped-*.log | cut -c1-300 | head -24; cp /tmp/oom/*.log "$OUT/" ;;
     smoke2) python3 hack/gpu/smoke.py /tmp/smoke2 --nproc 2 --preempt > "$OUT/smoke2.log" 2>&1; grep -E "preempted|resum|exit|COMPLETE|rank" "$OUT/smoke2.log" | tail -20; tail -32 "$OUT/smoke2.log" ;;
     bench) python3 -m kubetune_bench --out /tmp/bench --memory-cap-gib 80 > "$OUT/bench.log" 2>&1; grep -E "^\[bench\]|^\|" "$OUT/bench.log"; tail -5 "$OUT/bench.log"; cp /tmp/bench/bench.* "$OUT/" ;;
     startup)

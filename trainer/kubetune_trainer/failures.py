@@ -73,9 +73,11 @@ def read_termination_log() -> str:
         return ""
 
 
-def report(failure: TrainingFailure) -> None:
-    """Log the failure and its remedy, and leave it in the termination message (JSON, last line)."""
-    log.error("training failed: %s", failure.describe())
+def report(failure: TrainingFailure, *, logged: bool = False) -> None:
+    """Log the failure and its remedy (unless ``logged``: a refusal's one line is), and leave it in
+    the termination message (JSON, also the last line of stdout)."""
+    if not logged:
+        log.error("training failed: %s", failure.describe())
     message = failure.termination_message()
     write_termination_log(message, first_only=True)
     # also the log's last line: with FallbackToLogsOnError an unwritable file still tells it

@@ -641,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         failures.report(failure)
         return failure.exit_code
     if outcome.failure is not None:
-        failures.report(outcome.failure)
+        failures.report(outcome.failure, logged=outcome.status == "refused")
     elif outcome.status == "preempted":
         step = outcome.result.get("latest_checkpoint_step")
         failures.report(
