@@ -25,7 +25,6 @@ from tests.cluster.test_real_controllers import (
     apply_job,
     checkpoint_folder,
     get,
-    pod_logs,
     wait_phase,
     warnings,
 )
@@ -63,6 +62,25 @@ def terminated(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
         if "terminated" in state:
             return {"phase": pod["status"]["phase"], **state["terminated"]}
     return None
+
+
+def recent_logs(cluster: Cluster, ns: str, last: int = 4) -> str:
+    """The newest pods' log tails (a pod restarted a hundred times need not show them all), and how many
+    pods of each name the runner ran."""
+    assert cluster.runner is not None
+    folders = sorted(
+        (cluster.runner.workdir / "pods").glob(f"{ns}_*"),
+        key=lambda f: float((f / "started").read_text() or 0),
+    )
+    counts: dict[str, int] = {}
+    for f in folders:
+        pod = f.name[len(ns) + 1 :].rsplit("_", 1)[0]
+        counts[pod] = counts.get(pod, 0) + 1
+    out = [f"pods run: {counts}"]
+    for f in folders[-last:]:
+        log = (f / "container.log").read_text(errors="replace") if (f / "container.log").exists() else ""
+        out.append(f"--- {f.name}\n" + "\n".join(log.splitlines()[-30:]))
+    return "\n".join(out)
 
 
 # --- the pod runner's part ----------------------------------------------------------------------------
@@ -146,7 +164,7 @@ def test_a_sized_volume_is_full_at_the_claims_size(cluster: Cluster, ns: str) ->
     folder = checkpoint_folder(cluster, ns, "small")
     assert os.path.ismount(folder), folder
     ended = wait_for(lambda: terminated(cluster, ns, "fill"), 120, "the writer to end", cluster)
-    assert ended["exitCode"] == 0, (ended, pod_logs(cluster, ns))
+    assert ended["exitCode"] == 0, (ended, recent_logs(cluster, ns))
     result = json.loads(ended["message"])
     assert result["error"] == "ENOSPC", result
     assert 2 << 20 < result["written"] <= 4 << 20, result
@@ -174,10 +192,14 @@ def assert_failed_with(cluster: Cluster, ns: str, name: str, failure: Failure) -
     try:
         status = wait_phase(cluster, ns, name, "Failed", timeout=FAIL_TIMEOUT)
     except AssertionError as e:
-        raise AssertionError(f"{e}\n{pod_logs(cluster, ns)}") from None
+        ptj = (get(cluster, "pytorchjob", ns, f"{name}-train") or {}).get("status") or {}
+        conditions = [(c["type"], c["status"], c.get("reason")) for c in ptj.get("conditions") or []]
+        raise AssertionError(
+            f"{e}\nPyTorchJob conditions: {conditions}\n{recent_logs(cluster, ns)}"
+        ) from None
     training, ready = condition(status, "Training"), condition(status, "Ready")
     seen = {c: (x.get("status"), x.get("reason")) for c, x in (("Training", training), ("Ready", ready))}
-    assert seen == dict.fromkeys(seen, ("False", failure.value)), (status, pod_logs(cluster, ns))
+    assert seen == dict.fromkeys(seen, ("False", failure.value)), (status, recent_logs(cluster, ns))
     assert HINTS[failure] in ready["message"], ready
     assert HINTS[failure] in training["message"], training
     events = warnings(cluster, ns, name, failure.value)
@@ -192,8 +214,9 @@ def assert_failed_with(cluster: Cluster, ns: str, name: str, failure: Failure) -
 def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    """spec.resources.memory too small for the trainer: the kernel kills it (OOMKilled, 137), the job
-    fails HostOutOfMemory and says to raise spec.resources.memory. Only the trainer pod has that limit:
+    """spec.resources.memory too small for the trainer: the kernel kills it (OOMKilled, 137) in every
+    attempt; once the restarts are used up the job fails HostOutOfMemory and says to raise
+    spec.resources.memory. Only the trainer pod has that limit:
     the preparation runs under the operator's own setting and succeeds."""
     assert cluster.runner is not None
     if cluster.runner.memory_cgroups is None:
