@@ -83,6 +83,8 @@ class Reason(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     IMAGE_PULL_FAILED = "ImagePullFailed"
     MOUNT_FAILED = "MountFailed"
+    # the training pods restarted too often without progress (the reason when the cause is unknown)
+    RESTART_LIMIT = "RestartLimitReached"
     # the BudgetReached condition's
     BUDGET_REACHED = "BudgetReached"
     # the AliasSynced condition's
@@ -177,6 +179,28 @@ class MemoryRetry(ApiModel):
     after: str = Field(description="The layout of the retry.")
 
 
+class TrainingRestarts(ApiModel):
+    """The PyTorchJob's pod restarts the operator has counted (the Training Operator's ``Restarting``
+    events), and how many came since training last made progress (a new complete checkpoint)."""
+
+    total: int = Field(default=0, description="Restarts of the training pods so far.")
+    since_progress: int = Field(
+        default=0, description="Restarts since the newest complete checkpoint appeared (or since the start)."
+    )
+    checkpoint_step: int | None = Field(
+        default=None, description="The newest complete checkpoint's step when sinceProgress was last reset."
+    )
+    last: str | None = Field(
+        default=None, description="Why the last attempt ended, when the operator saw it."
+    )
+    last_reason: str | None = Field(default=None, description="Its reason (a failure reason), when known.")
+    events: int = Field(
+        default=0,
+        description="The Training Operator's restart events counted so far (they expire with the API "
+        "server's event TTL, one hour by default: restarts further apart than that may go uncounted).",
+    )
+
+
 class MlflowStatus(ApiModel):
     tracking_uri: str | None = Field(default=None, description="Tracking server used.")
     experiment_id: str | None = Field(default=None, description="MLflow experiment id.")
@@ -222,6 +246,10 @@ class FineTuneJobStatus(ApiModel):
     mlflow: MlflowStatus | None = Field(default=None, description="MLflow tracking.")
     goodput: Goodput | None = Field(default=None, description="Where the GPU time went (trainer-reported).")
     budget: BudgetStatus | None = Field(default=None, description="Training stopped at spec.budget.")
+    training_restarts: TrainingRestarts | None = Field(
+        default=None,
+        description="Restarts of the training pods; too many in a row without progress fail the job.",
+    )
     memory_retries: list[MemoryRetry] | None = Field(
         default=None, description="Retries after CUDA out of memory, each with its old and new layout."
     )

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from kubetune_api.failures import Failure, TrainingFailure, parse_failure
 from kubetune_api.preparation import PreparationRefusal, PreparationReport, parse_termination_message
 from kubetune_api.status import ConditionType, Phase, Reason
 
@@ -578,72 +577,4 @@ def shown_trouble(
     return Reason.IMAGE_PULL_FAILED, (
         f"{pod} cannot pull its image: {t.message}. Check that the image (spec.image, else the operator's "
         f"trainer image) exists and that the nodes can pull it (registry reachable, credentials); {describe}"
-    )
-
-
-# --- why training failed --------------------------------------------------------------------------------
-
-
-def training_failure(
-    training: TrainingObservation, pods: list[dict[str, Any]], container: str
-) -> TrainingFailure | None:
-    """Why a Failed PyTorchJob failed, from its pods (``training.kubeflow.org/job-name``): the failure
-    the trainer classified (its termination message), the kubelet's ``OOMKilled``, an eviction, or
-    the exit code and log tail; the PyTorchJob's own deadline. The first pod to fail tells the cause
-    (the others often only saw it go away); None when no pod says anything.
-    """
-    if "deadline" in f"{training.reason} {training.message}".lower():
-        return TrainingFailure.of(Failure.DEADLINE_EXCEEDED, training.message or training.reason)
-    found: list[tuple[str, int, TrainingFailure]] = []
-    for pod in pods:
-        name = (pod.get("metadata") or {}).get("name") or ""
-        status = pod.get("status") or {}
-        if status.get("reason") == "Evicted":
-            message = f"pod {name}: {status.get('message') or 'evicted'}"
-            found.append(("", 1, TrainingFailure.of(Failure.EVICTED, message)))
-            continue
-        for cs in status.get("containerStatuses") or []:
-            if cs.get("name") != container:
-                continue
-            terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
-                "terminated"
-            )
-            if not terminated or terminated.get("exitCode") in (0, None):
-                continue
-            failure = _from_terminated(name, pod, terminated, container)
-            # a preemption is never the cause when something else failed
-            rank = 2 if failure.reason in (Failure.PREEMPTED, Failure.UNKNOWN) else 0
-            found.append((str(terminated.get("finishedAt") or ""), rank, failure))
-    if not found:
-        return None
-    found.sort(key=lambda f: (f[1], f[0]))
-    return found[0][2]
-
-
-def _from_terminated(
-    pod_name: str, pod: dict[str, Any], terminated: dict[str, Any], container: str
-) -> TrainingFailure:
-    if terminated.get("reason") == "OOMKilled":
-        limit = next(
-            (
-                ((c.get("resources") or {}).get("limits") or {}).get("memory")
-                for c in (pod.get("spec") or {}).get("containers") or []
-                if c.get("name") == container
-            ),
-            None,
-        )
-        return TrainingFailure.of(
-            Failure.HOST_OUT_OF_MEMORY,
-            f"the kernel killed the trainer in pod {pod_name} for host memory (exit code "
-            f"{terminated.get('exitCode')}; memory limit {limit or 'none: the node ran out'})",
-        )
-    message = str(terminated.get("message") or "")
-    failure = parse_failure(message)
-    if failure is not None:
-        return failure.model_copy(update={"message": f"pod {pod_name}: {failure.message}"})
-    tail = "\n".join(message.strip().splitlines()[-8:])
-    return TrainingFailure.of(
-        Failure.UNKNOWN,
-        f"pod {pod_name} exited {terminated.get('exitCode')} ({terminated.get('reason') or 'Error'})"
-        + (f"; its last log lines:\n{tail}" if tail else ""),
     )

@@ -29,7 +29,7 @@ from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus, Phase
 
-from . import builders, observations, state
+from . import builders, observations, state, training_failures
 from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_deadline, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
@@ -165,6 +165,10 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
         registration_enabled=state.registration_wanted(job, previous),
         budget=previous.budget if previous.budget and previous.budget.reached else None,
         failure=seen.failure,
+        restart_events=seen.restart_events,
+        attempt_failure=seen.attempt_failure,
+        restart_limit=ctx.settings.train_backoff_limit,
+        checkpoint_step=previous.checkpoints.latest_step if previous.checkpoints else None,
         queued_by_kueue=job.spec.resources.queue_name is not None,
         conflict=seen.conflict,
         child_error=seen.child_error,
@@ -181,6 +185,13 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
     )
     transition = state.advance(previous, obs)
     ctx.logger.debug("reconciled %s/%s: %s", ns, name, transition.phase)
+    running = seen.pytorchjob is not None and seen.training.condition not in (
+        "Succeeded",
+        "Failed",
+        "Suspended",
+    )
+    if transition.phase == Phase.FAILED and running and seen.pytorchjob is not None:
+        _stop_training(ctx, job, seen.pytorchjob)
     error = seen.child_error
     if error is not None and error.verdict != "rejected":
         settings = ctx.settings
@@ -207,6 +218,9 @@ class _Seen:
     preparation: observations.PreparationObservation | None = None
     child_error: state.ChildError | None = None
     failure: TrainingFailure | None = None  # why the PyTorchJob failed (its pods say)
+    restart_events: int | None = None  # the Training Operator's restart events (None: not looked)
+    attempt_failure: TrainingFailure | None = None  # why the last attempt ended (a failed pod seen)
+    pytorchjob: dict[str, Any] | None = None
 
 
 def _observe(ctx: Context, job: api.FineTuneJob, previous: FineTuneJobStatus) -> _Seen:
@@ -322,6 +336,14 @@ def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen, previous: FineTun
         seen.pods = _pods_observation(ctx, pytorchjob)
     if pytorchjob is not None and seen.training.condition == "Failed":
         seen.failure = _training_failure(ctx, pytorchjob, seen.training)
+    if (
+        pytorchjob is not None
+        and not result.created
+        and seen.training.condition in ("Restarting", "Created", "Running")
+        and (seen.training.condition != "Running" or not observations.pods_running(pytorchjob))
+    ):
+        _restarts(ctx, pytorchjob, seen)
+    seen.pytorchjob = pytorchjob
     if seen.training.condition == "Succeeded":
         _registration(ctx, job, seen, previous)
 
@@ -394,7 +416,38 @@ def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.
     except ApiError as e:
         ctx.logger.warning("cannot read the pods of PyTorchJob %s: %s", meta["name"], e)
         pods = []
-    return observations.training_failure(training, pods, builders.TRAIN_CONTAINER)
+    return training_failures.training_failure(training, pods, builders.TRAIN_CONTAINER)
+
+
+def _restarts(ctx: Context, pytorchjob: dict[str, Any], seen: _Seen) -> None:
+    """The Training Operator's restart events of the PyTorchJob, and why the last attempt ended when
+    its failed pod is still there (best effort, like the pods' trouble)."""
+    meta = pytorchjob["metadata"]
+    ns = meta["namespace"]
+    try:
+        events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
+        pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
+    except ApiError as e:
+        ctx.logger.warning("cannot read the restarts of PyTorchJob %s/%s: %s", ns, meta["name"], e)
+        return
+    seen.restart_events = training_failures.restart_events(events, meta.get("uid"))
+    seen.attempt_failure = training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER)
+
+
+def _stop_training(ctx: Context, job: api.FineTuneJob, pytorchjob: dict[str, Any]) -> None:
+    """The job failed while its PyTorchJob still runs (its pods restarted too often): suspend the
+    PyTorchJob, so the Training Operator stops its pods and the GPUs are free."""
+    meta = pytorchjob["metadata"]
+    patch = {
+        "metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: "true"}},
+        "spec": {"runPolicy": {"suspend": True}},
+    }
+    try:
+        ctx.kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
+    except ApiError as e:  # the status says Failed either way; the pods keep restarting until it works
+        ctx.logger.warning(
+            "cannot suspend PyTorchJob %s of the failed job %s: %s", meta["name"], job.metadata.name, e
+        )
 
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:
@@ -450,7 +503,7 @@ def _follow_alias(ctx: Context, obj: dict[str, Any], previous: FineTuneJobStatus
             "batch/v1", "Job", job.metadata.namespace, _selector(job, builders.COMPONENT_ALIAS)
         )
         if j["metadata"]["name"] != mine
-        and observations.registration_observation(j, [], "").state not in state.JOB_ENDED
+        and observations.registration_observation(j, [], "").state not in observations.JOB_ENDED
     ]
     if earlier:
         pending = state.RegistrationObservation(True, "Running")

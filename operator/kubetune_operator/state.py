@@ -33,7 +33,8 @@ a :class:`~kubetune_api.preparation.Refusal`):
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from kubetune_api.failures import Failure
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
@@ -47,8 +48,8 @@ from kubetune_api.status import (
     RegisteredModelStatus,
 )
 
+from .alias import alias_transition
 from .observations import (
-    JOB_ENDED,
     POD_TROUBLE,
     SHOW_TRANSIENT_AFTER,
     ChildError,
@@ -59,6 +60,7 @@ from .observations import (
     shown_trouble,
 )
 from .state_types import Decision, Event, Observation, Transition
+from .state_types import condition_of as _condition
 from .status_view import (
     FINAL_PHASES,
     Reregister,
@@ -70,6 +72,7 @@ from .status_view import (
     reopens,
     training_succeeded,
 )
+from .training_failures import count_restarts
 
 CONDITION_TYPES = (
     ConditionType.READY,
@@ -94,6 +97,7 @@ __all__ = [
     "Reregister",
     "TrainingObservation",
     "Transition",
+    "alias_transition",
     "failed_in_registration",
     "finished_without_registration",
     "preparation_needed",
@@ -105,29 +109,6 @@ __all__ = [
 
 
 # --- the machine ----------------------------------------------------------------------------------------
-
-
-def _condition(
-    previous: dict[str, Condition],
-    type_: str,
-    decided: tuple[bool, str, str],
-    *,
-    now: str,
-    generation: int,
-) -> Condition:
-    status, reason, message = decided
-    value: Literal["True", "False"] = "True" if status else "False"
-    old = previous.get(type_)
-    # lastTransitionTime moves only when the status flips (Kubernetes convention).
-    when = old.last_transition_time if old is not None and old.status == value else now
-    return Condition(
-        type=type_,
-        status=value,
-        reason=reason,
-        message=message,
-        last_transition_time=when,
-        observed_generation=generation,
-    )
 
 
 def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
@@ -165,6 +146,7 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
             transition.status["completionTime"] = None  # merge patch: no longer complete
         return _record_retry(transition, obs)
 
+    obs = _with_restarts(prev, obs)
     decision = decide(obs)
     phase, reasons = decision.phase, decision.conditions
     conditions = _conditions(phase, reasons, obs, prev_conditions)
@@ -175,9 +157,7 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
         "children": obs.children,
     }
-    prep = obs.preparation
-    if prep is not None and prep.report is not None:
-        status["preparation"] = prep.report.wire()
+    status.update(_reports(obs))
     if phase == Phase.TRAINING and not prev.start_time:
         status["startTime"] = obs.now
     if phase in FINAL_PHASES:
@@ -197,6 +177,25 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
 
     events = opening + _events(prev_phase, phase, reasons, prev_conditions)
     return _record_retry(Transition(status=status, events=events, phase=phase, waiting=decision.waiting), obs)
+
+
+def _with_restarts(prev: FineTuneJobStatus, obs: Observation) -> Observation:
+    """``obs`` with the restarts counted so far (this pass's look at the restart events added)."""
+    counted = count_restarts(
+        prev.training_restarts, obs.restart_events, obs.checkpoint_step, obs.attempt_failure
+    )
+    return replace(obs, restarts=counted) if counted is not None else obs
+
+
+def _reports(obs: Observation) -> dict[str, Any]:
+    """What the pass adds beside phase and conditions: the preparation's report, the restarts counted."""
+    out: dict[str, Any] = {}
+    prep = obs.preparation
+    if prep is not None and prep.report is not None:
+        out["preparation"] = prep.report.wire()
+    if obs.restarts is not None:
+        out["trainingRestarts"] = obs.restarts.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return out
 
 
 def _reregister_events(obs: Observation) -> list[Event]:
@@ -350,6 +349,23 @@ def _training_failed(obs: Observation, out: dict[str, Any], logs_hint: str) -> t
     )
     out["training"] = (False, Reason.TRAINING_FAILED, msg)
     out["ready"] = (False, Reason.TRAINING_FAILED, msg)
+    return Phase.FAILED, out
+
+
+def _restart_limit(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The training pods restarted too often without a new checkpoint: Failed, with the last
+    attempt's reason when it is known (the operator then stops the PyTorchJob)."""
+    r = obs.restarts
+    assert r is not None
+    reason = r.last_reason or Reason.RESTART_LIMIT
+    msg = (
+        f"the training pods restarted {r.since_progress} times without a new checkpoint (limit "
+        f"{obs.restart_limit}: the operator's trainBackoffLimit); the last attempt: {r.last or 'ended without a reason kubetune saw'}"
+        f" The PyTorchJob {obs.pytorchjob_name} is suspended (its pods stopped); checkpoints stay on PVC "
+        f"{obs.checkpoint_claim} when it is kept."
+    )
+    out["training"] = (False, reason, msg)
+    out["ready"] = (False, reason, msg)
     return Phase.FAILED, out
 
 
@@ -514,6 +530,8 @@ def _before_training_ends(obs: Observation, out: dict[str, Any]) -> tuple[str, d
         out["ready"] = (False, Reason.RESUMING, msg)
         return Phase.PENDING, out
     out["suspended"] = (False, Reason.NOT_SUSPENDED, "")
+    if obs.restarts is not None and obs.restarts.since_progress > obs.restart_limit:
+        return _restart_limit(obs, out)
     if tr.condition == "Running":
         phase = Phase.TRAINING
         out["training"] = (True, Reason.TRAINING_RUNNING, tr.message or "training")
@@ -634,50 +652,3 @@ def _prepared_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list
     if prepared and prepared[0] and (old is None or old.status != "True"):
         return [Event("Normal", EventReason.PREPARED, prepared[2])]
     return []
-
-
-def alias_transition(
-    previous: FineTuneJobStatus,
-    wanted: str | None,
-    job: RegistrationObservation,
-    *,
-    now: str,
-    generation: int,
-) -> Transition:
-    """A Succeeded job whose ``registration.alias`` changed: the alias Job's progress into the status.
-
-    The phase stays Succeeded (the model is registered either way); the ``AliasSynced`` condition
-    says whether the version carries the alias the spec asks for, and ``registeredModel.alias``
-    follows once the alias Job reports it.
-    """
-    model = previous.registered_model
-    assert model is not None  # only called for a registered model
-    target = f"{model.name} version {model.version}"
-    status: dict[str, Any] = {"observedGeneration": generation}
-    decided: tuple[bool, str, str]
-    if job.state == "Complete" and job.result is not None:
-        moved = str(job.result["alias"]) if job.result.get("alias") else None
-        status["registeredModel"] = {**model.wire(), "alias": moved}
-        text = f"alias {moved!r} points at {target}" if moved else f"{target} has no kubetune alias now"
-        decided = (True, Reason.ALIAS_MOVED, text)
-        kind: Literal["Normal", "Warning"] = "Normal"
-    elif job.state in ("Failed", "Skipped"):
-        decided = (False, Reason.ALIAS_FAILED, f"moving the alias to {wanted!r} failed: {job.message}")
-        kind = "Warning"
-    else:
-        decided = (False, Reason.MOVING_ALIAS, f"pointing alias {wanted!r} at {target}")
-        kind = "Normal"
-    previous_conditions = {c.type: c for c in previous.conditions or []}
-    condition = _condition(
-        previous_conditions, ConditionType.ALIAS_SYNCED, decided, now=now, generation=generation
-    )
-    kept = [c for c in previous.conditions or [] if c.type != ConditionType.ALIAS_SYNCED]
-    status["conditions"] = [
-        c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in [*kept, condition]
-    ]
-    before = previous_conditions.get(ConditionType.ALIAS_SYNCED)
-    events = (
-        [] if before is not None and before.reason == decided[1] else [Event(kind, decided[1], decided[2])]
-    )
-    waiting = job.state not in JOB_ENDED
-    return Transition(status=status, events=events, phase=str(previous.phase), waiting=waiting)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubetune_api.failures import TrainingFailure
-from kubetune_api.status import BudgetStatus, Phase
+from kubetune_api.status import BudgetStatus, Condition, Phase, TrainingRestarts
 
 from .observations import (
     ChildError,
@@ -29,6 +29,14 @@ class Observation:
     budget: BudgetStatus | None = None
     # why the PyTorchJob failed (its pods say), when it did
     failure: TrainingFailure | None = None
+    # while training: the Training Operator's restart events counted this pass (None: not looked),
+    # why the last attempt ended (a failed pod still there), and the limit on restarts in a row
+    # without progress (the operator's trainBackoffLimit)
+    restart_events: int | None = None
+    attempt_failure: TrainingFailure | None = None
+    restart_limit: int = 6
+    checkpoint_step: int | None = None  # the trainer's newest complete checkpoint (status.checkpoints)
+    restarts: TrainingRestarts | None = None  # counted (advance fills it from the previous status)
     queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
     invalid_spec: str | None = None
     conflict: str | None = None  # message naming the foreign object, if any
@@ -77,3 +85,28 @@ class Decision:
     phase: Phase
     conditions: dict[str, tuple[bool, str, str]]
     waiting: bool = False
+
+
+def condition_of(
+    previous: dict[str, Condition],
+    type_: str,
+    decided: tuple[bool, str, str],
+    *,
+    now: str,
+    generation: int,
+) -> Condition:
+    """A condition as decided (status, reason, message); its transition time moves only when the
+    status flips (Kubernetes convention)."""
+    status, reason, message = decided
+    value: Literal["True", "False"] = "True" if status else "False"
+    old = previous.get(type_)
+    # lastTransitionTime moves only when the status flips (Kubernetes convention).
+    when = old.last_transition_time if old is not None and old.status == value else now
+    return Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=when,
+        observed_generation=generation,
+    )

@@ -24,7 +24,7 @@ from kubetune_api import spec as api
 from kubetune_api.failures import Failure, TrainingFailure
 from kubetune_api.preparation import PreparationRefusal, Refusal
 from kubetune_api.status import BudgetStatus, FineTuneJobStatus, Phase
-from kubetune_operator import builders, observations, state
+from kubetune_operator import builders, observations, state, training_failures
 from kubetune_operator.kube import Kube
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,7 @@ DISK_FULL = _obs(
 # the operator's reading of a pod the kubelet killed for memory
 OOM_KILLED = _obs(
     training=PTJ_FAILED,
-    failure=observations.training_failure(
+    failure=training_failures.training_failure(
         PTJ_FAILED,
         [
             {

@@ -14,8 +14,9 @@ from kubetune_api.failures import HINTS, Failure, TrainingFailure
 from kubetune_api.spec import parse_job
 from kubetune_api.status import BudgetStatus, ConditionType, FineTuneJobStatus, Phase, Reason
 from kubetune_operator import state
-from kubetune_operator.observations import RegistrationObservation, training_failure
+from kubetune_operator.observations import RegistrationObservation
 from kubetune_operator.state import TrainingObservation
+from kubetune_operator.training_failures import training_failure
 
 FAILED = TrainingObservation(True, "Failed", "PyTorchJobFailed", "PyTorchJob j-train is failed")
 
@@ -197,3 +198,67 @@ def test_a_pod_that_cannot_mount_its_volume_shows_mount_failed_while_it_waits() 
     assert shown is not None and shown[0] == Reason.MOUNT_FAILED and '"j-ckpt" not found' in shown[1]
     # the same event for another pod, or a running pod, is no trouble
     assert pods_observation(ptj, [{**pending, "status": {"phase": "Running"}}], [], [event]).trouble is None
+
+
+# --- restarts the Training Operator never fails (kubeflow/trainer#2045): the operator counts them ----
+
+
+def _restarting_event(count: int, uid: str = "ptj") -> dict[str, Any]:
+    return {
+        "reason": "PyTorchJobRestarting",
+        "involvedObject": {"kind": "PyTorchJob", "uid": uid},
+        "message": "job j-train is restarting because Master replica(s) failed.",
+        "count": count,
+    }
+
+
+def test_restart_events_are_counted_from_the_pytorchjobs_own_events() -> None:
+    from kubetune_operator.training_failures import restart_events
+
+    events = [_restarting_event(5), _restarting_event(2), _restarting_event(9, uid="other"), {"reason": "X"}]
+    assert restart_events(events, "ptj") == 7
+
+
+def test_restarts_in_a_row_without_a_new_checkpoint_fail_the_job_with_the_last_reason() -> None:
+    oom = training_failure(FAILED, [pod("m", {"exitCode": 137, "reason": "OOMKilled"})], "pytorch")
+    restarting = TrainingObservation(True, "Restarting", "PyTorchJobRestarting", "restarting")
+    status = FineTuneJobStatus(phase=Phase.TRAINING)
+    # six restarts, the last seen OOMKilled: still training (the limit is 6)
+    t = state.advance(
+        status, obs(training=restarting, restart_events=6, attempt_failure=oom, restart_limit=6)
+    )
+    assert t.phase == Phase.TRAINING
+    assert t.status["trainingRestarts"]["sinceProgress"] == 6
+    assert t.status["trainingRestarts"]["lastReason"] == Failure.HOST_OUT_OF_MEMORY
+    # the seventh, with no failed pod left to read: Failed, with the reason remembered
+    status = FineTuneJobStatus.model_validate({**t.status, "phase": "Training"})
+    t = state.advance(status, obs(training=restarting, restart_events=7, restart_limit=6))
+    assert t.phase == Phase.FAILED
+    ready = next(c for c in t.status["conditions"] if c["type"] == ConditionType.READY)
+    assert ready["reason"] == Failure.HOST_OUT_OF_MEMORY
+    assert "restarted 7 times without a new checkpoint (limit 6" in ready["message"]
+    assert "memory limit 2Gi" in ready["message"]
+
+
+def test_a_new_checkpoint_starts_the_count_over() -> None:
+    restarting = TrainingObservation(True, "Restarting", "PyTorchJobRestarting", "restarting")
+    status = FineTuneJobStatus.model_validate(
+        {
+            "phase": "Training",
+            "trainingRestarts": {"total": 6, "sinceProgress": 6, "checkpointStep": 100, "events": 6},
+        }
+    )
+    # preempted again and again, but each attempt saved a newer checkpoint: never the limit
+    t = state.advance(
+        status, obs(training=restarting, restart_events=8, checkpoint_step=200, restart_limit=6)
+    )
+    assert t.phase == Phase.TRAINING
+    assert t.status["trainingRestarts"] == {
+        "total": 8, "sinceProgress": 2, "checkpointStep": 200, "events": 8
+    }  # fmt: skip
+    # without a new checkpoint the count goes on, and old events that expired are not restarts
+    status = FineTuneJobStatus.model_validate({**t.status, "phase": "Training"})
+    t = state.advance(
+        status, obs(training=restarting, restart_events=3, checkpoint_step=200, restart_limit=6)
+    )
+    assert t.status["trainingRestarts"]["total"] == 8 and t.status["trainingRestarts"]["events"] == 3

@@ -104,7 +104,11 @@ def _names(chain: list[BaseException]) -> set[str]:
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB"
+    """A size in the unit that shows it: '0.7 MiB', '12.0 GiB'."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def volume_usage(path: Path | None) -> str:
