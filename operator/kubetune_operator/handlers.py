@@ -35,7 +35,7 @@ from kubetune_api.status import Phase
 
 from . import builders, observations, state
 from .kube import ApiError, Kube, load_api_client
-from .reconcile import Context, StatusConflictError, reconcile
+from .reconcile import Context, StatusConflictError, note_training_pod, reconcile
 from .settings import Settings
 
 # Read at import: kopf needs the timer intervals when the decorators run.
@@ -253,7 +253,12 @@ def registration_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_TRAINING})
 def training_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    """Scheduled or not, pulling its image or not, running: the Training condition follows."""
+    """Scheduled or not, pulling its image or not, running: the Training condition follows. A pod
+    that failed is noted first: the Training Operator replaces it before a pass may list it."""
+    meta = body.get("metadata") or {}
+    parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+    if parent:
+        note_training_pod(meta["namespace"], parent, dict(body))
     _child_event(body, memo, logger)
 
 

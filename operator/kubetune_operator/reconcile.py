@@ -48,6 +48,19 @@ def _lock(namespace: str, name: str) -> threading.Lock:
 # Passes in a row, per job, that a refusal other than "invalid" stopped (read and written under the
 # job's lock). Lost on restart: a condition already shown stays until a pass gets through.
 _failed_passes: dict[tuple[str, str], int] = {}
+# Per FineTuneJob: why its last training attempt ended, from the training pod's own watch event (the
+# Training Operator deletes a pod that exited with a retryable code at once, often before a pass
+# could list it); the next pass takes it (``_restarts``).
+_attempt_failures: dict[tuple[str, str], TrainingFailure] = {}
+_attempt_failures_guard = threading.Lock()
+
+
+def note_training_pod(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
+    """Remember why a training pod ended, when it failed (its watch event's body)."""
+    failure = training_failures.failed_attempt([pod], builders.TRAIN_CONTAINER)
+    if failure is not None:
+        with _attempt_failures_guard:
+            _attempt_failures[(namespace, job_name)] = failure
 
 
 def now() -> str:
@@ -342,7 +355,7 @@ def _training(ctx: Context, job: api.FineTuneJob, seen: _Seen, previous: FineTun
         and seen.training.condition in ("Restarting", "Created", "Running")
         and (seen.training.condition != "Running" or not observations.pods_running(pytorchjob))
     ):
-        _restarts(ctx, pytorchjob, seen)
+        _restarts(ctx, job.metadata.name, pytorchjob, seen)
     seen.pytorchjob = pytorchjob
     if seen.training.condition == "Succeeded":
         _registration(ctx, job, seen, previous)
@@ -419,7 +432,7 @@ def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.
     return training_failures.training_failure(training, pods, builders.TRAIN_CONTAINER)
 
 
-def _restarts(ctx: Context, pytorchjob: dict[str, Any], seen: _Seen) -> None:
+def _restarts(ctx: Context, job_name: str, pytorchjob: dict[str, Any], seen: _Seen) -> None:
     """The Training Operator's restart events of the PyTorchJob, and why the last attempt ended when
     its failed pod is still there (best effort, like the pods' trouble)."""
     meta = pytorchjob["metadata"]
@@ -431,7 +444,9 @@ def _restarts(ctx: Context, pytorchjob: dict[str, Any], seen: _Seen) -> None:
         ctx.logger.warning("cannot read the restarts of PyTorchJob %s/%s: %s", ns, meta["name"], e)
         return
     seen.restart_events = training_failures.restart_events(events, meta.get("uid"))
-    seen.attempt_failure = training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER)
+    with _attempt_failures_guard:
+        noted = _attempt_failures.pop((ns, job_name), None)
+    seen.attempt_failure = training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER) or noted
 
 
 def _stop_training(ctx: Context, job: api.FineTuneJob, pytorchjob: dict[str, Any]) -> None:

@@ -25,12 +25,14 @@ from tests.cluster.test_real_controllers import (
     apply_job,
     checkpoint_folder,
     get,
+    versions,
     wait_phase,
     warnings,
 )
 from tests.support.cluster import SIZED_STORAGE_CLASS, Cluster
 from tests.support.controlplane import REPO
 from tests.support.lua import run_health
+from tests.support.mlflow_server import MlflowServer
 from tests.support.operator import OperatorProcess
 
 ARGOCD_HEALTH = REPO / "deploy" / "argocd" / "health" / "finetunejob.lua"
@@ -215,7 +217,7 @@ def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
     """spec.resources.memory too small for the trainer: the kernel kills it (OOMKilled, 137) in every
-    attempt; once the restarts are used up the job fails HostOutOfMemory and says to raise
+    attempt; once the operator's restart limit is used up the job fails HostOutOfMemory and says to raise
     spec.resources.memory. Only the trainer pod has that limit:
     the preparation runs under the operator's own setting and succeeds."""
     assert cluster.runner is not None
@@ -226,6 +228,15 @@ def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
     ready = assert_failed_with(cluster, ns, name, Failure.HOST_OUT_OF_MEMORY)
     assert "memory" in ready["message"] and "spec.resources.memory" in ready["message"], ready
     ptj = get(cluster, "pytorchjob", ns, f"{name}-train")
+    # the Training Operator never fails a job for exit 137 (kubeflow/trainer#2045): the operator
+    # counted the restarts, failed the job and suspended the PyTorchJob so its pods stop
+    assert ptj["spec"]["runPolicy"]["suspend"] is True
+    restarts = get(cluster, "finetunejobs", ns, name)["status"]["trainingRestarts"]
+    assert restarts["sinceProgress"] > 6 and restarts["lastReason"] == "HostOutOfMemory", restarts
+    assert "restarted" in ready["message"] and "without a new checkpoint" in ready["message"]
+    wait_for(
+        lambda: get(cluster, "pod", ns, f"{name}-train-master-0") is None, 60, "the pods to stop", cluster
+    )
     template = ptj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert template["resources"]["limits"]["memory"] == limit
     prep = get(cluster, "job", ns, f"{name}-prepare")
@@ -272,3 +283,67 @@ def test_a_diverging_loss_fails_with_loss_diverged(
     apply_job(cluster, doc)
     ready = assert_failed_with(cluster, ns, name, Failure.LOSS_DIVERGED)
     assert "loss" in ready["message"].lower(), ready
+
+
+def test_a_budget_of_seconds_ends_succeeded_registered_with_its_checkpoint(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """spec.budget.maxDuration 25s on a run planned for thousands of steps: the trainer saves and
+    stops at the budget, the job Succeeds with BudgetReached, the model of the step it reached is
+    registered (one version, tagged with the step, its checkpoint and the limit), the hard deadline
+    sits on the running PyTorchJob, and the trainer's goodput is in the status."""
+    name = "budget"
+    doc = tiny_job(name, ns, **{"budget.maxDuration": "25s"})
+    doc["spec"]["training"].update(maxSteps=100000, saveSteps=100000, evalSteps=100000)
+    apply_job(cluster, doc)
+    ptj = wait_for(
+        lambda: ((o := get(cluster, "pytorchjob", ns, f"{name}-train")) or {})
+        .get("spec", {}).get("runPolicy", {}).get("activeDeadlineSeconds") and o,
+        300, "the hard deadline on the running PyTorchJob", cluster,
+    )  # fmt: skip
+    assert ptj["spec"]["runPolicy"]["activeDeadlineSeconds"] >= 25 + 900
+    status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
+    budget = condition(status, "BudgetReached")
+    assert (budget.get("status"), budget.get("reason")) == ("True", "BudgetReached"), status
+    reached = status["budget"]
+    assert reached["reached"] is True and reached["limit"] == "maxDuration 25s"
+    assert 0 < reached["step"] < reached["totalSteps"]
+    assert f"step {reached['step']} of {reached['totalSteps']}" in budget["message"]
+    model = f"{ns}-{name}"
+    found = versions(mlflow_server, model)
+    assert [v.version for v in found] == ["1"]
+    tags = found[0].tags
+    assert tags["kubetune.budget_reached"] == "maxDuration 25s"
+    assert tags["kubetune.final.step"] == str(reached["step"])
+    assert tags["kubetune.final.checkpoint"].endswith(f"checkpoint-{reached['step']}")
+    goodput = status["goodput"]
+    assert goodput["heldGpuSeconds"] >= 25 and 0 < goodput["productiveGpuSeconds"] < goodput["heldGpuSeconds"]
+    assert goodput["restarts"] == 0
+    assert run_health(ARGOCD_HEALTH, get(cluster, "finetunejobs", ns, name))["status"] == "Healthy"
+
+
+def test_cuda_out_of_memory_is_retried_by_the_training_operator_with_a_leaner_layout(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """The CUDA out-of-memory error is the trainer's test hook (no GPU here); the rest is real: the
+    trainer exits 142, the Training Operator deletes and recreates the pod (restartPolicy ExitCode),
+    the new attempt plans 4 rows x 2 micro-steps and resumes from the checkpoint, and the job
+    Succeeds; status.memoryRetries shows the retry, status.trainingRestarts the restart."""
+    name = "oom-retry"
+    doc = tiny_job(name, ns, env=[{"name": "KUBETUNE_FAULT_INJECT", "value": "cuda-oom:6:4"}])
+    apply_job(cluster, doc)
+    status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
+    retries = status.get("memoryRetries")
+    assert retries == [
+        {
+            "attempt": 1,
+            "step": 6,
+            "before": "8 rows x 1 micro-steps, no recomputation",
+            "after": "4 rows x 2 micro-steps, no recomputation",
+        }
+    ], status
+    assert status["goodput"]["restarts"] == 1
+    assert status["progress"]["step"] == 12
+    events = (get(cluster, "events", ns) or {}).get("items") or []
+    assert any("exited with code 142" in e.get("message", "") for e in events)
+    assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
