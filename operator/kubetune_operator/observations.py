@@ -61,6 +61,8 @@ class PreparationObservation:
     report: PreparationReport | None = None  # Succeeded: what it found and estimated
     refusal: PreparationRefusal | None = None  # Failed with a named reason
     message: str = ""  # Failed without one (a crash, the deadline): the Job's reason and the log tail
+    # Running, and its pod cannot start: (reason, the scheduler's or the kubelet's words)
+    trouble: tuple[str, str] | None = None
 
 
 # --- the training pods ---------------------------------------------------------------------------------
@@ -480,7 +482,14 @@ def preparation_observation(
             # volume all the same; only the report cannot be shown
             return PreparationObservation(True, "Succeeded")
     # running, or complete with its pod's status not read yet (it lags the Job's)
-    return PreparationObservation(True, "Running")
+    troubles = [
+        t
+        for pod in own
+        if not (pod.get("metadata") or {}).get("deletionTimestamp")
+        for t in _pod_troubles(pod)
+    ]
+    trouble = (troubles[-1].reason, f"pod {troubles[-1].pod}: {troubles[-1].message}") if troubles else None
+    return PreparationObservation(True, "Running", trouble=trouble)
 
 
 def _owned_by(obj: dict[str, Any], uid: str | None) -> bool:

@@ -399,6 +399,8 @@ def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, 
     if prep.message:  # running, and its pod cannot be created: the Job controller's words
         reason = Reason.PODS_NOT_CREATED
         msg = f"the Job controller cannot create the pod of {job}: {prep.message}"
+    elif prep.trouble is not None:  # its pod cannot start: the scheduler's or the kubelet's words
+        reason, msg = prep.trouble[0], f"the pod of {job} cannot start: {prep.trouble[1]}"
     out["children"] = (
         True,
         Reason.CHILDREN_CREATED,

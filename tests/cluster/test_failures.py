@@ -29,7 +29,7 @@ from tests.cluster.test_real_controllers import (
     wait_phase,
     warnings,
 )
-from tests.support.cluster import SIZED_STORAGE_CLASS, Cluster
+from tests.support.cluster import SIZED_STORAGE_CLASS, UNPULLABLE_IMAGE, Cluster
 from tests.support.controlplane import REPO
 from tests.support.lua import run_health
 from tests.support.mlflow_server import MlflowServer
@@ -347,3 +347,31 @@ def test_cuda_out_of_memory_is_retried_by_the_training_operator_with_a_leaner_la
     events = (get(cluster, "events", ns) or {}).get("items") or []
     assert any("exited with code 142" in e.get("message", "") for e in events)
     assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
+
+
+def test_an_image_no_node_can_pull_shows_while_the_job_waits(
+    cluster: Cluster, ns: str, operator: OperatorProcess
+) -> None:
+    """spec.image on a registry that does not resolve: the first pod (the preparation's) waits in
+    ErrImagePull, as KWOK reports it for the kubelet; the job shows ImagePullFailed with the
+    kubelet's words while it waits (Argo CD Degraded), and nothing GPU-sized is created."""
+    name = "pull"
+    apply_job(cluster, tiny_job(name, ns, image=UNPULLABLE_IMAGE))
+    status = wait_for(
+        lambda: (
+            (s := (get(cluster, "finetunejobs", ns, name) or {}).get("status") or {})
+            and condition(s, "Ready").get("reason") == "ImagePullFailed"
+            and s
+        ),
+        180,
+        "Ready=False ImagePullFailed",
+        cluster,
+    )
+    assert status["phase"] == "Preparing"
+    prepared = condition(status, "Prepared")
+    assert (prepared["status"], prepared["reason"]) == ("False", "ImagePullFailed")
+    assert "lookup registry.invalid: no such host" in prepared["message"]
+    assert f"{name}-prepare" in prepared["message"]
+    assert get(cluster, "pytorchjob", ns, f"{name}-train") is None
+    verdict = run_health(ARGOCD_HEALTH, get(cluster, "finetunejobs", ns, name))
+    assert verdict["status"] == "Degraded" and "no such host" in verdict["message"], verdict

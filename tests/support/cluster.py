@@ -48,6 +48,9 @@ NODES = 4
 GPUS_PER_NODE = 8
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 STORAGE_CLASS = "kubetune-test"
+# An image no node can pull: the registry's name is under .invalid (RFC 2606), which never resolves.
+# KWOK reports its pods as the kubelet does (ErrImagePull), through a Stage of ours.
+UNPULLABLE_IMAGE = "registry.invalid/kubetune/trainer:0"
 SIZED_STORAGE_CLASS = "kubetune-test-sized"  # spec.storage.size is the disk's size: writing past it fails
 FLAVOR = "h100"
 CLUSTER_QUEUE = "gpu-cluster"
@@ -171,9 +174,8 @@ class Cluster:
 
     def _start_kwok(self) -> None:
         stages = self.workdir / "kwok-stages.yaml"
-        stages.write_text(
-            "\n---\n".join(p.read_text() for p in sorted((self.assets / "kwok-stages").glob("*.yaml")))
-        )
+        texts = [_without_unpullable(p) for p in sorted((self.assets / "kwok-stages").glob("*.yaml"))]
+        stages.write_text("\n---\n".join([*texts, IMAGE_PULL_FAILED_STAGE]))
         self._spawn(
             "kwok",
             [
@@ -487,3 +489,62 @@ def running_cluster(image_files: dict[str, Path]) -> Iterator[Cluster]:
         finally:
             cluster.stop()
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+# KWOK's pod-ready Stage starts every pod; a pod of UNPULLABLE_IMAGE must stay Pending instead.
+_NOT_UNPULLABLE = f"""    - key: '.spec.containers.[] | .image'
+      operator: 'NotIn'
+      values:
+      - '{UNPULLABLE_IMAGE}'
+"""
+
+
+def _without_unpullable(stage: Path) -> str:
+    """KWOK's Stage as shipped; the pod-ready one skips pods of UNPULLABLE_IMAGE."""
+    text = stage.read_text()
+    if "name: pod-ready" not in text:
+        return text
+    head = "  selector:\n    matchExpressions:\n"
+    assert head in text, f"{stage}: KWOK's pod-ready Stage changed shape"
+    return text.replace(head, head + _NOT_UNPULLABLE, 1)
+
+
+# What a kubelet reports for an image whose registry does not resolve (containerd's words).
+IMAGE_PULL_FAILED_STAGE = f"""apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-image-pull-failed
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.spec.nodeName'
+      operator: 'Exists'
+    - key: '.spec.containers.[] | .image'
+      operator: 'In'
+      values:
+      - '{UNPULLABLE_IMAGE}'
+    - key: '.status.containerStatuses.[] | .state.waiting.reason'
+      operator: 'NotIn'
+      values:
+      - 'ErrImagePull'
+  next:
+    statusTemplate: |
+      phase: Pending
+      containerStatuses:
+      {{{{ range .spec.containers }}}}
+      - image: {{{{ .image | Quote }}}}
+        name: {{{{ .name | Quote }}}}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          waiting:
+            reason: ErrImagePull
+            message: 'failed to pull and unpack image "{UNPULLABLE_IMAGE}": failed to resolve reference "{UNPULLABLE_IMAGE}": dial tcp: lookup registry.invalid: no such host'
+      {{{{ end }}}}
+"""

@@ -921,3 +921,10 @@ def test_results_read_as_argocd_reads_them(tmp_path: Path) -> None:
 def test_argocd_cm_patch_carries_the_script_verbatim() -> None:
     patch = yaml.safe_load((ARGOCD / "argocd-cm-health.yaml").read_text())
     assert patch == {"data": {HEALTH_KEY: SCRIPT}}
+
+
+def test_a_preparation_pod_that_cannot_start_is_degraded() -> None:
+    message = "the pod of preparation Job j-prepare cannot start: pod j-prepare-x: ErrImagePull"
+    obj = job({"phase": "Preparing", "conditions": [cond("Prepared", "False", "ImagePullFailed", message)]})
+    for libs in LIBRARIES.values():
+        assert run_health(SCRIPT_PATH, obj, open_libs=libs) == {"status": "Degraded", "message": message}

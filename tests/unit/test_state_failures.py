@@ -262,3 +262,31 @@ def test_a_new_checkpoint_starts_the_count_over() -> None:
         status, obs(training=restarting, restart_events=3, checkpoint_step=200, restart_limit=6)
     )
     assert t.status["trainingRestarts"]["total"] == 8 and t.status["trainingRestarts"]["events"] == 3
+
+
+def test_a_preparation_pod_that_cannot_pull_its_image_shows_while_the_job_prepares() -> None:
+    from kubetune_operator.observations import preparation_observation
+
+    job = {"metadata": {"name": "j-prepare", "uid": "pj"}, "status": {"active": 1}}
+    waiting = {"reason": "ErrImagePull", "message": "dial tcp: lookup registry.invalid: no such host"}
+    pod = {
+        "metadata": {"name": "j-prepare-abc", "ownerReferences": [{"uid": "pj"}], "creationTimestamp": "t"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "prepare", "image": "registry.invalid/x:0", "state": {"waiting": waiting}}
+            ],
+        },
+    }
+    prep = preparation_observation(job, [pod], "prepare")
+    assert (
+        prep.state == "Running" and prep.trouble is not None and prep.trouble[0] == Reason.IMAGE_PULL_FAILED
+    )
+    t = state.advance(
+        FineTuneJobStatus(phase=Phase.PREPARING), obs(preparation=prep, preparation_job_name="j-prepare")
+    )
+    assert t.phase == Phase.PREPARING
+    conds = {c["type"]: c for c in t.status["conditions"]}
+    for kind in (ConditionType.PREPARED, ConditionType.READY):
+        assert conds[kind]["reason"] == Reason.IMAGE_PULL_FAILED
+        assert "no such host" in conds[kind]["message"] and "j-prepare" in conds[kind]["message"]

@@ -11,7 +11,7 @@
 -- ("training stopped at spec.budget maxDuration 2h: step 300 of 500 planned; ...").
 -- Degraded too, while not final, when a person is needed: a child object kubetune will not overwrite
 -- or that the API server forbids (ChildrenReady=False, ChildConflict or ChildForbidden: its message),
--- and training pods that cannot start (Training=False, Unschedulable, PodsNotCreated,
+-- and training (or preparation: Prepared=False) pods that cannot start (Training=False, Unschedulable, PodsNotCreated,
 -- ImagePullFailed or MountFailed: its message; the operator shows a pod waiting for a node only
 -- after a while).
 -- A child request that failed for a while and is retried (ChildApiError) is Progressing with its
@@ -319,6 +319,12 @@ local training = condition(status, "Training")
 if (phase == "Pending" or phase == "Training") and PODS_CANNOT_START[reason(training) or ""] then
   hs.status = "Degraded"
   hs.message = says(training)
+  return hs
+end
+local prepared = condition(status, "Prepared")
+if phase == "Preparing" and PODS_CANNOT_START[reason(prepared) or ""] then
+  hs.status = "Degraded"
+  hs.message = says(prepared)
   return hs
 end
 
