@@ -218,7 +218,7 @@ def _mount_failures(events: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def _pod_troubles(pod: dict[str, Any], mounts: dict[str, str] | None = None) -> list[PodTrouble]:
-    name = pod["metadata"]["name"]
+    name = (pod.get("metadata") or {}).get("name") or ""
     status = pod.get("status") or {}
     out = []
     mount = (mounts or {}).get(str(pod["metadata"].get("uid")))

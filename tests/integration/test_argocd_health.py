@@ -407,7 +407,7 @@ def test_a_training_failure_shows_its_reason_and_message(
     assert hs["status"] == "Degraded"
     assert hs["message"].startswith(
         "DiskFull at step 120: pod job-train-master-0: No space left on device on the checkpoint volume. "
-        "the previous checkpoint stays usable"
+        "What to do: the previous checkpoint stays usable"
     )
     obj = drive(kube, namespace, new_job("oom-killed"), PENDING, RUNNING, OOM_KILLED)
     assert health(obj)["message"].startswith(
