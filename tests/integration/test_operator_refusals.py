@@ -173,7 +173,10 @@ def test_a_pytorchjob_refused_as_invalid_fails_the_job_and_a_new_generation_retr
     assert condition(obj, "Ready")["observedGeneration"] == 2
     created = kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj)
     assert created["spec"]["runPolicy"]["suspend"] is True
-    assert [e for e in events_for(kube, namespace, name) if e["reason"] == "ChildrenRetried"]
+    wait_for(  # kopf posts events from a queue, after the status write
+        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "ChildrenRetried"],
+        what="a ChildrenRetried event",
+    )
 
 
 # --- 403: a ResourceQuota forbids the PVC -------------------------------------------------------------
