@@ -182,9 +182,13 @@ def _has(obj: Any, key: str) -> bool:
 
 def _source_rules(kind: str) -> list[Rule]:
     """spec.model and spec.dataset: a Hub id, or a path (on a volume)."""
+    from .rules_lineage import model_source_rule
+
     at = f"spec.{kind}"
     return [
-        Rule(
+        model_source_rule()
+        if kind == "model"
+        else Rule(
             (at,),
             "has(self.name) != has(self.path)",
             f"spec.{kind} needs exactly one of name (a Hugging Face Hub id) or path (a file or folder on a volume)",
@@ -325,41 +329,6 @@ def _env_rules() -> list[Rule]:
             )
         )
     return out
-
-
-def _registration_rules() -> list[Rule]:
-    from .spec import RESERVED_ALIAS_MESSAGE
-
-    at = ("spec.registration",)
-    return [
-        Rule(
-            at,
-            "!has(self.alias) || (self.alias.lowerAscii() != 'latest' && !self.alias.matches('^[vV][0-9]+$'))",
-            RESERVED_ALIAS_MESSAGE,
-            lambda s: (
-                not _has(s, "alias")
-                or (s["alias"].lower() != "latest" and not _search("^[vV][0-9]+$", s["alias"]))
-            ),
-            field=".alias",
-        ),
-        Rule(
-            at,
-            f"!has(self.trackingUri) || !self.trackingUri.matches('{URI_CREDENTIALS}')",
-            "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret "
-            "and reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or "
-            "mlflowTrackingToken)",
-            lambda s: not _has(s, "trackingUri") or not _search(URI_CREDENTIALS, s["trackingUri"]),
-            field=".trackingUri",
-        ),
-        Rule(
-            at,
-            f"!has(self.trackingUri) || !self.trackingUri.matches('{QUERY_CREDENTIAL}')",
-            "spec.registration.trackingUri must not carry credentials in its query (?token=...): put the "
-            "token in a Secret and reference it from spec.secrets.mlflowTrackingToken",
-            lambda s: not _has(s, "trackingUri") or not _search(QUERY_CREDENTIAL, s["trackingUri"]),
-            field=".trackingUri",
-        ),
-    ]
 
 
 def _scheduling_rules() -> list[Rule]:
@@ -532,6 +501,7 @@ def _immutable_rules() -> list[Rule]:
 @functools.cache
 def all_rules() -> tuple[Rule, ...]:
     """Every rule, in the order the CRD lists them at each place."""
+    from .rules_lineage import lineage_rules, registration_rules
     from .spec import MAX_NAME_LENGTH, NAME_PATTERN
 
     root = [
@@ -589,9 +559,10 @@ def all_rules() -> tuple[Rule, ...]:
             lambda s: not (_has(s, "existingClaim") and _has(s, "storageClassName")),
             field=".storageClassName",
         ),
-        *_registration_rules(),
+        *registration_rules(),
         *_env_rules(),
         *_spec_rules(),
+        *lineage_rules(),
         *_immutable_rules(),
     )
 

@@ -90,6 +90,13 @@ class Toggle(StrEnum):
     NEVER = "never"
 
 
+class CheckpointChoice(StrEnum):
+    """Which of a training's models: the final one, or the checkpoint with the lowest eval loss."""
+
+    FINAL = "final"
+    BEST_EVAL = "bestEval"
+
+
 class DatasetFormat(StrEnum):
     AUTO = "auto"
     MESSAGES = "messages"
@@ -125,8 +132,25 @@ class VolumeSource(ApiModel):
 HUB_ID_PATTERN = r"^[A-Za-z0-9][-A-Za-z0-9_.]*(/[A-Za-z0-9][-A-Za-z0-9_.]*)?$"
 
 
+# A registered MLflow model: models:/<name>@<alias> or models:/<name>/<version>
+REGISTERED_MODEL_PATTERN = r"^models:/[^/@:%\x00-\x1f\x7f]+(@[A-Za-z_][A-Za-z0-9_-]*|/[1-9][0-9]{0,9})$"
+
+
+class JobModelRef(ApiModel):
+    """Another FineTuneJob of the same namespace whose trained model this job starts from."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
+        description="FineTuneJob name (same namespace). This job waits (Pending) until it has Succeeded."
+    )
+    checkpoint: CheckpointChoice = Field(
+        default=CheckpointChoice.FINAL,
+        description="final (its final model) or bestEval (its checkpoint with the lowest eval loss).",
+    )
+
+
 class ModelSource(ApiModel):
-    """The base model: a Hugging Face Hub id with a revision, or a path on a volume."""
+    """The base model: a Hugging Face Hub id with a revision, a path on a volume, another
+    FineTuneJob's trained model (fromJob), or a registered MLflow model (registered)."""
 
     name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
         default=None, description="Hugging Face Hub model id, e.g. Qwen/Qwen2-0.5B."
@@ -139,6 +163,16 @@ class ModelSource(ApiModel):
         description="Absolute path of a model folder: inside the mounted volume (see volume) or the image.",
     )
     volume: VolumeSource | None = Field(default=None, description="Volume that holds path, mounted at path.")
+    from_job: JobModelRef | None = Field(
+        default=None,
+        description="Start from the model another FineTuneJob trained (same namespace; a LoRA adapter is "
+        "merged into its base first).",
+    )
+    registered: Annotated[str, Field(max_length=512, pattern=REGISTERED_MODEL_PATTERN)] | None = Field(
+        default=None,
+        description="Start from a registered MLflow model: models:/<name>@<alias> or models:/<name>/<version> "
+        "(resolved to a version once, when preparation runs).",
+    )
     trust_remote_code: bool = Field(
         default=False, description="Run model code shipped with the model (only for models you trust)."
     )
@@ -400,6 +434,20 @@ def registration_error(alias: str | None, tracking_uri: str | None) -> str | Non
     return None
 
 
+class GateSpec(ApiModel):
+    """The eval loss the trained model must beat to be registered (set exactly one)."""
+
+    max_eval_loss: Annotated[float, Field(gt=0, le=1e6)] | None = Field(
+        default=None, description="Register only when the model's eval loss is at most this."
+    )
+    min_improvement: Annotated[float, Field(ge=0, lt=1)] | None = Field(
+        default=None,
+        description="Register only when the model's eval loss is below the base model's own eval loss on the "
+        "same eval tokens (measured once, before training) by at least this share: 0 means any improvement, "
+        "0.05 at least 5%.",
+    )
+
+
 class RegistrationSpec(ApiModel):
     """Registering the trained model in MLflow."""
 
@@ -425,6 +473,17 @@ class RegistrationSpec(ApiModel):
         description="Alias to point at the new version (e.g. champion). May be changed later: once the "
         "model is registered, the operator runs the registration again to move the alias (condition "
         "AliasSynced).",
+    )
+    select: CheckpointChoice = Field(
+        default=CheckpointChoice.FINAL,
+        description="What is registered: final (the model at the end of training) or bestEval (the "
+        "checkpoint, or final model, with the lowest eval loss; needs eval data).",
+    )
+    gate: GateSpec | None = Field(
+        default=None,
+        description="Register only a model whose eval loss beats this (needs eval data). Not met: the job "
+        "Succeeds with Registered=False (GateNotMet), the model kept; set the kubetune.io/retry-registration "
+        "annotation to register it anyway.",
     )
 
 
@@ -528,6 +587,9 @@ class BudgetSpec(ApiModel):
         return limit + max(BUDGET_MARGIN_MIN_S, int(limit * BUDGET_MARGIN))
 
 
+RESUME_PATTERN = r"^(latest|best|none|[1-9][0-9]{0,8})$"
+
+
 # Fields of the spec that may change after creation; everything else shapes the training.
 MUTABLE_SPEC_FIELDS = ("suspend", "registration")
 
@@ -551,6 +613,13 @@ class FineTuneJobSpec(ApiModel):
     budget: BudgetSpec | None = Field(
         default=None,
         description="Stop training cleanly at a wall time or GPU-hours, and register what it has.",
+    )
+    resume: Annotated[str, Field(max_length=10, pattern=RESUME_PATTERN)] = Field(
+        default="latest",
+        description="Where training starts when the checkpoint volume already holds this training's "
+        "checkpoints (a reused claim): latest (the newest), best (lowest eval loss), none (start over; the "
+        'old checkpoints are kept until the new run saves its own), or a step as a string ("400"). '
+        "Applied once, at the job's first start; restarts continue from the job's own newest checkpoint.",
     )
     secrets: SecretsSpec | None = Field(default=None, description="Credentials, by Secret reference only.")
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = Field(

@@ -45,6 +45,8 @@ class ConditionType(StrEnum):
     ALIAS_SYNCED = "AliasSynced"
     # True when training stopped at spec.budget (the job still Succeeds with what it trained)
     BUDGET_REACHED = "BudgetReached"
+    # spec.model.fromJob: True once the parent job Succeeded (its model is what this job trains from)
+    PARENT_READY = "ParentReady"
 
 
 class Reason(StrEnum):
@@ -87,6 +89,14 @@ class Reason(StrEnum):
     RESTART_LIMIT = "RestartLimitReached"
     # the BudgetReached condition's
     BUDGET_REACHED = "BudgetReached"
+    # the Registered condition's, when spec.registration.gate was not met (the job still Succeeds)
+    GATE_NOT_MET = "GateNotMet"
+    # the ParentReady condition's (spec.model.fromJob)
+    WAITING_FOR_PARENT = "WaitingForParent"
+    PARENT_SUCCEEDED = "ParentSucceeded"
+    PARENT_FAILED = "ParentFailed"
+    PARENT_MISSING = "ParentMissing"
+    PARENT_CYCLE = "ParentCycle"
     # the AliasSynced condition's
     MOVING_ALIAS = "MovingAlias"
     ALIAS_MOVED = "AliasMoved"
@@ -136,10 +146,49 @@ class Progress(ApiModel):
     updated_at: str | None = Field(default=None, description="When the trainer last reported (RFC 3339).")
 
 
+class CheckpointEntry(ApiModel):
+    """One complete checkpoint on the volume."""
+
+    step: int = Field(description="Optimizer step it was saved at.")
+    epoch: float | None = Field(default=None, description="Epochs done at that step.")
+    loss: float | None = Field(default=None, description="Training loss last logged at or before that step.")
+    eval_loss: float | None = Field(
+        default=None, description="Eval loss at that step (when evaluated there)."
+    )
+    time: str | None = Field(default=None, description="When the save completed (RFC 3339).")
+    size_bytes: int | None = Field(default=None, description="Size on the volume.")
+    path: str | None = Field(default=None, description="Folder on the checkpoint volume.")
+
+
 class CheckpointStatus(ApiModel):
     latest: str | None = Field(default=None, description="Newest complete checkpoint (path on the volume).")
     latest_step: int | None = Field(default=None, description="Step of the newest complete checkpoint.")
     count: int | None = Field(default=None, description="Complete checkpoints kept.")
+    best_step: int | None = Field(
+        default=None,
+        description="Step of the checkpoint with the lowest eval loss (kept even when older than "
+        "saveTotalLimit's window).",
+    )
+    items: list[CheckpointEntry] | None = Field(
+        default=None, description="Every complete checkpoint on the volume, oldest first."
+    )
+
+
+class EvaluationStatus(ApiModel):
+    """The eval losses behind what was registered (spec.registration.select and gate)."""
+
+    base_eval_loss: float | None = Field(
+        default=None, description="The base model's eval loss on the same eval tokens, before training."
+    )
+    eval_loss: float | None = Field(
+        default=None, description="The registered (or refused) model's eval loss."
+    )
+    selected: str | None = Field(default=None, description="What was chosen: final, or checkpoint-<step>.")
+    threshold: float | None = Field(default=None, description="The eval loss the gate asked to reach.")
+    gate_passed: bool | None = Field(default=None, description="Whether the gate was met (unset: no gate).")
+    forced: bool | None = Field(
+        default=None, description="Registered on request although the gate was not met."
+    )
 
 
 class Goodput(ApiModel):
@@ -207,6 +256,7 @@ class MlflowStatus(ApiModel):
     run_id: str | None = Field(
         default=None, description="MLflow run (one per FineTuneJob, kept across restarts)."
     )
+    run_url: str | None = Field(default=None, description="The run in the MLflow UI (http(s) servers).")
 
 
 class RegisteredModelStatus(ApiModel):
@@ -214,6 +264,19 @@ class RegisteredModelStatus(ApiModel):
     version: str | None = Field(default=None, description="Registered model version.")
     uri: str | None = Field(default=None, description="models:/<name>/<version>.")
     alias: str | None = Field(default=None, description="Alias set on that version.")
+    url: str | None = Field(default=None, description="The version in the MLflow UI (http(s) servers).")
+
+
+class ParentStatus(ApiModel):
+    """Where this job's starting model came from (lineage)."""
+
+    job: str | None = Field(default=None, description="The parent FineTuneJob (spec.model.fromJob).")
+    uid: str | None = Field(default=None, description="Its uid when this job started from it.")
+    run_id: str | None = Field(default=None, description="The parent's MLflow run.")
+    model_uri: str | None = Field(
+        default=None, description="The registered model version started from (models:/<name>/<version>)."
+    )
+    path: str | None = Field(default=None, description="The folder trained from, on the parent's volume.")
 
 
 class ChildrenStatus(ApiModel):
@@ -254,6 +317,12 @@ class FineTuneJobStatus(ApiModel):
         default=None, description="Retries after CUDA out of memory, each with its old and new layout."
     )
     registered_model: RegisteredModelStatus | None = Field(default=None, description="The registered model.")
+    evaluation: EvaluationStatus | None = Field(
+        default=None, description="Eval losses of the base and the registered model, and the gate's verdict."
+    )
+    parent: ParentStatus | None = Field(
+        default=None, description="The model this job started from (spec.model.fromJob or registered)."
+    )
     children: ChildrenStatus | None = Field(
         default=None, description="Names of the objects kubetune created."
     )

@@ -317,11 +317,88 @@ INVALID: list[Case] = [
         {"spec.method": "lora", "spec.lora": {"targetModules": ["q_proj", "q_proj"]}},
         "spec.lora.targetModules[1]",
     ),
+    # --- chained jobs, the checkpoint catalog and the evaluation gate ---
+    _C("model-hub-and-job", {"spec.model.fromJob": {"name": "parent"}}, "spec.model"),
+    _C("model-nothing", {"spec.model": {"trustRemoteCode": False}}, "spec.model"),
+    _C(
+        "model-registered-no-alias",
+        {"spec.model": {"registered": "models:/assistant"}},
+        "spec.model.registered",
+    ),
+    _C("model-registered-runs", {"spec.model": {"registered": "runs:/abc/model"}}, "spec.model.registered"),
+    _C("model-job-bad-name", {"spec.model": {"fromJob": {"name": "Parent_1"}}}, "spec.model.fromJob.name"),
+    _C(
+        "model-job-bad-checkpoint",
+        {"spec.model": {"fromJob": {"name": "parent", "checkpoint": "latest"}}},
+        "spec.model.fromJob.checkpoint",
+    ),
+    _C(
+        "model-revision-with-job",
+        {"spec.model": {"fromJob": {"name": "p"}, "revision": "v2"}},
+        "spec.model.revision",
+    ),
+    _C(
+        "model-from-itself",
+        {"metadata.name": "loop", "spec.model": {"fromJob": {"name": "loop"}}},
+        "spec.model.fromJob.name",
+    ),
+    _C("resume-zero", {"spec.resume": "0"}, "spec.resume"),
+    _C("resume-word", {"spec.resume": "newest"}, "spec.resume"),
+    _C("resume-number", {"spec.resume": 400}, "spec.resume"),
+    _C(
+        "resume-best-without-eval",
+        {"spec.resume": "best", "spec.dataset.evalFraction": DELETE, "spec.training.evalSteps": DELETE},
+        "spec.resume",
+    ),
+    _C(
+        "select-best-without-eval",
+        {
+            "spec.registration.select": "bestEval",
+            "spec.dataset.evalFraction": DELETE,
+            "spec.training.evalSteps": DELETE,
+        },
+        "spec.registration.select",
+    ),
+    _C("select-unknown", {"spec.registration.select": "best"}, "spec.registration.select"),
+    _C(
+        "gate-without-eval",
+        {
+            "spec.registration.gate": {"maxEvalLoss": 1.5},
+            "spec.dataset.evalFraction": DELETE,
+            "spec.training.evalSteps": DELETE,
+        },
+        "spec.registration.gate",
+    ),
+    _C(
+        "gate-both",
+        {"spec.registration.gate": {"maxEvalLoss": 1.5, "minImprovement": 0.1}},
+        "spec.registration.gate",
+    ),
+    _C("gate-empty", {"spec.registration.gate": {}}, "spec.registration.gate"),
+    _C(
+        "gate-improvement-one",
+        {"spec.registration.gate": {"minImprovement": 1}},
+        "spec.registration.gate.minImprovement",
+    ),
+    _C(
+        "gate-loss-zero", {"spec.registration.gate": {"maxEvalLoss": 0}}, "spec.registration.gate.maxEvalLoss"
+    ),
     _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
     _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
 ]
 
 VALID: list[Case] = [
+    _C("resume-step", {"spec.resume": "400"}, ""),
+    _C("resume-none", {"spec.resume": "none"}, ""),
+    _C("resume-best", {"spec.resume": "best"}, ""),
+    _C(
+        "gate-any-improvement",
+        {"spec.registration.gate": {"minImprovement": 0}, "spec.registration.select": "bestEval"},
+        "",
+    ),
+    _C("model-registered-alias", {"spec.model": {"registered": "models:/team-assistant@champion"}}, ""),
+    _C("model-registered-version", {"spec.model": {"registered": "models:/assistant/12"}}, ""),
+    _C("model-from-job", {"spec.model": {"fromJob": {"name": "parent", "checkpoint": "bestEval"}}}, ""),
     _C("cpu-milli", _resources(cpu="500m"), ""),
     _C("cpu-fraction", _resources(cpu="0.5"), ""),
     _C("cpu-exponent", _resources(cpu="1e3"), ""),

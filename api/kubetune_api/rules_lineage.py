@@ -1,0 +1,118 @@
+"""Rules of registration, the checkpoint catalog, the evaluation gate and chained jobs (see :mod:`.rules`).
+
+Kept apart from :mod:`.rules` only for size; :func:`.rules.all_rules` lists them with the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rules import QUERY_CREDENTIAL, URI_CREDENTIALS, Rule, _has, _search
+
+# What the spec's eval data is: a named split, or a share held out of the training split.
+_EVAL_CEL = "(has(self.dataset.evalSplit) || has(self.dataset.evalFraction))"
+_SOURCES = ("name", "path", "fromJob", "registered")
+
+
+def _has_eval(spec: dict[str, Any]) -> bool:
+    dataset = spec.get("dataset") or {}
+    return _has(dataset, "evalSplit") or _has(dataset, "evalFraction")
+
+
+def _needs_eval(cel_condition: str, what: str, check: Any, field: str) -> Rule:
+    return Rule(
+        ("spec",),
+        f"!({cel_condition}) || {_EVAL_CEL}",
+        f"{what} needs eval data: set spec.dataset.evalSplit or spec.dataset.evalFraction",
+        lambda s: not check(s) or _has_eval(s),
+        field=field,
+    )
+
+
+def model_source_rule() -> Rule:
+    """spec.model: exactly one place the starting weights come from."""
+    cel = "[" + ", ".join(f"has(self.{k})" for k in _SOURCES) + "].exists_one(x, x)"
+    return Rule(
+        ("spec.model",),
+        cel,
+        "spec.model needs exactly one of name (a Hugging Face Hub id), path (a folder on a volume), "
+        "fromJob (another FineTuneJob's model) or registered (models:/<name>@<alias> or /<version>)",
+        lambda s: sum(_has(s, k) for k in _SOURCES) == 1,
+    )
+
+
+def registration_rules() -> list[Rule]:
+    from .spec import RESERVED_ALIAS_MESSAGE
+
+    at = ("spec.registration",)
+    return [
+        Rule(
+            at,
+            "!has(self.alias) || (self.alias.lowerAscii() != 'latest' && !self.alias.matches('^[vV][0-9]+$'))",
+            RESERVED_ALIAS_MESSAGE,
+            lambda s: (
+                not _has(s, "alias")
+                or (s["alias"].lower() != "latest" and not _search("^[vV][0-9]+$", s["alias"]))
+            ),
+            field=".alias",
+        ),
+        Rule(
+            at,
+            f"!has(self.trackingUri) || !self.trackingUri.matches('{URI_CREDENTIALS}')",
+            "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret "
+            "and reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or "
+            "mlflowTrackingToken)",
+            lambda s: not _has(s, "trackingUri") or not _search(URI_CREDENTIALS, s["trackingUri"]),
+            field=".trackingUri",
+        ),
+        Rule(
+            at,
+            f"!has(self.trackingUri) || !self.trackingUri.matches('{QUERY_CREDENTIAL}')",
+            "spec.registration.trackingUri must not carry credentials in its query (?token=...): put the "
+            "token in a Secret and reference it from spec.secrets.mlflowTrackingToken",
+            lambda s: not _has(s, "trackingUri") or not _search(QUERY_CREDENTIAL, s["trackingUri"]),
+            field=".trackingUri",
+        ),
+    ]
+
+
+def lineage_rules() -> list[Rule]:
+    return [
+        _needs_eval(
+            "has(self.registration) && self.registration.select == 'bestEval'",
+            "spec.registration.select: bestEval",
+            lambda s: (s.get("registration") or {}).get("select") == "bestEval",
+            ".registration.select",
+        ),
+        _needs_eval(
+            "has(self.registration) && has(self.registration.gate)",
+            "spec.registration.gate",
+            lambda s: _has(s.get("registration"), "gate"),
+            ".registration.gate",
+        ),
+        _needs_eval(
+            "self.resume == 'best'", "spec.resume: best", lambda s: s.get("resume") == "best", ".resume"
+        ),
+        Rule(
+            ("spec.registration.gate",),
+            "has(self.maxEvalLoss) != has(self.minImprovement)",
+            "spec.registration.gate needs exactly one of maxEvalLoss (an eval loss to reach) or minImprovement "
+            "(a share below the base model's eval loss)",
+            lambda s: _has(s, "maxEvalLoss") != _has(s, "minImprovement"),
+        ),
+        Rule(
+            ("spec.model",),
+            "!has(self.revision) || self.revision == 'main' || has(self.name)",
+            "spec.model.revision is only used with name (a Hub model)",
+            lambda s: not _has(s, "revision") or s["revision"] == "main" or _has(s, "name"),
+            field=".revision",
+        ),
+        Rule(
+            ("",),
+            "!has(self.spec.model.fromJob) || self.spec.model.fromJob.name != self.metadata.name",
+            "spec.model.fromJob.name must name another FineTuneJob: a job cannot start from its own model",
+            lambda s: (s["spec"]["model"].get("fromJob") or {}).get("name") != s["metadata"]["name"],
+            field=".spec.model.fromJob.name",
+            reason="FieldValueInvalid",
+        ),
+    ]
