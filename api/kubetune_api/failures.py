@@ -45,6 +45,7 @@ class Failure(StrEnum):
     DATASET_ERROR = "DatasetError"
     DISK_FULL = "DiskFull"
     CHECKPOINT_CORRUPT = "CheckpointCorrupt"
+    CHECKPOINT_NOT_FOUND = "CheckpointNotFound"
     LOSS_DIVERGED = "LossDiverged"
     PREEMPTED = "Preempted"
     EVICTED = "Evicted"
@@ -70,6 +71,8 @@ MEANINGS: dict[Failure, str] = {
     Failure.DATASET_ERROR: "a row of the data cannot be trained on (the message names it)",
     Failure.DISK_FULL: "the checkpoint volume is full (No space left on device)",
     Failure.CHECKPOINT_CORRUPT: "the checkpoint to resume from cannot be read",
+    Failure.CHECKPOINT_NOT_FOUND: "spec.resume names a checkpoint the volume does not hold: a step with no "
+    "complete checkpoint, or best when no checkpoint has an eval loss (the message lists the steps there are)",
     Failure.LOSS_DIVERGED: "the training loss became NaN or Inf, or stayed far above its recent median "
     "(the loss watchdog)",
     Failure.PREEMPTED: "the pod was stopped (SIGTERM: preemption, a drained node) after saving a checkpoint",
@@ -99,6 +102,8 @@ HINTS: dict[Failure, str] = {
     "(spec.training.saveTotalLimit), then re-create it on the same claim to resume",
     Failure.CHECKPOINT_CORRUPT: "delete the checkpoint folder the message names from the volume; the next "
     "attempt resumes from the one before it",
+    Failure.CHECKPOINT_NOT_FOUND: "re-create the job with spec.resume set to one of the steps the message "
+    "lists, latest, or none to start over (spec.resume cannot be changed on an existing job)",
     Failure.LOSS_DIVERGED: "lower spec.training.learningRate, add warm-up (warmupSteps) or keep "
     "maxGradNorm; the last good checkpoint is kept. spec.training.lossWatchdog tunes or turns off the check",
     Failure.PREEMPTED: "nothing: the Training Operator starts a new pod, which resumes from the checkpoint",

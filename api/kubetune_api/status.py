@@ -277,6 +277,22 @@ class ParentStatus(ApiModel):
         default=None, description="The registered model version started from (models:/<name>/<version>)."
     )
     path: str | None = Field(default=None, description="The folder trained from, on the parent's volume.")
+    claim: str | None = Field(
+        default=None,
+        description="The parent's checkpoint volume (PVC), mounted read-only in this job's pods.",
+    )
+    method: str | None = Field(
+        default=None, description="How the parent trained: lora (path holds an adapter for base) or full."
+    )
+    base: str | None = Field(
+        default=None,
+        description="A LoRA parent's base model, which its adapter is merged into: a folder in the pods, or "
+        "a Hub id.",
+    )
+    base_claim: str | None = Field(
+        default=None, description="The volume (PVC) holding base when it is not on the parent's volume."
+    )
+    base_sub_path: str | None = Field(default=None, description="Sub-path of base_claim mounted at base.")
 
 
 class ChildrenStatus(ApiModel):

@@ -12,6 +12,7 @@ Layout of the checkpoint volume (``output_dir``)::
     mlflow-run.json                  {"run_id", "experiment_id", "tracking_uri"}: one run per job
     train-result.json                what training did (steps, losses, whether MLflow was reachable)
     register-result.json             what registration did (name, version, uri, run_id)
+    prepared/start.json              a chained job's starting model (spec.model.fromJob/registered)
 """
 
 from __future__ import annotations
@@ -38,9 +39,53 @@ CHECKPOINTS_DIR = "checkpoints"
 MLFLOW_RUN_FILE = "mlflow-run.json"
 TRAIN_RESULT_FILE = "train-result.json"
 REGISTER_RESULT_FILE = "register-result.json"
+# A chained job's starting model (spec.model.fromJob or registered), as the preparation step (or the
+# first trainer process) put it in place: {"source", "parent" (ParentModel), "folder", "completed_at"}
+START_FILE = "prepared/start.json"
 # Exit code of a trainer that saved a checkpoint on SIGTERM: retryable (the PyTorchJob's
 # restartPolicy ExitCode restarts it), and never 0, so a preempted run never looks like success.
 EXIT_PREEMPTED = 143
+
+
+class ParentModel(ApiModel):
+    """The model a chained job starts from (spec.model.fromJob or spec.model.registered), resolved:
+    the operator fills it from the parent's status, the local runner from the parent's run folder,
+    the preparation step from the MLflow registry."""
+
+    job: str | None = Field(default=None, description="The parent FineTuneJob (fromJob).")
+    uid: str | None = Field(default=None, description="The parent's uid (lineage).")
+    run_id: str | None = Field(default=None, description="The parent's MLflow run (lineage).")
+    model_uri: str | None = Field(
+        default=None, description="The registered version: models:/<name>/<version> (lineage)."
+    )
+    path: str | None = Field(
+        default=None,
+        description="The folder to start from: a full model, or a LoRA adapter (method lora). None for a "
+        "registered model the preparation step has not downloaded yet.",
+    )
+    method: str | None = Field(default=None, description="How the parent trained: lora or full.")
+    base_path: str | None = Field(
+        default=None, description="A LoRA parent's base model (a folder, or a Hub id) its adapter goes on."
+    )
+    fingerprint: str | None = Field(
+        default=None,
+        description="What identifies the parent's model where no uid does (a local run folder): a hash of "
+        "its COMPLETE marker.",
+    )
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the starting weights: the parent job (uid, or the folder's fingerprint) and
+        which of its models, or the registered version. Folders count by name only (final,
+        checkpoint-<step>): the same parent mounted elsewhere is the same model."""
+        out: dict[str, Any] = {
+            "job": self.job,
+            "uid": self.uid,
+            "fingerprint": self.fingerprint,
+            "modelUri": None if self.job else self.model_uri,
+            "path": Path(self.path).name if self.path and self.job else None,
+            "method": self.method,
+        }
+        return {k: v for k, v in out.items() if v}
 
 
 class JobRef(ApiModel):
@@ -80,12 +125,17 @@ class TrainerConfig(ApiModel):
     report_progress: bool = Field(
         default=False, description="Patch progress into the FineTuneJob status (in a cluster)."
     )
+    parent: ParentModel | None = Field(
+        default=None, description="The resolved starting model of spec.model.fromJob (or registered)."
+    )
 
     def config_hash(self) -> str:
         """Hash of what shapes the model: the spec without the fields that may change."""
         shaping = self.spec.wire()
         shaping.pop("suspend", None)
         shaping.get("registration", {}).pop("alias", None)
+        # the gate decides whether a model is registered, not what it is: changing it keeps the run
+        shaping.get("registration", {}).pop("gate", None)
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -98,7 +148,9 @@ class TrainerConfig(ApiModel):
         adds a defaulted field changes nothing), the folders of local files (only their names count:
         a moved cache or manifest is the same model and data), and what only says how long or how
         the run goes (steps or epochs, so a run may be continued; saving, logging, evaluation steps;
-        compilation, Liger, checkpointing, micro-step size).
+        compilation, Liger, checkpointing, micro-step size). A chained job (spec.model.fromJob or
+        registered) counts its resolved parent (:meth:`ParentModel.identity`): checkpoints trained
+        from another parent, or from the version an alias pointed at before, are never resumed.
         """
         spec = self.spec
 
@@ -118,6 +170,15 @@ class TrainerConfig(ApiModel):
         }
         if spec.method == "lora":
             parts["lora"] = dump(spec.lora_settings())
+        parent = self.parent
+        if spec.model.registered:
+            # the version the alias resolved to, once, as the volume records it
+            start = recorded_start(self.output_dir) or {}
+            if (start.get("source") or {}).get("registered") == spec.model.registered:
+                parent = ParentModel.model_validate(start.get("parent") or {})
+        if parent is not None and (spec.model.from_job or spec.model.registered):
+            # the starting model: a job's output, or the registered version
+            parts["parent"] = parent.identity()
         blob = json.dumps(parts, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -161,6 +222,15 @@ def load_manifest(path: str | Path) -> FineTuneJob:
                 raise rules.RuleError(problems, source=str(path))
             return job
     raise ValueError(f"{path}: no FineTuneJob document found")
+
+
+def recorded_start(output_dir: str | Path) -> dict[str, Any] | None:
+    """What ``<output_dir>/prepared/start.json`` records (None: nothing, or unreadable)."""
+    try:
+        data = json.loads((Path(output_dir) / START_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def dump_json(data: dict[str, Any], path: Path) -> None:

@@ -27,6 +27,16 @@ What happens:
    wherever it comes from, is refused: they go in ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``.
 6. It prints where everything is, and how to look at it (``mlflow ui ...``).
 
+Chained jobs: ``spec.model.fromJob: {name: a}`` trains from job ``a``'s run folder beside this
+one's (``runs/a`` for the default ``runs/<name>``; with ``--output-dir X/b``, ``X/a``): its
+``final/`` (complete, with its COMPLETE marker), or for ``checkpoint: bestEval`` the checkpoint or
+final model with the lowest eval loss; a LoRA adapter is merged into ``a``'s base first. A missing
+folder, an unfinished ``final/`` or no eval loss for bestEval ends the run (exit 2) naming the
+field and the folder looked at. ``spec.model.registered: models:/<name>@<alias>`` (or
+``/<version>``) is looked up in this run's tracking URI (as above: a registry shared with the run
+that registered it needs ``--tracking-uri`` or ``MLFLOW_TRACKING_URI``, since each run folder's
+default store is its own), resolved to a version once and downloaded into ``prepared/model``.
+
 Bad input (a manifest that is not a FineTuneJob, a field misspelt, data that cannot train: an
 empty file, a malformed line, a row without the format's column, an unknown chat role) ends the run
 before anything is built or written, with one message naming the file, the line and the field, and
@@ -43,14 +53,18 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kubetune_api.registration import EXIT_GATE_NOT_MET
 from kubetune_api.spec import FineTuneJob, registration_error
 from kubetune_api.trainer_config import (
     CHECKPOINTS_DIR,
+    COMPLETE_MARKER,
     EXIT_PREEMPTED,
     FINAL_DIR,
     MLFLOW_RUN_FILE,
     REGISTER_RESULT_FILE,
+    START_FILE,
     TRAIN_RESULT_FILE,
+    ParentModel,
     TrainerConfig,
     load_manifest,
     resolve,
@@ -185,7 +199,79 @@ def local_config(
     cfg = resolve(job, default_tracking_uri=default_uri, output_dir=str(out), report_progress=False)
     if tracking_uri:
         cfg = cfg.model_copy(update={"tracking_uri": tracking_uri})
+    ref = job.spec.model.from_job
+    if ref is not None:
+        runs = out.parent  # the parent's run folder sits beside this one's: runs/<parent name>
+        parent = local_parent(runs / ref.name, ref.name, str(ref.checkpoint), runs=runs)
+        cfg = cfg.model_copy(update={"parent": parent})
     return cfg, tiny, cache
+
+
+FROM_JOB = "spec.model.fromJob"
+
+
+def local_parent(folder: Path, name: str, checkpoint: str, *, runs: Path) -> ParentModel:
+    """``spec.model.fromJob`` on this machine: the parent's run folder ``runs/<name>`` (beside this
+    job's own), and in it the folder to start from (``final/``, or for ``bestEval`` the checkpoint
+    or final model with the lowest eval loss), its method and, for a LoRA adapter, its base.
+    :class:`BadInputError` naming the field and what was looked for when it is not there."""
+    from kubetune_trainer import catalog, chain
+
+    looked = (
+        f"{FROM_JOB}.name {name}: kubetune run --local looks for its run folder beside this job's, {folder}"
+    )
+    if not (folder / CONFIG_FILE).is_file():
+        what = "there is no such folder" if not folder.is_dir() else f"it has no {CONFIG_FILE}"
+        raise BadInputError(
+            f"{looked}, and {what}. Run {name} first (kubetune run <its manifest> --local, with the same "
+            f"--output-dir parent folder {runs})"
+        )
+    try:
+        parent_cfg = TrainerConfig.load(folder / CONFIG_FILE)
+    except (OSError, ValueError) as e:
+        raise BadInputError(f"{looked}, and its {CONFIG_FILE} cannot be read: {e}") from e
+    if not (folder / FINAL_DIR / COMPLETE_MARKER).is_file():
+        raise BadInputError(
+            f"{looked}, and {folder / FINAL_DIR} has no {COMPLETE_MARKER} marker: {name} has not finished "
+            f"training. Run it to the end first (kubetune run <its manifest> --local resumes it)"
+        )
+    chosen = catalog.select_for_registration(folder, checkpoint)
+    if checkpoint == "bestEval" and chosen.eval_loss is None:
+        raise BadInputError(
+            f"{FROM_JOB}.checkpoint is bestEval, but no checkpoint of {name} in {folder} has an eval loss "
+            f"(it trained without eval data: spec.dataset.evalSplit or evalFraction). Use checkpoint: final"
+        )
+    run = _read_json(folder / MLFLOW_RUN_FILE)
+    registered = _read_json(folder / REGISTER_RESULT_FILE)
+    method = str(parent_cfg.spec.method)
+    return ParentModel(
+        job=name,
+        uid=parent_cfg.job.uid,
+        run_id=run.get("run_id"),
+        model_uri=registered.get("uri"),
+        path=str(chosen.path.resolve()),
+        method=method,
+        base_path=_parent_base(parent_cfg, folder) if method == "lora" else None,
+        fingerprint=chain.fingerprint(chosen.path),
+    )
+
+
+def _parent_base(parent_cfg: TrainerConfig, folder: Path) -> str | None:
+    """The base a LoRA parent's adapter goes on: its own starting model (a chained parent's, or the
+    Hub model its preparation downloaded), else its spec's path or Hub id."""
+    from kubetune_api.preparation import MODEL_DIR
+    from kubetune_api.trainer_config import recorded_start
+
+    start = recorded_start(folder)
+    if start and start.get("folder"):
+        where = Path(str(start["folder"]))
+        return str(where if where.is_absolute() else folder / where)
+    src = parent_cfg.spec.model
+    if src.path:
+        return src.path
+    if (folder / MODEL_DIR / "config.json").is_file():
+        return str(folder / MODEL_DIR)
+    return src.name
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -216,6 +302,11 @@ def summary(cfg: TrainerConfig, *, registered: bool) -> str:
         resumed = result.get("resumed_from_step")
         note = f" (this attempt resumed at step {resumed})" if resumed else ""
         lines.append(f"  loss            {first:.3f} -> {final:.3f} in {steps} steps{note}")
+    start = _read_json(out / START_FILE)
+    if isinstance(start.get("parent"), dict):
+        from kubetune_trainer.chain import describe
+
+        lines.append(f"  started from    {describe(ParentModel.model_validate(start['parent']))}")
     lines += [
         f"  run folder      {out}",
         f"  checkpoints     {out / CHECKPOINTS_DIR}",
@@ -348,6 +439,15 @@ def _run_local(args: argparse.Namespace) -> int:
     registered = False
     if cfg.spec.registration.enabled and not args.no_register:
         code = register(config_path)
+        if code == EXIT_GATE_NOT_MET:
+            print(
+                "kubetune: training done, not registered: spec.registration.gate was not met (above); the "
+                f"model stays in {out}. To register it anyway: python -m kubetune_trainer.register "
+                f"--config {config_path} --force",
+                file=sys.stderr,
+            )
+            sys.stdout.write(summary(cfg, registered=False))
+            return code
         if code != 0:
             print(f"kubetune: training done, registration failed (exit {code})", file=sys.stderr)
             sys.stdout.write(summary(cfg, registered=False))

@@ -4,7 +4,9 @@ Shows the phase (and why, from the status conditions), the preparation report on
 (examples, tokens, lengths, and the estimate of memory, time and GPU-hours), a progress bar with the step, loss, tokens per
 second and ETA the trainer reports, each retry after CUDA out of memory (the micro-step layout before
 and after), then the registered model, or why training failed (the reason, what happened, what it
-means and what to do), whether it stopped at spec.budget, and where the GPU time went (goodput). On a
+means and what to do), whether it stopped at spec.budget, and where the GPU time went (goodput). The
+MLflow UI links (the run as soon as the trainer reports it, the registered version at the end) are
+printed when the tracking server is an http(s) URL; so is the evaluation gate's verdict. On a
 terminal the progress line is redrawn in place; otherwise (CI logs, pipes) a line is printed whenever
 something changes.
 
@@ -230,31 +232,69 @@ def memory_retry_line(retry: dict[str, Any]) -> str:
     )
 
 
+def _loss(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, int | float) and not isinstance(value, bool) else "unknown"
+
+
+def evaluation_line(status: dict[str, Any]) -> str | None:
+    """What was registered (or refused) and the gate's verdict (status.evaluation); None without one.
+
+    >>> evaluation_line({"evaluation": {"selected": "checkpoint-40", "evalLoss": 1.2, "threshold": 1.5,
+    ...     "baseEvalLoss": 1.6, "gatePassed": True}})
+    'Evaluation: checkpoint-40, eval loss 1.2000; gate met (threshold 1.5000, base model 1.6000)'
+    """
+    e = status.get("evaluation")
+    if not isinstance(e, dict) or not e:
+        return None
+    line = f"Evaluation: {e.get('selected') or 'final'}, eval loss {_loss(e.get('evalLoss'))}"
+    if e.get("gatePassed") is None:
+        return line
+    verdict = "gate met" if e["gatePassed"] else "gate NOT met"
+    if e.get("forced"):
+        verdict += ", registered on request (forced)"
+    base = f", base model {_loss(e['baseEvalLoss'])}" if e.get("baseEvalLoss") is not None else ""
+    return f"{line}; {verdict} (threshold {_loss(e.get('threshold'))}{base})"
+
+
+def succeeded_lines(status: dict[str, Any]) -> list[str]:
+    """A succeeded job: the budget stop, the registered model (or why none) with its UI link, the
+    evaluation, and the MLflow run with its UI link."""
+    lines: list[str] = []
+    budget = budget_line(status)
+    if budget:
+        lines.append(budget)
+    model = status.get("registeredModel") or {}
+    if model.get("name"):
+        line = f"Registered model {model['name']} version {model.get('version', '?')}"
+        if model.get("uri"):
+            line += f"  ({model['uri']})"
+        if model.get("alias"):
+            line += f"  alias @{model['alias']}"
+    else:
+        line = phase_reason(status) or str(Phase.SUCCEEDED)
+    lines.append(line)
+    if model.get("url"):
+        lines.append(f"  {model['url']}")
+    evaluation = evaluation_line(status)
+    if evaluation:
+        lines.append(evaluation)
+    mlflow = status.get("mlflow") or {}
+    if mlflow.get("runId"):
+        lines.append(
+            f"MLflow run {mlflow['runId']}"
+            + (f" on {mlflow['trackingUri']}" if mlflow.get("trackingUri") else "")
+        )
+    if mlflow.get("runUrl"):
+        lines.append(f"  {mlflow['runUrl']}")
+    return lines
+
+
 def outcome(status: dict[str, Any]) -> str:
     """The closing lines: the registered model (with its run) or why it failed; then whether it stopped
     at the budget and the goodput."""
-    phase = status.get("phase")
     lines: list[str] = []
-    if phase == Phase.SUCCEEDED:
-        budget = budget_line(status)
-        if budget:
-            lines.append(budget)
-        model = status.get("registeredModel") or {}
-        if model.get("name"):
-            line = f"Registered model {model['name']} version {model.get('version', '?')}"
-            if model.get("uri"):
-                line += f"  ({model['uri']})"
-            if model.get("alias"):
-                line += f"  alias @{model['alias']}"
-        else:
-            line = phase_reason(status) or str(Phase.SUCCEEDED)
-        lines.append(line)
-        mlflow = status.get("mlflow") or {}
-        if mlflow.get("runId"):
-            lines.append(
-                f"MLflow run {mlflow['runId']}"
-                + (f" on {mlflow['trackingUri']}" if mlflow.get("trackingUri") else "")
-            )
+    if status.get("phase") == Phase.SUCCEEDED:
+        lines = succeeded_lines(status)
     else:
         failure = training_failure(status)
         if failure is not None:
@@ -296,6 +336,7 @@ class Follower:
     _drawn: bool = False
     _prepared: bool = False
     _retries: int = 0
+    _run_url: str | None = None
 
     def show(self, obj: dict[str, Any]) -> int | None:
         """Render one version; the exit status once the job has ended, else None."""
@@ -315,6 +356,12 @@ class Follower:
                 self._end_line()
                 self._write("".join(f"         {line}\n" for line in lines))
                 self._prepared = True
+        run_url = (status.get("mlflow") or {}).get("runUrl")
+        if run_url and run_url != self._run_url and phase not in FINAL:
+            self._end_line()
+            self._write(f"         MLflow run: {run_url}\n")
+            self._run_url = run_url
+            self._line = ""
         retries = [r for r in status.get("memoryRetries") or [] if isinstance(r, dict)]
         if len(retries) > self._retries:
             self._end_line()

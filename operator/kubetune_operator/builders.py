@@ -38,8 +38,10 @@ from typing import Any
 
 from kubetune_api import spec as api
 from kubetune_api.preparation import EXIT_REFUSED
+from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV
 from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
 
+from . import parent
 from .settings import Settings
 
 # --- names and labels -------------------------------------------------------------------------------
@@ -199,7 +201,7 @@ def build_pvc(job: api.FineTuneJob, settings: Settings) -> dict[str, Any] | None
 
 
 def trainer_config_yaml(job: api.FineTuneJob, settings: Settings) -> str:
-    return resolve(job, default_tracking_uri=settings.default_tracking_uri, report_progress=True).to_yaml()
+    return parent.trainer_config(job, settings.default_tracking_uri).to_yaml()  # with spec.model.fromJob's
 
 
 def config_hash(job: api.FineTuneJob, settings: Settings) -> str:
@@ -339,7 +341,7 @@ def _data_volumes(job: api.FineTuneJob) -> tuple[list[dict[str, Any]], list[dict
 
 
 def _volumes_and_mounts(
-    job: api.FineTuneJob, settings: Settings, *, shm: bool
+    job: api.FineTuneJob, settings: Settings, *, shm: bool, component: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
         {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim(job)}},
@@ -360,7 +362,9 @@ def _volumes_and_mounts(
         )
         mounts.append({"name": "dshm", "mountPath": SHM_MOUNT})
     data_volumes, data_mounts = _data_volumes(job)
-    return volumes + data_volumes, mounts + data_mounts
+    # spec.model.fromJob: the preparation and the trainer read the parent's volume; the registration never
+    parent_volumes, parent_mounts = parent.volumes(job) if component != COMPONENT_REGISTRATION else ([], [])
+    return volumes + data_volumes + parent_volumes, mounts + data_mounts + parent_mounts
 
 
 def _scheduling(job: api.FineTuneJob, *, gpu: bool, priority: bool = True) -> dict[str, Any]:
@@ -442,7 +446,7 @@ def _image(job: api.FineTuneJob, settings: Settings) -> str:
 
 
 def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
-    volumes, mounts = _volumes_and_mounts(job, settings, shm=True)
+    volumes, mounts = _volumes_and_mounts(job, settings, shm=True, component=COMPONENT_TRAINING)
     container: dict[str, Any] = {
         "name": TRAIN_CONTAINER,
         "image": _image(job, settings),
@@ -569,7 +573,7 @@ def _cpu_job(
 ) -> dict[str, Any]:
     """A batch/v1 Job of one CPU pod in the trainer image (registration, preparation), with the
     checkpoint volume and the trainer config mounted, and its result in the termination message."""
-    volumes, mounts = _volumes_and_mounts(job, settings, shm=False)
+    volumes, mounts = _volumes_and_mounts(job, settings, shm=False, component=component)
     container: dict[str, Any] = {
         "name": container_name,
         "image": _image(job, settings),
@@ -614,8 +618,11 @@ def _cpu_job(
     }
 
 
-def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
-    return _cpu_job(
+def build_registration_job(
+    job: api.FineTuneJob, settings: Settings, *, force: bool = False
+) -> dict[str, Any]:
+    """The registration step; a gate not met fails it at once; ``force``: past the gate (a retry)."""
+    manifest = _cpu_job(
         job,
         settings,
         name=registration_job_name(job),
@@ -626,6 +633,11 @@ def build_registration_job(job: api.FineTuneJob, settings: Settings) -> dict[str
         backoff_limit=settings.register_backoff_limit,
         deadline_seconds=settings.register_deadline_seconds,
     )
+    gate = {"containerName": REGISTER_CONTAINER, "operator": "In", "values": [EXIT_GATE_NOT_MET]}
+    manifest["spec"]["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": gate}]}
+    if force:
+        manifest["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": FORCE_ENV, "value": "1"})
+    return manifest
 
 
 def prepare_command() -> list[str]:

@@ -7,6 +7,9 @@
   (selected by the ``kubetune.io/job`` label): reconcile the FineTuneJob named in the label. A
   training pod that the scheduler cannot place, or whose image cannot be pulled, or one that
   starts at last, changes the FineTuneJob's status through these.
+- A FineTuneJob's events re-reconcile the jobs that start from its model (``spec.model.fromJob``),
+  found through an in-memory index of those jobs by parent, while they can still change: waiting for
+  it, or recorded as started from it (its deletion fails them, ``ParentMissing``).
 - A slow timer re-syncs every FineTuneJob: the safety net for missed events. A fast one
   (``KUBETUNE_RETRY_SECONDS``) runs only while a job's pods are starting with nothing wrong known
   (``observations.settling``): a pod the Training Operator cannot create sends no pod event, and a pod
@@ -31,7 +34,7 @@ from typing import Any
 import kopf
 
 from kubetune_api import spec as api
-from kubetune_api.status import Phase
+from kubetune_api.status import Phase, Reason
 
 from . import builders, observations, state
 from .kube import ApiError, Kube, load_api_client
@@ -158,12 +161,60 @@ async def finetunejob_unobserved(
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     retry = (meta.get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)
-    asked = status.get("phase") == Phase.FAILED and retry and retry != status.get("registrationRetry")
+    # failed in registration, or succeeded with spec.registration.gate not met (GateNotMet)
+    registered: dict[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Registered"), {}
+    )
+    retryable = status.get("phase") == Phase.FAILED or registered.get("reason") == Reason.GATE_NOT_MET
+    asked = retryable and retry and retry != status.get("registrationRetry")
     generation = meta.get("generation")
     observed = status.get("observedGeneration")
     if not asked and (generation is None or observed is None or generation == observed):
         return  # new objects are the create handler's; observed ones have nothing new
     await _in_thread(memo, _reconcile_unobserved, memo, logger, namespace, name, generation)
+
+
+@kopf.index(api.GROUP, api.VERSION, api.PLURAL)
+def jobs_by_parent(
+    namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[tuple[str, str], tuple[str, str | None, str | None]]:
+    """Jobs that start from another job's model (``spec.model.fromJob``), by (namespace, parent):
+    (name, phase, the parent uid it recorded)."""
+    parent = ((dict(spec).get("model") or {}).get("fromJob") or {}).get("name")
+    if not parent:
+        return {}
+    recorded = (dict(status).get("parent") or {}).get("uid")
+    return {(namespace or "default", parent): (name, dict(status).get("phase"), recorded)}
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+async def parent_changed(
+    body: kopf.Body,
+    memo: kopf.Memo,
+    logger: kopf.Logger,
+    namespace: str | None,
+    name: str,
+    type: str | None,
+    **kwargs: Any,
+) -> None:
+    """A job changed: the jobs waiting for it (or started from it, when it is deleted or
+    replaced) are reconciled. A job that recorded this very parent has nothing to learn from its
+    status writes; a final job nothing at all."""
+    ns = namespace or "default"
+    uid = (body.get("metadata") or {}).get("uid")
+    gone = type == "DELETED" or bool((body.get("metadata") or {}).get("deletionTimestamp"))
+    index: kopf.Index[tuple[str, str], tuple[str, str | None, str | None]] = kwargs["jobs_by_parent"]
+    for child, phase, recorded in index.get((ns, name), []):
+        if phase in (Phase.SUCCEEDED, Phase.FAILED) or (recorded == uid and not gone):
+            continue
+        await _in_thread(memo, _reconcile_child, memo, logger, ns, child)
+
+
+def _reconcile_child(memo: kopf.Memo, logger: kopf.Logger, namespace: str, name: str) -> None:
+    try:
+        reconcile(_context(memo, logger), namespace, name)
+    except (ApiError, StatusConflictError) as e:
+        logger.info(f"job {name}, which starts from this one, not reconciled yet ({e}); the re-sync will")
 
 
 def _reconcile_unobserved(

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from kubetune_api.preparation import PreparationRefusal, PreparationReport, parse_termination_message
+from kubetune_api.registration import GATE_NOT_MET
 from kubetune_api.status import ConditionType, Phase, Reason
 
 # the training pods cannot start (Training, and Ready while not trained): most decisive first
@@ -38,7 +39,7 @@ class TrainingObservation:
 
 
 # the states in which a registration or alias Job has ended
-JOB_ENDED = ("Complete", "Skipped", "Failed")
+JOB_ENDED = ("Complete", "Skipped", "Failed", "GateNotMet")
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,11 @@ class RegistrationObservation:
 
     exists: bool = False
     # Skipped: Complete, but the pod read registration.enabled false (turned off while it ran)
-    state: Literal["Running", "Complete", "Skipped", "Failed"] | None = None
+    # GateNotMet: Failed with spec.registration.gate not met (nothing registered; message: both numbers)
+    state: Literal["Running", "Complete", "Skipped", "Failed", "GateNotMet"] | None = None
     message: str = ""
-    result: dict[str, Any] | None = None  # the parsed termination message of the successful pod
+    # the parsed termination message of the successful pod (GateNotMet: {reason, error, evaluation})
+    result: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,9 @@ def registration_observation(
     it from ``status.containerStatuses[name=register].state.terminated.message`` of a pod of this Job
     (ownerReference to the Job's uid) that terminated with exit code 0, once the Job is Complete.
     On failure the message is ``{"error", "reason"}`` (or, after a crash, the log tail:
-    terminationMessagePolicy FallbackToLogsOnError) and goes into the Failed status message.
+    terminationMessagePolicy FallbackToLogsOnError) and goes into the Failed status message; with
+    reason ``GateNotMet`` (exit code ``EXIT_GATE_NOT_MET``) the Job failed on purpose: the state is
+    ``GateNotMet`` and the result holds the message's ``evaluation``.
     """
     if job is None:
         return RegistrationObservation()
@@ -417,6 +422,9 @@ def registration_observation(
         for c in (job.get("status") or {}).get("conditions") or []
         if c.get("status") == "True"
     }
+    gate = _gate_not_met(own_pods, container)
+    if "Failed" in conditions and gate is not None:
+        return RegistrationObservation(True, "GateNotMet", str(gate.get("error") or GATE_NOT_MET), gate)
     if "Failed" in conditions:
         c = conditions["Failed"]
         text = f"{c.get('reason') or 'Failed'}: {c.get('message') or 'the registration Job failed'}"
@@ -520,6 +528,22 @@ def _termination_messages(
             elif message:
                 failure = _failure_text(message)
     return result, failure, skipped
+
+
+def _gate_not_met(pods: list[dict[str, Any]], container: str) -> dict[str, Any] | None:
+    """The newest pod's ``{"reason": "GateNotMet", ...}`` termination message, if that is how it ended."""
+    newest = sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    for pod in reversed(newest):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            term = (cs.get("state") or {}).get("terminated") or {}
+            if cs.get("name") != container or not term:
+                continue
+            try:
+                data = json.loads((term.get("message") or "").strip())
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) and data.get("reason") == GATE_NOT_MET else None
+    return None
 
 
 def _failure_text(message: str) -> str:

@@ -7,7 +7,8 @@ Why each rule:
 
 - CRDs, namespaces (list/watch): kopf discovers resources and namespaces as they come and go.
 - events (create): ``kubectl describe ftj`` shows what happened (kopf posts them, core v1).
-- finetunejobs (get/list/watch/patch): read and watch jobs; kopf patches its finalizer and its
+- finetunejobs (get/list/watch/patch): read and watch jobs (also a job's parent, spec.model.fromJob:
+  read, and watched to start or fail the jobs waiting for it); kopf patches its finalizer and its
   progress annotations. finetunejobs/status (get/patch): the operator's status writes. The per-job
   trainer Role grants patch on the status too, and RBAC lets only a holder grant a permission.
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.

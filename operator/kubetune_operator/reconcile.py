@@ -16,6 +16,7 @@ object built from the spec is invalid, and shows a condition and retries with ba
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus, Phase
 
-from . import builders, observations, state, training_failures
+from . import builders, observations, parent, state, training_failures
 from .children import ChildApiError, about_child, ensure, is_ours, sync_config, sync_deadline, sync_suspend
 from .kube import ApiError, Kube
 from .settings import Settings
@@ -151,7 +152,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
     # Succeeded or Failed: state.Reregister), its alias moves, or its refused child's spec changed.
     reregister: state.Reregister | None = None
     if previous.phase == Phase.SUCCEEDED:
-        reregister = _registration_turned_on(ctx, obj, previous)
+        reregister = _registration_turned_on(ctx, obj, previous) or _registration_retry(ctx, obj, previous)
         if reregister is None:
             return _follow_alias(ctx, obj, previous, generation)
     elif previous.phase in state.FINAL_PHASES and not state.reopens(previous, generation):
@@ -171,7 +172,10 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
         transition = state.advance(previous, replace(first, invalid_spec=message))
         return Step(Outcome(phase=transition.phase, invalid=True, message=message), transition)
 
-    seen = _observe(ctx, job, previous)
+    # spec.model.fromJob: nothing is created before the parent job has Succeeded
+    read = functools.partial(ctx.kube.get, api.API_VERSION, api.KIND, ns)
+    job, found = parent.for_pass(job, read, ctx.settings.preparation, state.training_succeeded(previous))
+    seen = _observe(ctx, job, previous) if parent.lets_start(found) else _parent_gone(ctx, job, found)
     obs = replace(
         first,
         suspend=job.spec.suspend,
@@ -189,6 +193,7 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
         registration=seen.registration,
         pods=seen.pods,
         preparation=seen.preparation,
+        parent=found,
         children=seen.children,
         job_name=name,
         pytorchjob_name=builders.pytorchjob_name(job),
@@ -215,6 +220,15 @@ def _pass(ctx: Context, obj: dict[str, Any]) -> Step:
     else:
         outcome = Outcome(phase=transition.phase, waiting=transition.waiting, message=seen.conflict or "")
     return Step(outcome, transition, seen.created)
+
+
+def _parent_gone(ctx: Context, job: api.FineTuneJob, found: Any) -> _Seen:
+    """Held by its parent job: nothing is created; a PyTorchJob started from a gone parent is stopped."""
+    if not parent.started_from(found):
+        return _Seen(children={})
+    name = builders.pytorchjob_name(job)
+    live = ctx.kube.get(builders.PYTORCHJOB_API_VERSION, "PyTorchJob", job.metadata.namespace, name)
+    return _Seen(children={}, pytorchjob=live, training=observations.training_observation(live))
 
 
 @dataclass
@@ -401,7 +415,8 @@ def _registration(ctx: Context, job: api.FineTuneJob, seen: _Seen, previous: Fin
     """Training finished: the registration Job, created when registration is on, and observed."""
     ns, settings = job.metadata.namespace, ctx.settings
     if state.registration_wanted(job, previous):
-        manifest = builders.build_registration_job(job, settings)
+        # after GateNotMet, only the retry annotation creates it: it registers past the gate
+        manifest = builders.build_registration_job(job, settings, force=state.registration_forced(previous))
         result = _ensure(ctx, job, manifest, seen)
         if result is None:
             return
@@ -604,7 +619,8 @@ def _registration_retry(  # noqa: PLR0911  one return per case the docstring lis
     restart): the pass follows it. None: the job stays as it is (not a registration failure, no new
     request, or training not known to have finished, ``_trained``: a retry never trains again).
     """
-    if not state.failed_in_registration(previous) or (job := _parsed(obj)) is None:
+    retryable = state.failed_in_registration(previous) or state.gate_not_met(previous)
+    if not retryable or (job := _parsed(obj)) is None:
         return None
     if not _trained(ctx, job, previous):
         return None
@@ -614,7 +630,7 @@ def _registration_retry(  # noqa: PLR0911  one return per case the docstring lis
         return None  # still going: its deletion is the next event
     if live is not None and job.spec.registration.enabled:
         observed = observations.registration_observation(live, [], builders.REGISTER_CONTAINER)
-        if observed.state not in ("Failed", "Skipped"):
+        if observed.state not in ("Failed", "Skipped", "GateNotMet"):
             return state.Reregister.FOLLOW
     if retry_requested(obj, previous) is None:
         return None

@@ -28,7 +28,10 @@ a :class:`~kubetune_api.preparation.Refusal`):
 - ``Training``: True while the PyTorchJob runs. False while it has not started; when its pods
   cannot start it says why (``PodsNotCreated``, ``Unschedulable``, ``ImagePullFailed``).
 - ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
-- ``Registered``: True once MLflow has the model version.
+- ``Registered``: True once MLflow has the model version; False ``GateNotMet`` when
+  ``spec.registration.gate`` was not met (the job still Succeeds; the retry annotation forces it).
+- ``ParentReady`` (``spec.model.fromJob``): False while the parent job runs (Pending, nothing created)
+  or when it cannot give a model (Failed); True once it Succeeded. See :mod:`.parent`.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ from kubetune_api.status import (
     FineTuneJobStatus,
     Phase,
     Reason,
-    RegisteredModelStatus,
 )
 
+from . import parent as _parent
 from .alias import alias_transition
 from .observations import (
     POD_TROUBLE,
@@ -59,6 +62,7 @@ from .observations import (
     TrainingObservation,
     shown_trouble,
 )
+from .registration_status import gate_event, gate_not_met_message, registered_message, registration_report
 from .state_types import Decision, Event, Observation, Transition
 from .state_types import condition_of as _condition
 from .status_view import (
@@ -66,7 +70,9 @@ from .status_view import (
     Reregister,
     failed_in_registration,
     finished_without_registration,
+    gate_not_met,
     preparation_needed,
+    registration_forced,
     registration_wanted,
     rejected_child,
     reopens,
@@ -82,6 +88,7 @@ CONDITION_TYPES = (
     ConditionType.SUSPENDED,
     ConditionType.REGISTERED,
     ConditionType.BUDGET_REACHED,
+    ConditionType.PARENT_READY,
 )
 
 __all__ = [
@@ -100,7 +107,9 @@ __all__ = [
     "alias_transition",
     "failed_in_registration",
     "finished_without_registration",
+    "gate_not_met",
     "preparation_needed",
+    "registration_forced",
     "registration_wanted",
     "rejected_child",
     "reopens",
@@ -158,22 +167,16 @@ def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
         "children": obs.children,
     }
     status.update(_reports(obs))
+    if obs.parent is not None and obs.parent.status is not None:
+        status["parent"] = obs.parent.status.wire()  # spec.model.fromJob: what it started from
     if phase == Phase.TRAINING and not prev.start_time:
         status["startTime"] = obs.now
     if phase in FINAL_PHASES:
         status["completionTime"] = obs.now
     elif reopened or reregistering:
         status["completionTime"] = None  # merge patch: no longer complete
-    result = obs.registration.result
-    if phase == Phase.SUCCEEDED and result is not None:
-        status["registeredModel"] = RegisteredModelStatus(
-            name=str(result["name"]),
-            version=str(result["version"]),
-            uri=str(result["uri"]) if result.get("uri") else f"models:/{result['name']}/{result['version']}",
-            alias=str(result["alias"]) if result.get("alias") else None,
-        ).wire()
-        if result.get("run_id"):
-            status["mlflow"] = {"runId": str(result["run_id"])}
+    if phase == Phase.SUCCEEDED:  # the model registered (with its links), the gate's verdict
+        status.update(registration_report(obs.registration))
 
     events = opening + _events(prev_phase, phase, reasons, prev_conditions)
     return _record_retry(Transition(status=status, events=events, phase=phase, waiting=decision.waiting), obs)
@@ -278,7 +281,12 @@ def _held(
 
 def decide(obs: Observation) -> Decision:
     """What the observation means for a job that is not final (or was reopened)."""
-    phase, reasons = _decide(obs)
+    # spec.model.fromJob: the parent job holds this one until it has Succeeded (nothing is created)
+    held = obs.parent is not None and obs.parent.state != "ready" and not obs.invalid_spec
+    if held and obs.parent is not None:
+        phase, reasons = _parent.held(obs.parent, _registration_pending(obs))
+    else:
+        phase, reasons = _decide(obs)
     waiting = reasons.pop("waiting", False) is True
     return Decision(Phase(phase), reasons, waiting)
 
@@ -292,6 +300,9 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
         out["children"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
         out["ready"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
         return Phase.FAILED, out
+
+    if obs.parent is not None:  # spec.model.fromJob, the parent Succeeded (``decide`` holds the rest)
+        out["parent"] = (True, obs.parent.reason, obs.parent.message)
 
     if obs.child_error is not None:  # rejected (``advance`` holds the others)
         msg = (
@@ -420,7 +431,7 @@ def _registration_pending(obs: Observation) -> tuple[bool, str, str]:
     return (False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
 
 
-def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:  # noqa: PLR0912
     """Training succeeded: the registration decides (Registering; Succeeded, with the model or with
     registration off; or Failed, with the remedy)."""
     tr, reg = obs.training, obs.registration
@@ -452,6 +463,8 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
         out["registered"] = (False, Reason.REGISTRATION_DISABLED, disabled)
         out["ready"] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
         return Phase.SUCCEEDED, out
+    if reg.state == "GateNotMet":  # spec.registration.gate: nothing registered, the job still Succeeds
+        return _gate_not_met(gate_not_met_message(reg, retry), out)
     failed = None  # Failed in registration, and the remedy
     if reg.state == "Skipped":
         failed = (
@@ -474,8 +487,7 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
         out["ready"] = (False, Reason.REGISTRATION_FAILED, failed)
         return Phase.FAILED, out
     if reg.state == "Complete" and reg.result is not None:
-        r = reg.result
-        msg = f"registered model {r['name']} version {r['version']}"
+        msg = registered_message(reg.result)
         out["registered"] = (True, Reason.MODEL_REGISTERED, msg)
         out["ready"] = (True, Reason.SUCCEEDED, msg)
         return Phase.SUCCEEDED, out
@@ -498,6 +510,12 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
         out["registered"] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
     out["ready"] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
     return Phase.REGISTERING, out
+
+
+def _gate_not_met(msg: str, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    out["registered"] = (False, Reason.GATE_NOT_MET, msg)
+    out["ready"] = (True, Reason.SUCCEEDED, f"training finished; {msg}")
+    return Phase.SUCCEEDED, out
 
 
 def _before_training_ends(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -583,13 +601,14 @@ def _conditions(
         "suspended": ConditionType.SUSPENDED,
         "registered": ConditionType.REGISTERED,
         "budget": ConditionType.BUDGET_REACHED,
+        "parent": ConditionType.PARENT_READY,
     }
     out = []
     for key, type_ in keys.items():
         decided: tuple[bool, str, str]
         if key in reasons:
             decided = reasons[key]
-        elif key in ("prepared", "budget") and type_ not in prev:
+        elif key in ("prepared", "budget", "parent") and type_ not in prev:
             continue  # a job that never had a preparation step (turned off, or older than it), or a budget
         elif type_ in prev:
             # Not decided this time (e.g. Suspended once training finished): keep what it said.
@@ -619,7 +638,7 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
         old = prev.get(ConditionType.TRAINING)
         if old is None or old.reason != training[1]:
             events.append(Event("Warning", training[1], training[2]))
-    events += _prepared_event(reasons, prev)
+    events += _prepared_event(reasons, prev) + _parent_event(reasons, prev) + gate_event(reasons, prev)
     if phase == prev_phase:
         return events
     ready = reasons.get("ready", (False, "", ""))
@@ -645,6 +664,13 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     elif phase == Phase.FAILED:
         events.append(Event("Warning", ready[1] or EventReason.FAILED, ready[2]))
     return events
+
+
+def _parent_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+    """Once, when the job starts to wait for its parent job, and when that has Succeeded."""
+    old = prev.get(ConditionType.PARENT_READY)
+    news = _parent.news(reasons.get("parent"), old.reason if old else None)
+    return [Event("Normal", news[1], news[2])] if news else []
 
 
 def _prepared_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:

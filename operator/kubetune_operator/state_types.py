@@ -16,6 +16,7 @@ from .observations import (
     RegistrationObservation,
     TrainingObservation,
 )
+from .parent import ParentObservation
 from .status_view import Reregister
 
 
@@ -46,6 +47,8 @@ class Observation:
     pods: PodsObservation = field(default_factory=PodsObservation)
     # None: preparation has no say in this pass (turned off in the settings, or done earlier)
     preparation: PreparationObservation | None = None
+    # spec.model.fromJob: the parent job's state (None: no parent job)
+    parent: ParentObservation | None = None
     children: dict[str, str] = field(default_factory=dict)
     # a finished job registered again, and the retry annotation's value no pass has acted on yet
     reregister: Reregister | None = None

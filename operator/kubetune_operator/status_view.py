@@ -36,6 +36,22 @@ def failed_in_registration(status: FineTuneJobStatus) -> bool:
     return ready is not None and ready.reason == Reason.REGISTRATION_FAILED
 
 
+def gate_not_met(status: FineTuneJobStatus) -> bool:
+    """Succeeded with nothing registered because ``spec.registration.gate`` was not met
+    (``Registered=False``, ``GateNotMet``): the retry annotation registers the model anyway."""
+    if status.phase != Phase.SUCCEEDED:
+        return False
+    registered = next((c for c in status.conditions or [] if c.type == ConditionType.REGISTERED), None)
+    return registered is not None and registered.reason == Reason.GATE_NOT_MET
+
+
+def registration_forced(status: FineTuneJobStatus) -> bool:
+    """Whether a registration Job created now registers past the gate: the status holds a verdict of
+    the gate not met (``status.evaluation.gatePassed`` false). Only a retry after ``GateNotMet``
+    creates a registration Job then; a job's first registration has no verdict yet."""
+    return status.evaluation is not None and status.evaluation.gate_passed is False
+
+
 def preparation_needed(status: FineTuneJobStatus) -> bool:
     """Whether the preparation Job still decides what comes next: not once the status says
     Prepared, and not for a job whose training started before kubetune had a preparation step

@@ -197,6 +197,10 @@ def test_lora_merged_registers_into_the_training_run_once(
         "uri": f"models:/{MODEL_NAME}/1",
         "run_id": training_run,
         "alias": "champion",
+        "selected": "final",
+        "evaluation": {"selected": "final"},
+        "url": f"{uri}/#/models/{MODEL_NAME}/versions/1",
+        "run_url": f"{uri}/#/experiments/{exp_id}/runs/{training_run}",
     }
     assert json.loads(term.read_text()) == result
     assert len(term.read_bytes()) < 4096

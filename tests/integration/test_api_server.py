@@ -282,18 +282,20 @@ def test_examples_are_accepted_by_kubectl_apply(
     control_plane: ControlPlane, namespace: str, example: Path
 ) -> None:
     out = control_plane.kubectl("apply", "-n", namespace, "-f", str(example))
-    assert "created" in out.stdout
-    name = yaml.safe_load(example.read_text())["metadata"]["name"]
-    stored = json.loads(control_plane.kubectl("get", "ftj", name, "-n", namespace, "-o", "json").stdout)
-    # the API server keeps every field the example sets (nothing pruned)
-    sent = yaml.safe_load(example.read_text())["spec"]
+    docs = [d for d in yaml.safe_load_all(example.read_text()) if d]  # a chain holds several jobs
+    assert out.stdout.count("created") == len(docs)
+    for doc in docs:
+        stored = json.loads(
+            control_plane.kubectl("get", "ftj", doc["metadata"]["name"], "-n", namespace, "-o", "json").stdout
+        )
+        # the API server keeps every field the example sets (nothing pruned)
+        assert _contains(stored["spec"], doc["spec"])
 
-    def contains(big: Any, small: Any) -> bool:
-        if isinstance(small, dict):
-            return all(k in big and contains(big[k], v) for k, v in small.items())
-        return bool(big == small)
 
-    assert contains(stored["spec"], sent)
+def _contains(big: Any, small: Any) -> bool:
+    if isinstance(small, dict):
+        return all(k in big and _contains(big[k], v) for k, v in small.items())
+    return bool(big == small)
 
 
 def test_server_defaults_equal_model_defaults(control_plane: ControlPlane, namespace: str) -> None:

@@ -85,6 +85,7 @@ def test_the_mlflow_run_goes_into_the_status_once_it_exists(tmp_path: Path, monk
         "trackingUri": "https://mlflow.example.com",  # the credentials dropped
         "experimentId": "7",
         "runId": "abc123",
+        "runUrl": "https://mlflow.example.com/#/experiments/7/runs/abc123",  # the run in the MLflow UI
     }
     MlflowStatus.model_validate(sent[-1]["mlflow"])  # the API's field names
     assert "bob" not in str(sent) and "hunt" not in str(sent)

@@ -44,8 +44,14 @@ def prepared_data(cfg: TrainerConfig) -> Any:
 
 def model_source(cfg: TrainerConfig) -> tuple[str, dict[str, Any]]:
     """Where to load the base model from, and the loading arguments that depend on the source: the
-    model the preparation step downloaded onto the volume, the spec's path, or the Hub."""
+    model the preparation step downloaded onto the volume, the spec's path, or the Hub. A chained
+    job (spec.model.fromJob or registered): its starting model (:mod:`.chain`: a parent's full model,
+    a parent's adapter merged into its base, a registered version), with its tokenizer."""
+    from . import chain
+
     src = cfg.spec.model
+    if chain.is_chained(cfg):
+        return str(chain.ensure_start(cfg).folder), {}
     found = prepared_data(cfg)
     if found is not None and found.model_dir is not None:
         return str(found.model_dir), {}

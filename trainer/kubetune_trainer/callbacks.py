@@ -15,6 +15,7 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 import os
 import signal
 import time
@@ -27,7 +28,7 @@ from transformers import TrainerCallback
 
 from kubetune_api.spec import BudgetSpec
 
-from . import checkpoints, failures
+from . import catalog, checkpoints, failures, resume
 from .ledger import Ledger, budget_reached
 from .progress import ProgressReporter
 from .tracking import MlflowTracker
@@ -296,32 +297,50 @@ class RunCallback(TrainerCallback):
             if fault == f"kill-before-mark:{step}":
                 log.error("fault injection: SIGKILL before marking %s complete", path)
                 os.kill(os.getpid(), signal.SIGKILL)
-            info: dict[str, object] = {"step": step, "world_size": self.world_size}
-            if self.training_hash:
-                info["training_hash"] = self.training_hash
-            if self.data_hash:
-                info["data_hash"] = self.data_hash
-            checkpoints.mark_complete(path, info)
+            checkpoints.mark_complete(path, self._marker(path, step, state.epoch))
             if fault == f"kill-after-mark:{step}":
                 log.error("fault injection: SIGKILL after marking %s complete", path)
                 os.kill(os.getpid(), signal.SIGKILL)
-            deleted = checkpoints.prune(self.root, self.keep)
+            # the new run has a checkpoint of its own: what spec.resume set aside can go
+            resume.drop_superseded(self.root.parent)
+            best = catalog.best_entry(catalog.catalog(self.root.parent))
+            deleted = checkpoints.prune(self.root, self.keep, keep_also=[best.step] if best else [])
             kept = checkpoints.complete_checkpoints(self.root)
             log.info(
-                "checkpoint %s complete (%d kept%s)",
+                "checkpoint %s complete (%d kept%s%s)",
                 path,
                 len(kept),
+                f", best by eval loss: step {best.step}" if best else "",
                 f", removed {[c.step for c in deleted]}" if deleted else "",
             )
             if self.tracker is not None:
                 self.tracker.log_metrics({"checkpoint_step": step}, step)
             if self.progress is not None:
-                self.progress.on_checkpoint(path, step, len(kept))
+                self.progress.on_checkpoint(path, step, len(kept), catalog.status_of(self.root.parent))
         self.saved.append(step)
         # Nobody races ahead (e.g. into the next save, or out of training on preemption) before the
         # marker is on disk.
         barrier()
         return control
+
+    def _marker(self, path: Path, step: int, epoch: float | None) -> dict[str, object]:
+        """The COMPLETE marker's fields: what the checkpoint catalog lists (step, epoch, the last
+        training loss logged at or before the step, the eval loss at the step, the size)."""
+        info: dict[str, object] = {"step": step, "world_size": self.world_size}
+        if epoch is not None:
+            info["epoch"] = float(epoch)
+        losses = [loss for at, loss in self.losses if at <= step]
+        if losses and math.isfinite(losses[-1]):  # JSON has no NaN
+            info["loss"] = losses[-1]
+        evals = [loss for at, loss in self.eval_losses if at == step]
+        if evals and math.isfinite(evals[-1]):
+            info["eval_loss"] = evals[-1]
+        info["size_bytes"] = catalog.folder_size(path)
+        if self.training_hash:
+            info["training_hash"] = self.training_hash
+        if self.data_hash:
+            info["data_hash"] = self.data_hash
+        return info
 
     # --- metrics ----------------------------------------------------------------------------
 

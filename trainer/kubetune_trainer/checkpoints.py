@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -179,15 +179,16 @@ def remove_incomplete(root: Path) -> list[Checkpoint]:
     return removed
 
 
-def prune(root: Path, keep: int) -> list[Checkpoint]:
-    """Keep the newest ``keep`` complete checkpoints, delete older complete ones; returns the deleted.
+def prune(root: Path, keep: int, keep_also: Collection[int] = ()) -> list[Checkpoint]:
+    """Keep the newest ``keep`` complete checkpoints and those of the steps ``keep_also`` (the best
+    by eval loss), delete the other complete ones; returns the deleted.
 
     Incomplete folders are left alone here: one may be a save in progress (they are cleaned at start).
     """
     if keep < 1:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is what a restart needs")
     done = complete_checkpoints(root)
-    doomed = done[:-keep]
+    doomed = [c for c in done[:-keep] if c.step not in keep_also]
     _delete(doomed)
     return doomed
 

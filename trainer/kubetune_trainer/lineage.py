@@ -8,6 +8,9 @@ registered version (beside the spec's names, :func:`kubetune_trainer.register.li
 - the versions of the libraries that trained it (torch, transformers, trl, peft, datasets, liger);
 - the optimizer step the final model is, the checkpoint of that step on the volume, and the budget
   limit when ``spec.budget`` stopped the run (the final model's COMPLETE marker).
+- a chained job's parent (``prepared/start.json``, :mod:`.chain`): the parent job, its uid, its
+  MLflow run, which of its models (final or checkpoint-<step>), and the registered version started
+  from (``models:/<name>/<version>``, the version also on its own).
 
 Tags are strings, never a secret: the report holds none.
 """
@@ -37,6 +40,14 @@ VERSION_TAG_PREFIX = "kubetune.version."
 TAG_FINAL_STEP = "kubetune.final.step"
 TAG_CHECKPOINT = "kubetune.final.checkpoint"
 TAG_BUDGET = "kubetune.budget_reached"
+TAG_PARENT_JOB = "kubetune.parent.job"
+TAG_PARENT_UID = "kubetune.parent.uid"
+TAG_PARENT_RUN = "kubetune.parent.run_id"
+TAG_PARENT_MODEL_URI = "kubetune.parent.model_uri"
+TAG_PARENT_VERSION = "kubetune.parent.version"
+TAG_PARENT_CHECKPOINT = "kubetune.parent.checkpoint"
+TAG_PARENT_METHOD = "kubetune.parent.method"
+TAG_PARENT_REGISTERED = "kubetune.parent.registered"
 LIBRARIES = ("torch", "transformers", "trl", "peft", "datasets", "liger-kernel", "kubetune")
 
 
@@ -80,7 +91,32 @@ def provenance_tags(output_dir: str | Path) -> dict[str, str]:
         tags[TAG_IMAGE] = image
     tags.update({f"{VERSION_TAG_PREFIX}{name}": v for name, v in library_versions().items()})
     tags.update(final_tags(Path(output_dir)))
+    tags.update(parent_tags(Path(output_dir)))
     return tags
+
+
+def parent_tags(output_dir: Path) -> dict[str, str]:
+    """The model a chained job started from, as ``prepared/start.json`` recorded it."""
+    from kubetune_api.trainer_config import recorded_start
+
+    start = recorded_start(output_dir) or {}
+    parent = start.get("parent") if isinstance(start.get("parent"), dict) else {}
+    source = start.get("source") if isinstance(start.get("source"), dict) else {}
+    assert isinstance(parent, dict) and isinstance(source, dict)
+    uri = parent.get("modelUri")
+    found = {
+        TAG_PARENT_JOB: parent.get("job"),
+        TAG_PARENT_UID: parent.get("uid"),
+        TAG_PARENT_RUN: parent.get("runId"),
+        TAG_PARENT_MODEL_URI: uri,
+        TAG_PARENT_VERSION: str(uri).rsplit("/", 1)[-1] if uri else None,
+        TAG_PARENT_CHECKPOINT: Path(str(parent["path"])).name
+        if parent.get("job") and parent.get("path")
+        else None,
+        TAG_PARENT_METHOD: parent.get("method"),
+        TAG_PARENT_REGISTERED: source.get("registered"),
+    }
+    return {k: str(v) for k, v in found.items() if v}
 
 
 def final_tags(output_dir: Path) -> dict[str, str]:

@@ -7,7 +7,10 @@ reports and why it refuses are the contract of :mod:`kubetune_api.preparation`:
 
 1. the base model: a Hub model is resolved to its commit and downloaded (config, tokenizer,
    weights) into ``prepared/model/``, unless the manifest says that commit is there and its files
-   still have the recorded sizes and hashes; a ``path`` is read where it is;
+   still have the recorded sizes and hashes; a ``path`` is read where it is; a chained job's
+   starting model (``fromJob``: a parent's adapter merged into its base, or its full model;
+   ``registered``: the version an alias resolves to, downloaded from MLflow) is put in place by
+   :mod:`.chain` (``prepared/start.json``), and its tokenizer tokenizes the data;
 2. the data: read and checked row by row as the trainer reads it (:mod:`.data_check`,
    :func:`.build.build_datasets`: format detection, splits, eval fraction), then tokenized with
    TRL's own dataset preparation (chat template, assistant and completion masks, labels) and saved
@@ -50,6 +53,7 @@ from kubetune_api.preparation import (
 )
 from kubetune_api.trainer_config import TrainerConfig, dump_json
 
+from . import chain
 from .data_check import BadInputError, DataCheck
 from .prepare_data import Refused
 
@@ -190,18 +194,14 @@ def prepared(cfg: TrainerConfig, root: Path | None = None) -> Prepared | None:
         return None
     if data.get("source") != (dataset.name or dataset.path):
         return None  # prepared from other data
-    tok_hash = data["tokenizerHash"]
-    if src.path:  # read where it is: its tokenizer now, not as it was
-        if model.get("path") != str(Path(src.path)) or not Path(src.path).is_dir():
-            return None
-        tok_hash = tokenizer_hash(Path(src.path))
-    elif not model.get("downloaded") or model.get("name") != src.name:
+    tok_hash = _prepared_tokenizer(cfg, root, model, data["tokenizerHash"])
+    if tok_hash is None:
         return None
     key = tokenization_key(cfg, tok_hash, data.get("dataHash"), data.get("format", ""))
     folder = root / DATA_DIR / key
     if key != data["key"] or not (folder / "COMPLETE").is_file():
         return None
-    model_dir = None if src.path else root / MODEL_DIR
+    model_dir = None if src.path or chain.is_chained(cfg) else root / MODEL_DIR
     return Prepared(
         model_dir=model_dir,
         train_dir=folder / "train",
@@ -211,6 +211,24 @@ def prepared(cfg: TrainerConfig, root: Path | None = None) -> Prepared | None:
         data_hash=data.get("dataHash"),
         dataset_revision=data.get("revision"),
     )
+
+
+def _prepared_tokenizer(cfg: TrainerConfig, root: Path, model: dict[str, Any], recorded: str) -> str | None:
+    """The hash of the tokenizer the prepared data was made with, when the manifest's model is this
+    config's model (None: it is not)."""
+    src = cfg.spec.model
+    if chain.is_chained(cfg):  # the starting model recorded for this parent or version
+        start = chain.read_start(cfg, root)
+        if start is None or model.get("start") != start.source:
+            return None
+        return tokenizer_hash(start.folder)
+    if src.path:  # read where it is: its tokenizer now, not as it was
+        if model.get("path") != str(Path(src.path)) or not Path(src.path).is_dir():
+            return None
+        return tokenizer_hash(Path(src.path))
+    if not model.get("downloaded") or model.get("name") != src.name:
+        return None
+    return recorded
 
 
 def prepared_check(found: Prepared) -> DataCheck:
@@ -309,6 +327,8 @@ def _download_model(
 def _model(cfg: TrainerConfig, root: Path, previous: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     """Where the model is, and its manifest entry."""
     src = cfg.spec.model
+    if chain.is_chained(cfg):
+        return _starting_model(cfg, root)
     if src.path:
         folder = Path(src.path)
         if not (folder / "config.json").is_file():
@@ -318,6 +338,19 @@ def _model(cfg: TrainerConfig, root: Path, previous: dict[str, Any]) -> tuple[Pa
         return folder, {"path": str(folder), "downloaded": False}
     folder, sha, files = _download_model(cfg, root, previous)
     return folder, {"name": src.name, "revision": sha, "downloaded": True, "files": files}
+
+
+def _starting_model(cfg: TrainerConfig, root: Path) -> tuple[Path, dict[str, Any]]:
+    """A chained job's starting model (:mod:`.chain`), put in place on the volume once; a parent or
+    registered model that cannot be had is refused (ModelNotFound), naming the field."""
+    try:
+        start = chain.ensure_start(cfg, root)
+    except chain.ChainError as e:
+        raise Refused(Refusal.MODEL_NOT_FOUND, str(e)) from e
+    entry: dict[str, Any] = {"path": str(start.folder), "downloaded": False, "start": start.source}
+    if start.parent.model_uri and not start.parent.job:
+        entry["revision"] = start.parent.model_uri  # the version a registered alias resolved to
+    return start.folder, entry
 
 
 def _tokenizer(cfg: TrainerConfig, model_dir: Path) -> Any:

@@ -9,7 +9,7 @@ once and the next report tries again. Locally (``report_progress: false``) nothi
 The status fields (camelCase, as in :class:`kubetune_api.status.Progress`)::
 
     progress:    step, totalSteps, percent, epoch, loss, evalLoss, tokensPerSecond, etaSeconds, updatedAt
-    checkpoints: latest, latestStep, count
+    checkpoints: latest, latestStep, count, bestStep, items (the catalog: kubetune_trainer.catalog)
     mlflow:      trackingUri, experimentId, runId (the run this training logs to, once it exists)
 
 >>> p = ProgressState(total_steps=100)
@@ -55,6 +55,8 @@ class ProgressState:
     checkpoint_latest: str | None = None
     checkpoint_step: int | None = None
     checkpoint_count: int | None = None
+    # the checkpoint catalog (catalog.status_of): bestStep and items, beside latest/latestStep/count
+    checkpoint_catalog: dict[str, Any] | None = None
     mlflow: dict[str, str] | None = None
     # trainer-owned status beside the progress: goodput, budget, memoryRetries (camelCase)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -97,6 +99,13 @@ class ProgressState:
                 "latest": self.checkpoint_latest,
                 "latestStep": self.checkpoint_step,
                 "count": self.checkpoint_count,
+            }
+        if self.checkpoint_catalog is not None:
+            # a merge patch keeps a key it is not sent: an absent bestStep goes as null (removed)
+            status["checkpoints"] = {
+                "bestStep": None,
+                **status.get("checkpoints", {}),
+                **self.checkpoint_catalog,
             }
         if self.mlflow:
             status["mlflow"] = dict(self.mlflow)
@@ -188,10 +197,14 @@ class ProgressReporter:
         if tokens_per_second:
             self.state.tokens_per_second = tokens_per_second
 
-    def on_checkpoint(self, path: Path, step: int, count: int) -> None:
+    def on_checkpoint(self, path: Path, step: int, count: int, listed: dict[str, Any] | None = None) -> None:
+        """A checkpoint is complete: report it now, with the catalog (``listed``:
+        :func:`kubetune_trainer.catalog.status_of`) when given."""
         self.state.checkpoint_latest = str(path)
         self.state.checkpoint_step = step
         self.state.checkpoint_count = count
+        if listed is not None:
+            self.state.checkpoint_catalog = listed
         self.report(force=True)
 
 

@@ -51,9 +51,24 @@ set, so they do not multiply with these. MLflow refusing (4xx: permission denied
 no retry. Either way the error names the tracking URI. Local steps (loading and merging the model)
 are not retried: a failure there is not MLflow's.
 
+What is registered (``spec.registration.select``): ``final`` (the default, ``<output_dir>/final``)
+or ``bestEval``: the checkpoint (or final model) with the lowest eval loss
+(:func:`kubetune_trainer.catalog.select_for_registration`), loaded as the final model is (a
+checkpoint without the tokenizer takes final/'s). The version is tagged ``kubetune.selected``
+(``final`` or ``checkpoint-<step>``). With ``spec.registration.gate`` its eval loss must beat the
+threshold (:mod:`kubetune_trainer.gate`): not met, nothing is registered, the gate's numbers are
+logged in the run, and the result says ``GateNotMet`` (exit code 5); ``--force`` (or
+``KUBETUNE_REGISTER_FORCE=1``) registers it anyway, tagged ``kubetune.gate.forced=true``. A gate
+met tags the version ``kubetune.gate.*`` (threshold, eval_loss, base_eval_loss, passed). A
+version already registered for this job is reported as it is, gate or not (idempotent).
+
+The result also carries ``selected``, ``evaluation`` (``status.evaluation``) and, for an http(s)
+tracking server, the UI links ``url`` (the version) and ``run_url`` (the run).
+
 Exit codes: 0 registered (or already registered, or registration disabled); 1 unexpected error;
 2 nothing to register (no complete final model, or a model that does not match the spec);
-3 MLflow refused; 4 MLflow unreachable for the whole retry budget.
+3 MLflow refused; 4 MLflow unreachable for the whole retry budget; 5 the gate was not met
+(``GateNotMet``: nothing registered, not an error to retry).
 
 Credentials come only from the environment (``MLFLOW_TRACKING_TOKEN``/``USERNAME``/``PASSWORD``,
 ``HF_TOKEN``); their values never reach logs, tags, params or results.
@@ -66,20 +81,21 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kubetune_api import registration as registration_contract
+from kubetune_api.mlflow_links import model_version_url, run_url
 from kubetune_api.spec import Method
 from kubetune_api.trainer_config import (
-    COMPLETE_MARKER,
-    FINAL_DIR,
     REGISTER_RESULT_FILE,
     TrainerConfig,
     dump_json,
 )
 
-from . import checkpoints
+from .catalog import base_eval_loss
+from .gate import REASON_GATE_NOT_MET, TAG_FORCED, GateNotMetError, Verdict, decide, forced_from_env
 from .lineage import provenance_tags
 from .mlflow_client import (
     MlflowError,
@@ -92,6 +108,7 @@ from .mlflow_client import (
 )
 from .mlflow_run import JobRun, identity_tags, redact, resolve_tracking_uri, same_job
 from .register_claim import CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S, ClaimError, RegistrationClaim
+from .register_folders import ModelFolders, NothingToRegisterError, final_dir, selected_folders
 
 log = logging.getLogger("kubetune_trainer.register")
 
@@ -111,6 +128,7 @@ EXIT_ERROR = 1
 EXIT_NOTHING_TO_REGISTER = 2
 EXIT_REFUSED = 3
 EXIT_UNAVAILABLE = 4
+EXIT_GATE_NOT_MET = registration_contract.EXIT_GATE_NOT_MET  # 5
 
 # Lineage tags, on the model version, the logged model and the run. The job/config-hash keys are
 # the ones the trainer tags its run with (kubetune_trainer.mlflow_run); they also make
@@ -126,10 +144,6 @@ TAG_REGISTERED_MODEL = "kubetune.registered_model"
 TAG_ALIAS = "kubetune.alias"
 
 
-class NothingToRegisterError(RuntimeError):
-    """No complete final model, or one that does not match the spec."""
-
-
 # --- what to tag ----------------------------------------------------------------------------------------
 
 
@@ -140,8 +154,11 @@ def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
     if spec.model.name:
         tags[TAG_BASE_MODEL] = spec.model.name
         tags[TAG_BASE_MODEL_REVISION] = spec.model.revision
-    else:
-        tags[TAG_BASE_MODEL] = str(spec.model.path)
+    else:  # a path, or a chained job's parent (kubetune.parent.* tags say which version or job)
+        ref = spec.model.from_job
+        tags[TAG_BASE_MODEL] = str(
+            spec.model.path or spec.model.registered or f"fromJob:{ref.name if ref else ''}"
+        )
     if spec.dataset.name:
         subset = f":{spec.dataset.subset}" if spec.dataset.subset else ""
         tags[TAG_DATASET] = f"{spec.dataset.name}{subset}"
@@ -156,28 +173,6 @@ def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
 
 
 # --- the final model ------------------------------------------------------------------------------------
-
-
-def final_dir(cfg: TrainerConfig) -> Path:
-    """``<output_dir>/final``, refused unless training marked it complete and it matches the spec."""
-    final = Path(cfg.output_dir) / FINAL_DIR
-    if not (final / COMPLETE_MARKER).exists():
-        raise NothingToRegisterError(
-            f"{final} has no {COMPLETE_MARKER} marker: training did not finish writing the final model "
-            "(nothing to register)"
-        )
-    written = checkpoints.marked_training(final)
-    if written and written != cfg.training_hash():
-        raise NothingToRegisterError(
-            f"{final} was written by another training (training hash {written}, this job's "
-            f"{cfg.training_hash()}): it is not this job's model (a reused storage claim?)"
-        )
-    has_adapter = (final / "adapter_config.json").exists()
-    if cfg.spec.method == Method.LORA and not has_adapter:
-        raise NothingToRegisterError(f"{final}: method is lora but there is no adapter_config.json")
-    if cfg.spec.method == Method.FULL and not (final / "config.json").exists():
-        raise NothingToRegisterError(f"{final}: method is full but there is no config.json")
-    return final
 
 
 def _torch_dtype(cfg: TrainerConfig) -> Any:
@@ -197,15 +192,16 @@ class LoadedModel:
     merged: bool
 
 
-def load_final_model(cfg: TrainerConfig, final: Path) -> LoadedModel:
-    """The model to log: full weights, the base with the adapter merged, or the PEFT model."""
+def load_final_model(cfg: TrainerConfig, final: Path, tokenizer_dir: Path | None = None) -> LoadedModel:
+    """The model to log (from final/ or a checkpoint): full weights, the base with the adapter
+    merged, or the PEFT model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = cfg.spec
     trust = spec.model.trust_remote_code
     dtype = _torch_dtype(cfg)
     # The tokenizer saved with the final model is the trained one (chat template, pad token).
-    tokenizer = AutoTokenizer.from_pretrained(final, trust_remote_code=trust)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or final, trust_remote_code=trust)
     base: Any
     model: Any
     if spec.method == Method.FULL:
@@ -232,7 +228,7 @@ def load_final_model(cfg: TrainerConfig, final: Path) -> LoadedModel:
     if gen is not None:
         gen.eos_token_id = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
         gen.pad_token_id = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
-    base_model_path = None if merge or spec.model.name else str(spec.model.path)
+    base_model_path = None if merge or spec.model.name else where  # a chained job's: its starting model
     return LoadedModel({"model": model, "tokenizer": tokenizer}, dtype, base_model_path, merged=merge)
 
 
@@ -377,8 +373,8 @@ class Registration:
         )
         return str(info.model_uri)
 
-    def register(self, run_id: str, model_uri: str) -> Any:
-        """Create the model version, unless an earlier attempt already did."""
+    def register(self, run_id: str, model_uri: str, tags: dict[str, str] | None = None) -> Any:
+        """Create the model version (lineage and ``tags``), unless an earlier attempt already did."""
         import mlflow
 
         existing = self.find_version(run_id)
@@ -387,12 +383,27 @@ class Registration:
         mlflow.set_registry_uri(self.tracking_uri)
         self._still_claimed("create a model version")
         return mlflow.register_model(
-            model_uri, self.name, await_registration_for=AWAIT_REGISTRATION_S, tags=self.lineage
+            model_uri,
+            self.name,
+            await_registration_for=AWAIT_REGISTRATION_S,
+            tags={**self.lineage, **(tags or {})},
         )
+
+    def log_gate(self, run_id: str, verdict: Verdict) -> None:
+        """The gate's numbers as metrics of the run (step 0); nothing without a gate."""
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(key, value, now, 0) for key, value in verdict.metrics().items()]
+        if batch:
+            self.retry.call("log the gate's numbers", self.client.log_batch, run_id, metrics=batch)
 
     # the whole step ---------------------------------------------------------------------------------
 
-    def run(self, final: Path) -> dict[str, Any]:
+    def run(self, folders: ModelFolders, verdict: Verdict) -> dict[str, Any]:
+        """Register what was selected (once), or raise :class:`GateNotMetError`."""
         import mlflow
 
         mlflow.set_tracking_uri(self.tracking_uri)
@@ -400,28 +411,45 @@ class Registration:
         version = self.retry.call(f"look up versions of {self.name!r}", self.find_version, run_id)
         if version is not None:
             log.info("already registered: %s version %s (from run %s)", self.name, version.version, run_id)
+            # a version forced past the gate stays forced (an alias move runs without --force)
+            if (version.tags or {}).get(TAG_FORCED) == "true" and verdict.passed is False:
+                verdict = replace(verdict, forced=True)
         else:
+            self.log_gate(run_id, verdict)
+            if verdict.blocks:
+                raise GateNotMetError(verdict)
+            log.info("%s", verdict.message())
             self.retry.call("discard unfinished logged models", self.discard_unfinished_models, run_id)
             logged = self.retry.call("look up logged models", self.find_logged_model, run_id)
             if logged is not None:
                 model_uri = f"models:/{logged.model_id}"
                 log.info("model %s was logged but not registered; registering it", logged.model_id)
             else:
-                loaded = load_final_model(self.cfg, final)
+                loaded = load_final_model(self.cfg, folders.weights, folders.tokenizer)
                 model_uri = self.retry.call("log the model", self.log_model, run_id, loaded)
-            version = self.retry.call(f"register {self.name!r}", self.register, run_id, model_uri)
+            version = self.retry.call(
+                f"register {self.name!r}", self.register, run_id, model_uri, verdict.tags()
+            )
             log.info("registered %s version %s from %s", self.name, version.version, model_uri)
         version_id = str(version.version)
         alias = self.cfg.spec.registration.alias
         self.retry.call("point the alias", self.point_alias, version_id, alias)
         self._tag_run(run_id, version_id)
-        return {
+        experiment_id = self.retry.call("read the run", self.client.get_run, run_id).info.experiment_id
+        result: dict[str, Any] = {
             "name": self.name,
             "version": version_id,
             "uri": f"models:/{self.name}/{version_id}",
             "run_id": run_id,
             "alias": alias,
+            "selected": verdict.selected,
+            "evaluation": verdict.status(),
         }
+        links = {
+            "url": model_version_url(self.tracking_uri, self.name, version_id),
+            "run_url": run_url(self.tracking_uri, str(experiment_id), run_id),
+        }
+        return {**result, **{k: v for k, v in links.items() if v}}
 
     def point_alias(self, version_id: str, alias: str | None) -> None:
         """Point ``alias`` at this version; drop the alias kubetune set before, if it changed.
@@ -530,6 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: ${CLAIM_WAIT_ENV} or {DEFAULT_CLAIM_WAIT_S:g})",
     )
     p.add_argument("--tracking-uri", default=None, help="override the config's MLflow tracking URI")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        default=None,
+        help="register even when spec.registration.gate is not met (tagged kubetune.gate.forced=true; "
+        "default: $KUBETUNE_REGISTER_FORCE)",
+    )
     return p
 
 
@@ -585,8 +620,11 @@ def _register(args: argparse.Namespace) -> int:
     # The model's requirements are pinned above; the uv project in the current directory (the
     # image's, or a developer's checkout) says nothing about the model, and MLflow would copy it in.
     os.environ.setdefault("MLFLOW_UV_AUTO_DETECT", "false")
+    force = bool(args.force) or forced_from_env()
     try:
-        result = _register_under_claim(cfg, tracking_uri, budget, claim_wait)
+        result = _register_under_claim(cfg, tracking_uri, budget, claim_wait, force=force)
+    except GateNotMetError as exc:
+        return _gate_not_met(exc, cfg, term_path)
     except Exception as exc:
         return _failed(exc, tracking_uri, term_path)
     dump_json(result, Path(cfg.output_dir) / REGISTER_RESULT_FILE)
@@ -597,14 +635,37 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _register_under_claim(
-    cfg: TrainerConfig, tracking_uri: str, budget: float, claim_wait: float
+    cfg: TrainerConfig, tracking_uri: str, budget: float, claim_wait: float, *, force: bool = False
 ) -> dict[str, Any]:
     final = final_dir(cfg)
+    folders = selected_folders(cfg, final)
+    verdict = decide(
+        cfg.spec.registration.gate,
+        folders.selected.label,
+        folders.selected.eval_loss,
+        base_eval_loss(cfg.output_dir),
+        forced=force,
+    )
     retrier = Retrier(tracking_uri=tracking_uri, budget_s=budget)
     with RegistrationClaim(Path(cfg.output_dir), claim_wait) as claim:
         registration = Registration(cfg, tracking_uri, retrier, claim)
         install_log_redaction()  # MLflow and transformers added their handlers on import
-        return registration.run(final)
+        return registration.run(folders, verdict)
+
+
+def _gate_not_met(exc: GateNotMetError, cfg: TrainerConfig, term_path: str | None) -> int:
+    """Nothing registered: the verdict (both numbers) to register-result.json and the termination
+    message, exit code ``EXIT_GATE_NOT_MET``."""
+    data = {"reason": REASON_GATE_NOT_MET, "error": str(exc), "evaluation": exc.verdict.status()}
+    dump_json(data, Path(cfg.output_dir) / REGISTER_RESULT_FILE)
+    write_termination_message(data, term_path)
+    print(f"kubetune register: {REASON_GATE_NOT_MET}: {exc}", file=sys.stderr)
+    print(
+        "kubetune register: to register it anyway: --force (or KUBETUNE_REGISTER_FORCE=1); in a cluster, "
+        "set the kubetune.io/retry-registration annotation",
+        file=sys.stderr,
+    )
+    return EXIT_GATE_NOT_MET
 
 
 def _failed(exc: Exception, tracking_uri: str, term_path: str | None) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from kubetune_api.mlflow_links import run_url
 from kubetune_api.trainer_config import TrainerConfig
 
 from .mlflow_run import JobRun, redact, resolve_tracking_uri
@@ -166,6 +167,9 @@ class MlflowTracker:
         out = {"trackingUri": self._shown_uri, "runId": self.run_id}
         if self.experiment_id is not None:
             out["experimentId"] = self.experiment_id
+        link = run_url(self.tracking_uri, self.experiment_id, self.run_id)
+        if link is not None:
+            out["runUrl"] = link
         return out
 
     def start(self, extra_params: dict[str, str] | None = None) -> None:

@@ -43,7 +43,7 @@ from kubetune_api.trainer_config import (
 )
 from kubetune_api.tuning import GPU_MEMORY_ENV, TuningConfig
 
-from . import checkpoints, data_check, failures, oom
+from . import catalog, checkpoints, data_check, evaluation, failures, oom, resume
 from .build import (
     build_datasets,
     build_model,
@@ -226,9 +226,10 @@ def _run(
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     data_hash = checked.data_hash
-    attempt = checkpoints.decide_attempt(
-        output_dir, lambda path: other_training(path, cfg, data_hash), clean_up=dist.is_rank0
-    )
+    attempt = _decide(cfg, output_dir, data_hash, dist)
+    if isinstance(attempt, Outcome):
+        guard.uninstall()
+        return attempt
     if attempt.kind == checkpoints.AttemptKind.REFUSE:
         return _refuse(attempt.refusal or "", guard)
     final_dir = output_dir / FINAL_DIR
@@ -265,6 +266,23 @@ def _run(
         guard.uninstall()
         if tracker is not None:
             tracker.finish(status)
+
+
+def _decide(cfg: TrainerConfig, output_dir: Path, data_hash: str | None, dist: Dist) -> Any:
+    """The attempt (:func:`resume.attempt_for`: spec.resume applied on the job's first attempt,
+    another training's folder refused), or the refusal of a spec.resume the volume cannot honour."""
+    try:
+        return resume.attempt_for(
+            output_dir,
+            cfg.spec.resume,
+            cfg.job.uid,
+            lambda path: other_training(path, cfg, data_hash),
+            rank0=dist.is_rank0,
+        )
+    except resume.CheckpointNotFoundError as e:
+        log.error("%s", e)
+        why = TrainingFailure.of(Failure.CHECKPOINT_NOT_FOUND, str(e))
+        return Outcome("refused", EXIT_BAD_INPUT, {"error": str(e), "steps": e.steps}, failure=why)
 
 
 def _progress_bars(wanted: bool | None) -> bool:
@@ -367,6 +385,9 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
 
     def extra_status() -> dict[str, Any]:
         out: dict[str, Any] = {"memoryRetries": oom.public(oom.load(attempt.output_dir)) or None}
+        base = catalog.base_eval_loss(attempt.output_dir)
+        if base is not None:
+            out["evaluation"] = {"baseEvalLoss": base}
         if ledger is not None:
             out["goodput"] = ledger.goodput()
         return out
@@ -475,21 +496,12 @@ def _fit(
         return _report(attempt, tracker, _preempted(result, callback, resume, attempt))
     if resume is not None:
         log.info("resuming from %s (step %d)", resume.path, resume.step)
+    evaluation.base_eval(trainer, cfg, resumed=resume is not None, is_rank0=dist.is_rank0, tracker=tracker)
     train_output = trainer.train(resume_from_checkpoint=str(resume.path) if resume else None)
     if callback.preempted_at_step is not None:
         return _report(attempt, tracker, _preempted(result, callback, resume, attempt))
     final_dir = attempt.output_dir / FINAL_DIR
-    final_info: dict[str, Any] = {
-        "step": trainer.state.global_step,
-        "method": str(cfg.spec.method),
-        "config_hash": cfg.config_hash(),
-        "training_hash": cfg.training_hash(),
-    }
-    if attempt.checked.data_hash:
-        final_info["data_hash"] = attempt.checked.data_hash
-    if callback.budget_stop is not None:
-        final_info["budget"] = callback.budget_stop[1]
-    write_final(trainer, tokenizer, final_dir, dist, final_info)
+    write_final(trainer, tokenizer, final_dir, dist, _final_info(attempt, trainer, callback))
     result = _succeeded(result, callback, trainer, train_output, attempt, fmt)
     if callback.budget_stop is not None:
         step, limit = callback.budget_stop
@@ -516,6 +528,24 @@ def _fit(
             tags["kubetune.budget_reached"] = result.budget["limit"]
         tracker.set_tags(tags)
     return _report(attempt, tracker, result)
+
+
+def _final_info(attempt: _Attempt, trainer: Any, callback: Any) -> dict[str, Any]:
+    """final/COMPLETE's fields: the step, the final model's eval loss (evaluated now when the last
+    evaluation was not at the final step), what training it is, and the budget that stopped it."""
+    cfg = attempt.cfg
+    info: dict[str, Any] = {
+        "step": trainer.state.global_step,
+        "method": str(cfg.spec.method),
+        "config_hash": cfg.config_hash(),
+        "training_hash": cfg.training_hash(),
+        "eval_loss": evaluation.final_eval(trainer),
+    }
+    if attempt.checked.data_hash:
+        info["data_hash"] = attempt.checked.data_hash
+    if callback.budget_stop is not None:
+        info["budget"] = callback.budget_stop[1]
+    return info
 
 
 def _succeeded(
