@@ -16,12 +16,14 @@ every other one exits :data:`EXIT_FAILED` (1-127: the PyTorchJob fails at once).
 from __future__ import annotations
 
 import json
+import re
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from .base import ApiModel
+from .rules import QUERY_CREDENTIAL
 
 # A failure a new attempt may not have: the Training Operator restarts the pod (128-255).
 EXIT_RETRY = 142
@@ -124,6 +126,13 @@ class TrainingFailure(ApiModel):
     step: int | None = Field(default=None, description="Optimizer step it failed at, when known.")
     retryable: bool = Field(default=False, description="Whether a new attempt may not meet it.")
 
+    @field_validator("message")
+    @classmethod
+    def _without_credentials(cls, message: str) -> str:
+        """No credentials, whoever made the failure (the trainer redacts its own; a log tail or a
+        message from elsewhere may quote a URL with user:password@ or a ?token=)."""
+        return scrub(message)
+
     @classmethod
     def of(cls, reason: Failure, message: str, step: int | None = None) -> TrainingFailure:
         return cls(
@@ -141,15 +150,47 @@ class TrainingFailure(ApiModel):
         return f"{self.reason}{at}: {self.message.rstrip('.')}. What to do: {hint}."
 
     def termination_message(self) -> str:
-        """Compact JSON within the kubelet's 4096 bytes (the message is shortened to fit, its end kept:
-        the last log lines matter most)."""
-        text = json.dumps({MESSAGE_KEY: self.wire()}, separators=(",", ":"), sort_keys=True)
-        over = len(text.encode()) - TERMINATION_MESSAGE_LIMIT
-        if over > 0:
-            body = self.message.encode()
-            cut = body[over + 8 :].decode(errors="ignore")
-            return self.model_copy(update={"message": "..." + cut}).termination_message()
-        return text
+        """Compact JSON within the kubelet's 4096 bytes, one line. A message too long is shortened to
+        fit: its start kept for a bad row (the row is named first), its end for everything else (the
+        last log lines matter most). Text that is not valid UTF-8 (a lone surrogate from a file
+        name) is escaped, never an error."""
+        if self._fits(self.message):
+            return self._json(self.message)
+        keep_start = self.reason == Failure.DATASET_ERROR
+        low, high = 0, len(self.message)  # the longest cut that fits, by characters
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self._fits(self._cut(mid, keep_start)):
+                low = mid
+            else:
+                high = mid - 1
+        return self._json(self._cut(low, keep_start))
+
+    def _cut(self, keep: int, keep_start: bool) -> str:
+        if keep_start:
+            return self.message[:keep] + "..."
+        return "..." + self.message[len(self.message) - keep :]
+
+    def _json(self, message: str) -> str:
+        wire = {**self.wire(), "message": message}
+        text = json.dumps({MESSAGE_KEY: wire}, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+        return text.encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+    def _fits(self, message: str) -> bool:
+        return len(self._json(message).encode()) <= TERMINATION_MESSAGE_LIMIT
+
+
+# the user information of a URL, to the authority's last "@" (a password may hold one; a path or query
+# after the authority's end is left alone); the trainer's redaction uses it too
+USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
+_QUERY = re.compile(f"({QUERY_CREDENTIAL})[^&#\\s]+")
+
+
+def scrub(text: str) -> str:
+    """``text`` with the user information of its URLs and the values of credential-named query
+    parameters replaced by ``***`` (the patterns admission refuses in spec.env values)."""
+    without_userinfo = USERINFO.sub(r"\g<scheme>***@", text)
+    return _QUERY.sub(r"\1***", without_userinfo)
 
 
 def parse_failure(text: str | None) -> TrainingFailure | None:

@@ -98,7 +98,9 @@ class Estimate(ApiModel):
 
     gpu_product: str = Field(description="GPU the estimate is for (spec.resources.gpuProduct, or assumed).")
     gpu_product_assumed: bool = Field(
-        default=False, description="True when the spec names no GPU product and a default was assumed."
+        default=False,
+        description="True when the spec names no GPU product (an H100 80GB is assumed) or one of a "
+        "memory size kubetune does not know (80 GiB is assumed, and DoesNotFit is not refused on it).",
     )
     gpus: int = Field(description="GPUs in all (nodes x gpusPerNode).")
     gpu_memory_gib: float = Field(description="Memory of one GPU (GiB).")

@@ -124,21 +124,25 @@ def sync_deadline(
     The Training Operator counts the deadline from the PyTorchJob's ``status.startTime`` (its first
     look, or its last resume), waiting for GPUs included, while the budget counts the trainer's own
     time: so the deadline is set only when the pods run, as the time waited plus the budget's
-    deadline, and again after a resume (a new ``startTime``). The annotation records the start it
-    was set for.
+    deadline, and again after a resume (a new ``startTime``) and after each restart of its pods (the
+    Training Operator keeps ``startTime`` across restarts, while the time a restarted pod waits for
+    its GPUs again is not the trainer's either): a hung job still ends within the budget's deadline
+    of its last start. The annotation records the start (and restarts) it was set for.
     """
     budget = job.spec.budget
     res = job.spec.resources
     deadline = budget.deadline_seconds(max(1, res.gpus_per_node) * res.nodes) if budget else None
     meta = pytorchjob.get("metadata") or {}
     started = (pytorchjob.get("status") or {}).get("startTime")
+    restarts = job.status.training_restarts.total if job.status and job.status.training_restarts else 0
+    arm_for = f"{started} after {restarts} restarts" if restarts else started
     done_for = (meta.get("annotations") or {}).get(builders.ANNOTATION_DEADLINE_FOR)
-    if deadline is None or not started or done_for == started:
+    if deadline is None or not started or done_for == arm_for:
         return pytorchjob
     start = datetime.fromisoformat(str(started).replace("Z", "+00:00"))
     waited = max(0, int((now - start).total_seconds()))
     patch = {
-        "metadata": {"annotations": {builders.ANNOTATION_DEADLINE_FOR: started}},
+        "metadata": {"annotations": {builders.ANNOTATION_DEADLINE_FOR: arm_for}},
         "spec": {"runPolicy": {"activeDeadlineSeconds": waited + deadline}},
     }
     with about_child("update", "PyTorchJob", meta["name"]):

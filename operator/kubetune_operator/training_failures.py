@@ -12,6 +12,11 @@ from kubetune_api.status import TrainingRestarts
 
 from .observations import TrainingObservation
 
+# The Training Operator's words when a job ran past runPolicy.activeDeadlineSeconds (v1.9,
+# pkg/controller.v1/common/job.go: "Job <name> has failed because it was active longer than specified
+# deadline", reason PyTorchJobFailed); the job's own name may say "deadline" too.
+DEADLINE_WORDS = "active longer than specified deadline"
+
 # --- why training failed --------------------------------------------------------------------------------
 
 
@@ -23,7 +28,7 @@ def training_failure(
     the exit code and log tail; the PyTorchJob's own deadline. The first pod to fail tells the cause
     (the others often only saw it go away); None when no pod says anything.
     """
-    if "deadline" in f"{training.reason} {training.message}".lower():
+    if DEADLINE_WORDS in (training.message or "").lower():
         return TrainingFailure.of(Failure.DEADLINE_EXCEEDED, training.message or training.reason)
     found: list[tuple[str, int, TrainingFailure]] = []
     for pod in pods:

@@ -152,3 +152,70 @@ def test_a_gated_model_with_its_token_is_prepared(tmp_path: Path, tiny_model: Pa
     assert isinstance(report, PreparationReport) and report.model_revision == hub.sha(GATED)
     assert TOKEN not in err and TOKEN not in json.dumps(report.wire())
     assert TOKEN not in (tmp_path / "out" / "prepared" / "manifest.json").read_text()
+
+
+def _data_repo(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def _with_subset(config: Path, subset: str) -> Path:
+    cfg = TrainerConfig.load(config)
+    dataset = cfg.spec.dataset.model_copy(update={"subset": subset})
+    config.write_text(
+        cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"dataset": dataset})}).to_yaml()
+    )
+    return config
+
+
+def test_a_new_commit_of_the_data_set_leaves_no_stale_file_and_subsets_are_found(
+    tmp_path: Path, tiny_model: Path, hub: HubStandIn
+) -> None:
+    """A branch that moved to a commit whose shard has another name (as a re-upload names it): the
+    preparation reads the new commit's files only, not both. A subset in data/<subset>/ beside a
+    root dataset_infos.json (a common Hub layout) is found, and the metadata is not read as data."""
+    rows = TINY_DATA.read_text()
+    count = len(rows.splitlines())
+    name = "kubetune/moving"
+    hub.add_dataset(name, _data_repo(tmp_path / "c1", {"data/train-00000-of-00001.jsonl": rows}))
+    config = hub_config(tmp_path / "out", tiny_model, dataset=name)
+    code, first, err = prepare(config, hub, tmp_path / "home")
+    assert code == 0 and isinstance(first, PreparationReport), err
+    hub.add_dataset(name, _data_repo(tmp_path / "c2", {"data/train.jsonl": rows}))
+    code, second, err = prepare(config, hub, tmp_path / "home")
+    assert code == 0 and isinstance(second, PreparationReport), err
+    assert second.dataset_revision == hub.sha(name) != first.dataset_revision
+    assert second.data.train_examples + second.data.eval_examples == count  # not twice
+    held = sorted(p.name for p in (tmp_path / "out" / "prepared" / "dataset").rglob("*.jsonl"))
+    assert held == ["train.jsonl"]
+
+    layout = {"data/all/train-00000-of-00001.jsonl": rows, "dataset_infos.json": '{"all": {}}'}
+    hub.add_dataset("kubetune/subsets", _data_repo(tmp_path / "c3", layout))
+    config = _with_subset(hub_config(tmp_path / "sub", tiny_model, dataset="kubetune/subsets"), "all")
+    code, report, err = prepare(config, hub, tmp_path / "home")
+    assert code == 0 and isinstance(report, PreparationReport), err
+    assert report.data.train_examples + report.data.eval_examples == count
+
+
+def test_a_model_file_changed_on_the_volume_is_downloaded_again(
+    tmp_path: Path, tiny_model: Path, hub: HubStandIn
+) -> None:
+    """A bad block in the weights, the size and modification time kept (a restored backup): the
+    preparation finds it by its hash and downloads the file again instead of trusting the Hub
+    client's own records."""
+    config = hub_config(tmp_path / "out", tiny_model)
+    code, _, err = prepare(config, hub, tmp_path / "home")
+    assert code == 0, err
+    weights = tmp_path / "out" / "prepared" / "model" / "model.safetensors"
+    good, stat = weights.read_bytes(), weights.stat()
+    weights.write_bytes(good[:-100] + b"\0" * 100)
+    import os
+
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    before = hub.request_count()
+    code, _, err = prepare(config, hub, tmp_path / "home")
+    assert code == 0, err
+    assert any("model.safetensors" in p for m, p in hub.requests_since(before) if m == "GET")
+    assert weights.read_bytes() == good

@@ -100,7 +100,11 @@ def test_every_failure_reason_reaches_the_status_an_event_and_argocd(
         wait_for(lambda ptj=ptj: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what=f"{ptj}")
         if reason == Failure.DEADLINE_EXCEEDED:
             set_pytorchjob_condition(
-                kube, namespace, ptj, "Failed", f"PyTorchJob {ptj} has failed: deadline exceeded"
+                kube,
+                namespace,
+                ptj,
+                "Failed",
+                f"Job {ptj} has failed because it was active longer than specified deadline",
             )
         else:
             _failed_pod(kube, namespace, ptj, reason)

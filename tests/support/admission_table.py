@@ -383,11 +383,19 @@ INVALID: list[Case] = [
     _C(
         "gate-loss-zero", {"spec.registration.gate": {"maxEvalLoss": 0}}, "spec.registration.gate.maxEvalLoss"
     ),
+    # --- budgets ---
+    _C("budget-empty", {"spec.budget": {}}, "spec.budget"),
+    _C("budget-register-only", {"spec.budget": {"register": False}}, "spec.budget"),
+    _C("budget-zero-seconds", {"spec.budget": {"maxDuration": "0s"}}, "spec.budget.maxDuration"),
+    _C("budget-zero-hours", {"spec.budget": {"maxDuration": "0h00m"}}, "spec.budget.maxDuration"),
+    _C("budget-gpu-hours-zero", {"spec.budget": {"maxGpuHours": 0}}, "spec.budget.maxGpuHours"),
     _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
     _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
 ]
 
 VALID: list[Case] = [
+    _C("budget-duration", {"spec.budget": {"maxDuration": "0h90m"}}, ""),
+    _C("budget-gpu-hours", {"spec.budget": {"maxGpuHours": 0.5, "register": False}}, ""),
     _C("resume-step", {"spec.resume": "400"}, ""),
     _C("resume-none", {"spec.resume": "none"}, ""),
     _C("resume-best", {"spec.resume": "best"}, ""),

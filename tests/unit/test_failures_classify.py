@@ -120,3 +120,77 @@ def test_the_termination_message_fits_4096_bytes_and_keeps_the_end() -> None:
     assert back is not None and back.reason == Failure.UNKNOWN and back.message.endswith("THE END")
     assert parse_failure("Traceback (most recent call last):\n  boom") is None
     assert parse_failure('{"failure": {"reason": "NotAReason", "message": "x"}}') is None
+
+
+@pytest.mark.parametrize(
+    ("message", "reason", "kept"),
+    [
+        ("строка 17: " + "ж" * 3000, Failure.DATASET_ERROR, "строка 17"),  # a bad row: its start
+        ('"' * 10_000 + " THE END", Failure.UNKNOWN, "THE END"),  # escaped quotes count double
+        ("\U0001f600" * 5_000 + " THE END", Failure.UNKNOWN, "THE END"),  # 4-byte characters
+        ("\udcff" + "y" * 5_000 + " THE END", Failure.UNKNOWN, "THE END"),  # a lone surrogate
+    ],
+)
+def test_the_termination_message_keeps_what_matters_whatever_the_bytes(
+    message: str, reason: Failure, kept: str
+) -> None:
+    text = TrainingFailure.of(reason, message, step=3).termination_message()
+    assert len(text.encode()) <= 4096 and "\n" not in text
+    back = parse_failure(text)
+    assert back is not None and back.reason == reason and kept in back.message
+    assert len(back.message) > 900  # shortened to fit, not thrown away
+
+
+def test_a_short_message_with_a_lone_surrogate_is_escaped_not_an_error() -> None:
+    text = TrainingFailure.of(Failure.DATASET_ERROR, "file b'\\xff' \udcff row 3").termination_message()
+    back = parse_failure(text)
+    assert back is not None and "row 3" in back.message
+
+
+def test_credentials_never_reach_the_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Whatever an exception quotes: the token's value, a tracking URI's user:password@ (also with an
+    "@" in the password), a ?token= in a URL; in the classified message, the termination file and
+    the log line."""
+    monkeypatch.setenv("HF_TOKEN", "hf_SECRETsecretSECRET123")
+    term = tmp_path / "termination-log"
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(term))
+    exc = _chained(
+        RuntimeError("API request to https://alice:s3c@ret@mlflow.example.com/api/2.0 failed"),
+        OSError("GET https://hub.example.com/x?token=hf_other_value&b=1 as hf_SECRETsecretSECRET123"),
+    )
+    got = classify(exc, RunContext())
+    from kubetune_trainer import failures
+
+    failures.report(got)
+    for text in (got.message, term.read_text()):
+        for secret in ("hf_SECRETsecretSECRET123", "s3c", "ret@", "hf_other_value"):
+            assert secret not in text, (secret, text)
+        assert "mlflow.example.com" in text
+    # the operator's side: a failure read from anywhere is scrubbed by the model itself
+    back = TrainingFailure.model_validate({"reason": "Unknown", "message": "see https://u:pw@h.example/x"})
+    assert "pw" not in back.message and "https://***@h.example/x" in back.message
+
+
+def test_a_row_that_quotes_an_error_is_a_dataset_error() -> None:
+    """The trainer's own check names the row; the row's text does not decide the reason."""
+    from kubetune_trainer.data_check import BadInputError
+
+    for words in ("CUDA out of memory", "No space left on device", "NCCL timeout"):
+        got = classify(BadInputError(f"row 12: the assistant turn is empty: '{words}'"), RunContext())
+        assert got.reason == Failure.DATASET_ERROR, words
+    got = classify(RuntimeError("CUDA error: out of memory"), RunContext())
+    assert got.reason == Failure.CUDA_OUT_OF_MEMORY
+
+
+def test_outside_a_pod_no_termination_file_is_made(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from kubetune_trainer import failures
+
+    missing = tmp_path / "dev" / "termination-log"
+    monkeypatch.delenv("KUBETUNE_TERMINATION_LOG", raising=False)
+    monkeypatch.setattr(failures, "DEFAULT_TERMINATION_LOG", str(missing))
+    (tmp_path / "dev").mkdir()
+    failures.write_termination_log("x")
+    assert not missing.exists()
+    missing.write_text("")  # the kubelet made it: written
+    failures.write_termination_log("x")
+    assert missing.read_text() == "x"

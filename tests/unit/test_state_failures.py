@@ -73,10 +73,21 @@ def test_an_evicted_pod_a_log_tail_and_the_deadline() -> None:
     got = training_failure(FAILED, [crash], "pytorch")
     assert got is not None and got.reason == Failure.UNKNOWN and "ValueError: boom" in got.message
     late = TrainingObservation(
-        True, "Failed", "DeadlineExceeded", "PyTorchJob j-train has failed: deadline exceeded"
+        True,
+        "Failed",
+        "PyTorchJobFailed",
+        "Job j-train has failed because it was active longer than specified deadline",
     )
     got = training_failure(late, [], "pytorch")
     assert got is not None and got.reason == Failure.DEADLINE_EXCEEDED
+    # a job whose name says "deadline", failed for another reason, is not a deadline
+    named = TrainingObservation(
+        True,
+        "Failed",
+        "PyTorchJobFailed",
+        "PyTorchJob paper-deadline-train has failed because 1 Master replica(s) failed.",
+    )
+    assert training_failure(named, [crash], "pytorch").reason == Failure.UNKNOWN  # type: ignore[union-attr]
     assert training_failure(FAILED, [], "pytorch") is None
 
 
@@ -290,3 +301,43 @@ def test_a_preparation_pod_that_cannot_pull_its_image_shows_while_the_job_prepar
     for kind in (ConditionType.PREPARED, ConditionType.READY):
         assert conds[kind]["reason"] == Reason.IMAGE_PULL_FAILED
         assert "no such host" in conds[kind]["message"] and "j-prepare" in conds[kind]["message"]
+
+
+def test_the_deadline_is_set_again_after_each_restart_of_the_pods() -> None:
+    """The Training Operator keeps status.startTime across pod restarts: a preempted job that waited
+    for GPUs again must not reach the deadline for that wait. Set once per start and restart count."""
+    from datetime import UTC, datetime, timedelta
+
+    from kubetune_api.status import TrainingRestarts
+    from kubetune_operator.children import sync_deadline
+
+    class Kube:
+        def __init__(self) -> None:
+            self.patches: list[dict[str, Any]] = []
+
+        def patch(self, _api: str, _kind: str, _ns: str, _name: str, body: dict[str, Any]) -> dict[str, Any]:
+            self.patches.append(body)
+            meta = {"name": "j-train", "namespace": "ml", **body["metadata"]}
+            return {"apiVersion": "kubeflow.org/v1", "metadata": meta, "spec": body["spec"]}
+
+    now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    started = (now - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    job = _job({"maxDuration": "2h"})
+    ptj: dict[str, Any] = {
+        "apiVersion": "kubeflow.org/v1",
+        "metadata": {"name": "j-train", "namespace": "ml"},
+        "status": {"startTime": started},
+    }
+    kube = Kube()
+    first = sync_deadline(kube, ptj, job, now)  # type: ignore[arg-type]
+    assert kube.patches[-1]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3600 + 7200 + 1800
+    assert sync_deadline(kube, {**first, "status": ptj["status"]}, job, now) is not None
+    assert len(kube.patches) == 1  # the same start: set once
+    job.status = FineTuneJobStatus(trainingRestarts=TrainingRestarts(total=1))
+    later = now + timedelta(hours=2)  # preempted, waited for GPUs, running again
+    sync_deadline(kube, {**first, "status": ptj["status"]}, job, later)  # type: ignore[arg-type]
+    assert len(kube.patches) == 2
+    assert kube.patches[-1]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 3 * 3600 + 7200 + 1800
+    assert kube.patches[-1]["metadata"]["annotations"]["kubetune.io/deadline-for-start"].endswith(
+        "after 1 restarts"
+    )

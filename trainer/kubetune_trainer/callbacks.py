@@ -221,6 +221,7 @@ class RunCallback(TrainerCallback):
         extra_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.watchdog = watchdog
+        self.begin_step = 0
         self.ledger = ledger
         self.budget = budget
         self.micro_rows = micro_rows
@@ -371,15 +372,18 @@ class RunCallback(TrainerCallback):
         return control
 
     def _watch(self, step: int, loss: float) -> None:
-        """The loss watchdog: raise LossDivergedError (after removing the checkpoints saved from the
-        first bad step on, so the newest one left is the last good one)."""
+        """The loss watchdog: raise LossDivergedError, after removing every checkpoint saved since the
+        last logged step whose loss passed (a logged loss is the mean since the log before it, so the
+        weights may have gone bad at any step after that one; before this attempt's first log, that is
+        the step it started from), so the newest one left is the last good one."""
         if self.watchdog is None:
             return
         why = self.watchdog.observe(step, loss)
         if why is None:
             return
         first_bad = self.watchdog.first_bad_step or step
-        removed = checkpoints.remove_from(self.root, first_bad)
+        good_until = max(self.watchdog.last_good_step or 0, self.begin_step)
+        removed = checkpoints.remove_from(self.root, good_until + 1)
         good = checkpoints.latest_complete(self.root)
         kept = (
             f"; the last good checkpoint is {good.path} (step {good.step})"
@@ -387,8 +391,15 @@ class RunCallback(TrainerCallback):
             else "; no checkpoint before it"
         )
         if removed:
-            kept += f" (removed {', '.join(str(c.step) for c in removed)}: saved after the loss went bad)"
+            kept += (
+                f" (removed {', '.join(str(c.step) for c in removed)}: saved after step {good_until}, "
+                "the last logged loss that passed)"
+            )
         raise LossDivergedError(f"{why}{kept}", first_bad)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self.begin_step = int(state.global_step or 0)  # a resumed attempt starts from its checkpoint
+        return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.ledger is not None:

@@ -41,6 +41,10 @@ GPU_MEMORY_GIB = {
     "NVIDIA-H200": 141,
     "NVIDIA-H20": 96,
     "NVIDIA-B200": 180,
+    "NVIDIA-B300": 288,
+    "NVIDIA-GB200": 186,
+    "NVIDIA-GH200": 96,  # its labels' "480GB" counts the CPU's memory too
+    "NVIDIA-H800": 80,
     "NVIDIA-A100": 80,
     "NVIDIA-A100-SXM4-40GB": 40,
     "NVIDIA-A100-PCIE-40GB": 40,
@@ -60,15 +64,16 @@ _GB = re.compile(r"(\d+)GB", re.IGNORECASE)
 
 def gpu_hardware(product: str | None, world_size: int) -> tuple[Hardware, str, bool]:
     """The hardware the trainer would detect on ``world_size`` GPUs of ``product``; the product
-    used, and whether it was assumed (none named)."""
-    assumed = product is None
+    used, and whether its memory was assumed (none named, or one this table does not know: then
+    :data:`DEFAULT_MEMORY_GIB`, and the estimate refuses nothing on it)."""
     name = product or ASSUMED_PRODUCT
-    sized = _GB.search(name)
+    matches = [k for k in GPU_MEMORY_GIB if name.upper().startswith(k.upper())]
+    sized = None if name.upper().startswith("NVIDIA-GH200") else _GB.search(name)
     if sized:
         gib = int(sized.group(1))
     else:
-        matches = [k for k in GPU_MEMORY_GIB if name.upper().startswith(k.upper())]
         gib = GPU_MEMORY_GIB[max(matches, key=len)] if matches else DEFAULT_MEMORY_GIB
+    assumed = product is None or not (sized or matches)
     hw = Hardware(
         cuda=True,
         bf16=True,

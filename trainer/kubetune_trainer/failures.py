@@ -33,6 +33,8 @@ FAULT_ENV = "KUBETUNE_FAULT_INJECT"
 # A volume with less free space than this, when a save failed with torch's stream errors, is full.
 FULL_BELOW_BYTES = 64 * 2**20
 LOG_TAIL_LINES = 12
+# torch's words for a CUDA allocation that failed (its OutOfMemoryError, or a CUDA error re-raised)
+CUDA_OOM_WORDS = ("cuda out of memory", "cuda error: out of memory")
 
 
 @dataclass
@@ -58,6 +60,8 @@ def write_termination_log(text: str, *, first_only: bool = False) -> None:
     """Write the termination message (not in a pod: nothing). ``first_only``: keep one already there
     (another process of the pod failed first: its cause is the one that matters)."""
     path = termination_log_path()
+    if not os.environ.get(TERMINATION_LOG_ENV) and not path.exists():
+        return  # not in a Kubernetes container (the kubelet makes the file): nothing under /dev here
     try:
         if first_only and path.exists() and path.stat().st_size > 0:
             return
@@ -76,12 +80,22 @@ def read_termination_log() -> str:
 def report(failure: TrainingFailure, *, logged: bool = False) -> None:
     """Log the failure and its remedy (unless ``logged``: a refusal's one line is), and leave it in
     the termination message (JSON, also the last line of stdout)."""
+    failure = redacted(failure)
     if not logged:
         log.error("training failed: %s", failure.describe())
     message = failure.termination_message()
     write_termination_log(message, first_only=True)
     # also the log's last line: with FallbackToLogsOnError an unwritable file still tells it
     print(message, flush=True)
+
+
+def redacted(failure: TrainingFailure) -> TrainingFailure:
+    """The failure without credentials in its message (an exception's text may quote a tracking URI
+    with its password, or a token): the termination message becomes a condition, an Event and
+    Argo CD's health message."""
+    from .mlflow_run import redact
+
+    return failure.model_copy(update={"message": redact(failure.message)})
 
 
 # --- classification -----------------------------------------------------------------------------------
@@ -149,9 +163,13 @@ def _cuda_memory() -> str:
         return ""
 
 
-def classify(exc: BaseException, ctx: RunContext | None = None) -> TrainingFailure:  # noqa: PLR0911  one return per reason, in order
-    """The reason, message and hint for ``exc`` (a failure of the run described by ``ctx``)."""
-    ctx = ctx or context
+def classify(exc: BaseException, ctx: RunContext | None = None) -> TrainingFailure:
+    """The reason, message and hint for ``exc`` (a failure of the run described by ``ctx``), its
+    message without credentials."""
+    return redacted(_classify(exc, ctx or context))
+
+
+def _classify(exc: BaseException, ctx: RunContext) -> TrainingFailure:  # noqa: PLR0911  one return per reason, in order
     chain = _chain(exc)
     names = _names(chain)
     text = " | ".join(f"{type(e).__name__}: {e}" for e in chain)
@@ -161,7 +179,10 @@ def classify(exc: BaseException, ctx: RunContext | None = None) -> TrainingFailu
 
     if "LossDivergedError" in names:
         return of(Failure.LOSS_DIVERGED, str(exc), step)
-    if "OutOfMemoryError" in names or "cuda out of memory" in lower:
+    # a bad row is named by the trainer's own check: its text (a quoted row) may say anything
+    if "BadInputError" in names:
+        return of(Failure.DATASET_ERROR, str(exc), step)
+    if "OutOfMemoryError" in names or any(s in lower for s in CUDA_OOM_WORDS):
         memory = _cuda_memory()
         parts = [f"micro-step {ctx.layout}" if ctx.layout else "", memory, _gpu_cap()]
         detail = "; ".join(p for p in parts if p)
@@ -185,8 +206,6 @@ def classify(exc: BaseException, ctx: RunContext | None = None) -> TrainingFailu
             f"No space left on device on the checkpoint volume {where}: {volume_usage(where)}",
             step,
         )
-    if "BadInputError" in names:
-        return of(Failure.DATASET_ERROR, str(exc), step)
     if ctx.resume_from is not None and not ctx.training_started and _unreadable(names, lower):
         return of(
             Failure.CHECKPOINT_CORRUPT,

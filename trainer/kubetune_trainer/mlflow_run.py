@@ -27,11 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from kubetune_api.failures import USERINFO
 from kubetune_api.trainer_config import MLFLOW_RUN_FILE, TrainerConfig, dump_json
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,6 @@ SECRET_ENV_VARS = (
 # and a credential that short protects nothing anyway.
 MIN_REDACTED_LENGTH = 4
 REDACTED = "***"
-
-# the user information runs to the authority's last "@" (a password may hold one; a path or query
-# after the authority's end is left alone)
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#\s]*@")
 
 
 def secret_values() -> list[str]:
@@ -78,10 +74,10 @@ def redact(text: str, *, drop_userinfo: bool = False) -> str:
     'file:///home/me@corp/mlruns'
     """
     if drop_userinfo:
-        return _USERINFO.sub(r"\g<scheme>", text)
+        return USERINFO.sub(r"\g<scheme>", text)
     for value in secret_values():
         text = text.replace(value, REDACTED)
-    return _USERINFO.sub(rf"\g<scheme>{REDACTED}@", text)
+    return USERINFO.sub(rf"\g<scheme>{REDACTED}@", text)
 
 
 # --- the server -------------------------------------------------------------------------------------

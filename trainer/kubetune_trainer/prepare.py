@@ -306,10 +306,18 @@ def _download_model(
         return folder, sha, before["files"]
     if folder.exists() and before.get("revision") not in (None, sha):
         shutil.rmtree(folder)  # another commit: nothing of it is reused
-    log.info("model %s: downloading commit %s into %s", src.name, sha, folder)
+    # The same commit, recorded whole before, that fails the check: a file changed on the volume.
+    # The Hub client would trust its own records of the files and keep them: download them again.
+    again = before.get("name") == src.name and before.get("revision") == sha
+    log.info("model %s: downloading commit %s into %s%s", src.name, sha, folder, " again" if again else "")
     try:
         snapshot_download(
-            src.name, revision=sha, local_dir=folder, token=token, allow_patterns=MODEL_PATTERNS
+            src.name,
+            revision=sha,
+            local_dir=folder,
+            token=token,
+            allow_patterns=MODEL_PATTERNS,
+            force_download=again,
         )
     except Exception as e:
         refused = _hub_refusal(e, "model", src.name, src.revision)
@@ -434,7 +442,10 @@ def _estimate(cfg: TrainerConfig, model_dir: Path, data: DataStats) -> Any:
     shape = shape_from_config(conf.get("text_config") or conf)
     est = estimate.estimate(cfg, shape, data)
     problem = estimate.does_not_fit(cfg, shape, data, est)
-    if problem is not None:
+    unknown_product = est.gpu_product_assumed and cfg.spec.resources.gpu_product is not None
+    if problem is not None and unknown_product:
+        log.warning("%s; not refused: the memory of %s is not known to kubetune", problem, est.gpu_product)
+    elif problem is not None:
         raise Refused(Refusal.DOES_NOT_FIT, problem)
     return est
 

@@ -61,6 +61,8 @@ def data_refusal(message: str) -> Refusal:
 
 DATASET_SOURCE_DIR = "prepared/dataset"  # a Hub data set's files at the resolved commit
 DATA_PATTERNS = ["*.jsonl", "*.json", "*.parquet"]
+# JSON files of a data set repository that describe it and hold no rows
+METADATA_FILES = ["dataset_info*.json", "dataset_dict.json", "state.json", "*config*.json"]
 
 
 def download_dataset(cfg: TrainerConfig, root: Path) -> tuple[TrainerConfig, str]:
@@ -76,7 +78,11 @@ def download_dataset(cfg: TrainerConfig, root: Path) -> tuple[TrainerConfig, str
     try:
         sha = str(HfApi().dataset_info(src.name, revision=src.revision, token=hf_token()).sha)
         folder = root / DATASET_SOURCE_DIR
-        patterns = [f"{src.subset}/**/{p}" for p in DATA_PATTERNS] if src.subset else DATA_PATTERNS
+        _only_files_of(folder, {"name": src.name, "subset": src.subset, "revision": sha})
+        # a subset's files are in its folder at the top or under data/ (both layouts are common)
+        # (fnmatch: "*" also matches "/", so a pattern takes the files of every folder below)
+        places = (f"{src.subset}/", f"data/{src.subset}/") if src.subset else ("",)
+        patterns = [f"{place}{p}" for place in places for p in DATA_PATTERNS]
         log.info("data set %s: downloading commit %s into %s", src.name, sha, folder)
         snapshot_download(
             src.name,
@@ -85,14 +91,40 @@ def download_dataset(cfg: TrainerConfig, root: Path) -> tuple[TrainerConfig, str
             local_dir=folder,
             token=hf_token(),
             allow_patterns=patterns,
+            ignore_patterns=METADATA_FILES,
         )
     except Exception as e:
         refused = hub_data_refusal(cfg, e)
         if refused is not None:
             raise refused from e
         raise
-    local = src.model_copy(update={"name": None, "path": str(folder / src.subset if src.subset else folder)})
+    where = folder
+    if src.subset:
+        where = folder / src.subset if (folder / src.subset).is_dir() else folder / "data" / src.subset
+    local = src.model_copy(update={"name": None, "path": str(where)})
     return cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"dataset": local})}), sha
+
+
+SOURCE_FILE = ".kubetune-source.json"  # which data set, subset and commit the folder's files are of
+
+
+def _only_files_of(folder: Path, source: dict[str, Any]) -> None:
+    """Empty ``folder`` unless its files are of ``source`` (a download of it may be resumed): every
+    data file in it is read, and a file another commit removed or renamed, or another data set's,
+    would be trained on. The record is written before the download starts."""
+    import json
+    import shutil
+
+    record = folder / SOURCE_FILE
+    try:
+        same = json.loads(record.read_text()) == source
+    except (OSError, ValueError):
+        same = False
+    if not same and folder.exists():
+        log.info("data set folder %s holds other files than %s: emptied", folder, source)
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(source, sort_keys=True))
 
 
 def load(cfg: TrainerConfig, root: Path) -> tuple[DataCheck, Any, Any, str]:
@@ -124,6 +156,7 @@ def load(cfg: TrainerConfig, root: Path) -> tuple[DataCheck, Any, Any, str]:
 
 def tokenize(cfg: TrainerConfig, tokenizer: Any, dataset: Any, name: str) -> Any:
     """``input_ids`` and ``labels`` of every row, by TRL's own preparation (see the module docstring)."""
+    from jinja2 import TemplateError
     from trl import SFTConfig, SFTTrainer
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 
@@ -159,6 +192,12 @@ def tokenize(cfg: TrainerConfig, tokenizer: Any, dataset: Any, name: str) -> Any
                 "{% generation %} markers for assistant-only loss)",
             ) from e
         raise
+    except TemplateError as e:  # the template's own raise_exception: a role it does not take, or order
+        raise Refused(
+            Refusal.DATASET_SCHEMA,
+            f"{name}: the model's chat template refuses an example: {e} (rows whose roles the "
+            "template does not accept, e.g. a system turn, or turns that do not alternate user/assistant)",
+        ) from e
 
 
 def _percentile(sorted_values: list[int], q: float) -> int:
@@ -189,7 +228,8 @@ def stats(cfg: TrainerConfig, train: Any, evaluation: Any) -> DataStats:
         length_p50=_percentile(lengths, 0.5),
         length_p95=_percentile(lengths, 0.95),
         length_max=lengths[-1] if lengths else 0,
-        truncated_fraction=round(truncated / count, 4) if count else 0.0,
+        # not rounded: the refusal compares it with the allowed share (1 of 20,001 is above 0)
+        truncated_fraction=truncated / count if count else 0.0,
         loss_token_fraction=round(loss_tokens / tokens, 4) if tokens else 0.0,
     )
 
@@ -200,7 +240,7 @@ def check_truncation(cfg: TrainerConfig, data: DataStats) -> None:
     if data.truncated_fraction > allowed:
         raise Refused(
             Refusal.MOSTLY_TRUNCATED,
-            f"{100 * data.truncated_fraction:.0f}% of the training examples are longer than "
+            f"{100 * data.truncated_fraction:.3g}% of the training examples are longer than "
             f"spec.training.maxLength {cfg.spec.training.max_length} (the allowed share is "
             f"{100 * allowed:.0f}%; lengths p50 {data.length_p50}, p95 {data.length_p95}, max {data.length_max})",
         )

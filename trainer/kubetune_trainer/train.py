@@ -381,6 +381,7 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
     ledger = Ledger.load(attempt.output_dir, dist.world_size) if dist.is_rank0 else None
     if ledger is not None:
         ledger.begin(started=process_start_time(), resumed_step=resume.step if resume else 0)
+        ledger.save(force=True)  # an attempt killed while loading (host OOM, preemption) still counts
     reporter = attempt.progress_reporter(tracker)
 
     def extra_status() -> dict[str, Any]:

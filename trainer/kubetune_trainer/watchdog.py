@@ -40,6 +40,9 @@ class LossWatchdog:
         self.history: deque[float] = deque(maxlen=spec.window)
         self.spikes: list[tuple[int, float]] = []
         self.baseline: float | None = None
+        # the newest logged step whose loss passed (the logged loss is the mean since the log before
+        # it: a checkpoint saved after this step may already hold bad weights)
+        self.last_good_step: int | None = None
 
     def observe(self, step: int, loss: float) -> str | None:
         """Why the run must stop at this logged loss, or None."""
@@ -64,6 +67,7 @@ class LossWatchdog:
                 return None
         self.spikes, self.baseline = [], None
         self.history.append(loss)
+        self.last_good_step = step
         return None
 
     @property
