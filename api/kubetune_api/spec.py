@@ -187,8 +187,10 @@ class DatasetSource(ApiModel):
     revision: Annotated[str, Field(min_length=1, max_length=200, pattern=GIT_REF_PATTERN)] = Field(
         default="main", description="Hub revision of the data set."
     )
-    subset: Annotated[str, Field(max_length=200, pattern=NO_CONTROL_PATTERN)] | None = Field(
-        default=None, description="Data set configuration (subset) name."
+    subset: Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] | None = Field(
+        default=None,
+        description="Data set configuration (subset) name: letters, digits, '.', '_' and '-' (a folder of "
+        "the data set's repository, at its top or under data/).",
     )
     path: Annotated[str, Field(max_length=1024)] | None = Field(
         default=None, description="Absolute path of a .jsonl/.json/.parquet file or a folder of them."

@@ -383,6 +383,8 @@ INVALID: list[Case] = [
     _C(
         "gate-loss-zero", {"spec.registration.gate": {"maxEvalLoss": 0}}, "spec.registration.gate.maxEvalLoss"
     ),
+    _C("subset-climbs-out", {"spec.dataset.subset": "../.."}, "spec.dataset.subset"),
+    _C("subset-with-slash", {"spec.dataset.subset": "data/all"}, "spec.dataset.subset"),
     # --- budgets ---
     _C("budget-empty", {"spec.budget": {}}, "spec.budget"),
     _C("budget-register-only", {"spec.budget": {"register": False}}, "spec.budget"),
@@ -394,6 +396,7 @@ INVALID: list[Case] = [
 ]
 
 VALID: list[Case] = [
+    _C("subset-dotted", {"spec.dataset.subset": "20231101.en"}, ""),
     _C("budget-duration", {"spec.budget": {"maxDuration": "0h90m"}}, ""),
     _C("budget-gpu-hours", {"spec.budget": {"maxGpuHours": 0.5, "register": False}}, ""),
     _C("resume-step", {"spec.resume": "400"}, ""),
