@@ -203,3 +203,22 @@ def test_cpu_training_has_no_gpu_estimate() -> None:
     cfg = with_resources(example("qwen3-4b-full.yaml"), gpus_per_node=0)
     with pytest.raises(ValueError, match="CPU training"):
         estimate(cfg, shape_from_config(QWEN3_4B), DATA)
+
+
+@pytest.mark.parametrize(
+    ("product", "gib", "assumed"),
+    [
+        ("NVIDIA-H200", 141, False),
+        ("NVIDIA-A100-SXM4-40GB", 40, False),
+        ("NVIDIA-GH200-480GB", 96, False),  # the label's 480GB counts the CPU's memory too
+        ("NVIDIA-GB200", 186, False),
+        ("NVIDIA-B300-SXM6-AC", 288, False),
+        ("Tesla-T4", 80, True),  # unknown: 80 GiB assumed, and said so
+        (None, 80, True),
+    ],
+)
+def test_gpu_memory_by_product_and_what_is_assumed(product: str | None, gib: int, assumed: bool) -> None:
+    from kubetune_trainer.estimate import gpu_hardware
+
+    hw, _name, was_assumed = gpu_hardware(product, 8)
+    assert (hw.gpu_memory_bytes // 2**30, was_assumed) == (gib, assumed)

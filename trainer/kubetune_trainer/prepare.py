@@ -55,7 +55,7 @@ from kubetune_api.trainer_config import TrainerConfig, dump_json
 
 from . import chain
 from .data_check import BadInputError, DataCheck
-from .prepare_data import Refused
+from .prepare_data import Refused, data_refusal
 
 __all__ = ["Prepared", "Refused", "prepare", "prepared", "prepared_check"]
 
@@ -526,16 +526,16 @@ def main(argv: list[str] | None = None) -> int:
 
         datasets.disable_progress_bars()  # in a pod the bars are noise in the log
     try:
-        cfg = load_config(args.config)
-        report = prepare(cfg)
+        try:
+            cfg = load_config(args.config)
+            report = prepare(cfg)
+        except BadInputError as e:  # a bad input found outside the data's own check: named too
+            raise Refused(data_refusal(str(e)), str(e)) from e
     except Refused as e:
         r = e.refusal
         log.error("refused (%s): %s", r.reason, r.message)
         log.error("what to do: %s", r.hint)
         write_termination_log(termination_message(r))
-        return EXIT_REFUSED
-    except BadInputError as e:
-        log.error("%s", e)
         return EXIT_REFUSED
     write_termination_log(termination_message(report))
     log.info("prepared: %s", report.summary())
