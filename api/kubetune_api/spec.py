@@ -139,8 +139,9 @@ REGISTERED_MODEL_PATTERN = r"^models:/[^/@:%\x00-\x1f\x7f]+(@[A-Za-z_][A-Za-z0-9
 class JobModelRef(ApiModel):
     """Another FineTuneJob of the same namespace whose trained model this job starts from."""
 
-    name: Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] = Field(
-        description="FineTuneJob name (same namespace). This job waits (Pending) until it has Succeeded."
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)] = Field(
+        description="FineTuneJob name (same namespace; a name a FineTuneJob can have). This job waits "
+        "(Pending) until it has Succeeded."
     )
     checkpoint: CheckpointChoice = Field(
         default=CheckpointChoice.FINAL,

@@ -327,6 +327,8 @@ INVALID: list[Case] = [
     ),
     _C("model-registered-runs", {"spec.model": {"registered": "runs:/abc/model"}}, "spec.model.registered"),
     _C("model-job-bad-name", {"spec.model": {"fromJob": {"name": "Parent_1"}}}, "spec.model.fromJob.name"),
+    _C("model-job-dotted-name", {"spec.model": {"fromJob": {"name": "a.b"}}}, "spec.model.fromJob.name"),
+    _C("model-job-name-too-long", {"spec.model": {"fromJob": {"name": "a" * 41}}}, "spec.model.fromJob.name"),
     _C(
         "model-job-bad-checkpoint",
         {"spec.model": {"fromJob": {"name": "parent", "checkpoint": "latest"}}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,8 +131,10 @@ def test_best_without_any_eval_loss_is_refused(tmp_path: Path) -> None:
         resume.CheckpointNotFoundError, match=r'"best": no checkpoint has an eval loss; it has step 5$'
     ):
         decide(tmp_path, "best")
-    with pytest.raises(resume.CheckpointNotFoundError, match="the volume has no complete checkpoint"):
-        decide(tmp_path / "empty", "best")
+    # a fresh volume: best has nothing to choose from, and the run starts (as with latest)
+    (tmp_path / "fresh").mkdir()
+    fresh = decide(tmp_path / "fresh", "best")
+    assert fresh.kind == AttemptKind.TRAIN and fresh.resume is None
     with pytest.raises(resume.CheckpointNotFoundError, match="it has no complete checkpoint"):
         decide(tmp_path / "empty", "3")
 
@@ -167,3 +170,45 @@ def test_other_ranks_take_the_same_decision_without_moving_anything(volume: Path
     # a rank that reads resume.json after rank 0 wrote it continues from the newest: the same one
     late = resume.attempt_for(volume, "best", "uid-b", not_ours, rank0=False)
     assert late.resume == other.resume
+
+
+@pytest.mark.parametrize(
+    ("choice", "steps", "final", "expected"),
+    [("best", (10, 20, 30), False, 20), ("none", (10, 20), True, None)],
+)
+def test_every_rank_takes_rank_0s_decision_whenever_rank_0_moves_the_folders(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    choice: str,
+    steps: tuple[int, ...],
+    final: bool,
+    expected: int | None,
+) -> None:
+    """Rank 1 looks at the folders, then rank 0 runs its whole decision (moving folders aside) before
+    rank 1 is done: rank 1 still resumes from the checkpoint rank 0 does, not from a moved one (and
+    never finds the moved final model 'already complete' while rank 0 trains)."""
+    from kubetune_trainer import checkpoints, resume
+
+    for step in steps:
+        folder = tmp_path / "checkpoints" / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        checkpoints.mark_complete(folder, {"step": step, "eval_loss": {10: 2.0, 20: 1.5, 30: 1.7}[step]})
+    if final:
+        (tmp_path / "final").mkdir()
+        checkpoints.mark_complete(tmp_path / "final", {"step": steps[-1]})
+    decide = checkpoints.decide_attempt
+    seen: dict[str, checkpoints.Attempt] = {}
+
+    def rank0_meanwhile(out: Path, foreign: Any, *, clean_up: bool) -> checkpoints.Attempt:
+        attempt = decide(out, foreign, clean_up=clean_up)
+        if not clean_up and "rank0" not in seen:
+            monkeypatch.setattr(checkpoints, "decide_attempt", decide)
+            seen["rank0"] = resume.attempt_for(tmp_path, choice, "uid-1", lambda _p: None, rank0=True)
+        return attempt
+
+    monkeypatch.setattr(checkpoints, "decide_attempt", rank0_meanwhile)
+    rank1 = resume.attempt_for(tmp_path, choice, "uid-1", lambda _p: None, rank0=False)
+    for attempt in (seen["rank0"], rank1):
+        assert attempt.kind == checkpoints.AttemptKind.TRAIN
+        assert (attempt.resume.step if attempt.resume else None) == expected
+        assert attempt.resume is None or attempt.resume.path.exists()

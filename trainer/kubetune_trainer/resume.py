@@ -107,6 +107,8 @@ def _target(output_dir: Path, choice: str) -> int | None:
         return None
     if choice == BEST:
         best = catalog.best_entry(entries)
+        if not entries:
+            return None  # a fresh volume: nothing to choose from, the run starts (as latest does)
         if best is None:
             why = "no checkpoint has an eval loss" if entries else "the volume has no complete checkpoint"
             rated = f"; {_steps_text(steps)}" if entries else ""
@@ -194,10 +196,12 @@ def attempt_for(
     CheckpointNotFoundError when ``choice`` names a checkpoint the volume does not hold.
     """
     out = Path(output_dir)
+    # The plan first: a rank that finds rank 0's resume.json decides after rank 0's moves (resume.json
+    # is written after them); one that does not takes the plan's target, whatever has moved since.
+    plan = plan_resume(out, choice, job_uid)
     attempt = checkpoints.decide_attempt(out, foreign, clean_up=rank0)
     if attempt.kind == checkpoints.AttemptKind.REFUSE:
         return attempt
-    plan = plan_resume(out, choice, job_uid)
     if not plan.overrides:
         if rank0 and plan.applied:
             apply(out, plan, job_uid)
