@@ -94,6 +94,21 @@ def lineage_rules() -> list[Rule]:
             "self.resume == 'best'", "spec.resume: best", lambda s: s.get("resume") == "best", ".resume"
         ),
         Rule(
+            ("spec",),
+            "!(self.resume == 'best' || (has(self.registration) && self.registration.select == 'bestEval')) "
+            "|| !has(self.training.evalSteps) || self.training.saveSteps % self.training.evalSteps == 0 "
+            "|| self.training.evalSteps % self.training.saveSteps == 0",
+            "with resume: best or registration.select: bestEval, one of spec.training.saveSteps and evalSteps "
+            "must be a multiple of the other: a checkpoint has an eval loss only when an evaluation ran at its step",
+            lambda s: (
+                not (s.get("resume") == "best" or (s.get("registration") or {}).get("select") == "bestEval")
+                or not _has(s["training"], "evalSteps")
+                or s["training"]["saveSteps"] % s["training"]["evalSteps"] == 0
+                or s["training"]["evalSteps"] % s["training"]["saveSteps"] == 0
+            ),
+            field=".training.saveSteps",
+        ),
+        Rule(
             ("spec.registration.gate",),
             "has(self.maxEvalLoss) != has(self.minImprovement)",
             "spec.registration.gate needs exactly one of maxEvalLoss (an eval loss to reach) or minImprovement "

@@ -179,11 +179,12 @@ def jobs_by_parent(
     namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, **_: Any
 ) -> dict[tuple[str, str], tuple[str, str | None, str | None]]:
     """Jobs that start from another job's model (``spec.model.fromJob``), by (namespace, parent):
-    (name, phase, the parent uid it recorded)."""
+    (name, phase, the uid of the parent it started from)."""
     parent = ((dict(spec).get("model") or {}).get("fromJob") or {}).get("name")
     if not parent:
         return {}
-    recorded = (dict(status).get("parent") or {}).get("uid")
+    seen = dict(status).get("parent") or {}
+    recorded = seen.get("uid") if seen.get("path") else None  # started from it (not only waiting for it)
     return {(namespace or "default", parent): (name, dict(status).get("phase"), recorded)}
 
 

@@ -3,17 +3,20 @@ gives it. No client: the pass hands in a way to read a FineTuneJob of the same n
 
 The decision (:func:`observe`), in this order:
 
-- the parent was seen before (``status.parent.uid`` recorded) and is now gone or has another uid,
-  while this job has not finished training: ``Failed``, ``ParentMissing`` (its volume, which this
-  job reads, may be gone with it; a running PyTorchJob is stopped). Seen and still there, or this
-  job trained: ready, with what the status recorded (the parent's later changes do not matter).
+- the parent was started from (``status.parent`` with its ``path``) and is now gone or has another
+  uid, while this job has not finished training: ``Failed``, ``ParentMissing`` (its volume, which
+  this job reads, may be gone with it; a running PyTorchJob is stopped). Still there, or this job
+  trained: ready, with what the status recorded (the parent's later changes do not matter).
+- the parent waited for (``status.parent`` with its name and uid only) is gone or has another uid:
+  ``Failed``, ``ParentMissing`` (nothing of this job was created).
 - the parent does not exist: wait (``WaitingForParent``). ``kubectl apply`` of a file with both
   jobs may create the child first, so a parent never seen is waited for, not refused.
 - ``spec.model.fromJob`` leads back to this job (B from A from B, or longer): ``Failed``,
   ``ParentCycle``, naming the chain. Self-reference is refused at admission already.
 - the parent Failed: ``Failed``, ``ParentFailed``, with the parent's reason and message.
 - the parent Succeeded: ready; ``status.parent`` records it (:class:`ParentStatus`).
-- otherwise (Pending, Preparing, Training...): wait, saying the parent's phase.
+- otherwise (Pending, Preparing, Training...): wait, saying the parent's phase, and record which
+  parent (``status.parent``: name and uid).
 
 Nothing is created while waiting. Once ready, the preparation and training pods of this job mount
 the parent's checkpoint claim read-only at :data:`PARENT_MOUNT` (:func:`volumes`; the registration
@@ -26,7 +29,7 @@ built the same once the parent is gone.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -59,7 +62,8 @@ class ParentObservation:
 
 
 def recorded(job: api.FineTuneJob) -> ParentStatus | None:
-    """The parent this job started from, as its status recorded it (None: not seen yet)."""
+    """The parent this job started from, as its status recorded it (None: not seen yet); while the
+    job waits, only the parent's name and uid (no ``path``)."""
     ref = job.spec.model.from_job
     seen = job.status.parent if job.status is not None else None
     if ref is None or seen is None or not seen.uid or seen.job != ref.name:
@@ -80,8 +84,11 @@ def observe(
     obj = None if seen is not None and trained else read(name)
     if obj is not None and (obj.get("metadata") or {}).get("deletionTimestamp"):
         obj = None  # being deleted: gone, for what this job may read of it
-    if seen is not None:
+    if seen is not None and seen.path is not None:
         return _seen_again(seen, obj, trained=trained)
+    gone = _gone_while_waited_for(seen, obj, name)
+    if gone is not None:
+        return gone
     if obj is None:
         return ParentObservation(
             "waiting",
@@ -89,6 +96,14 @@ def observe(
             f"waiting for FineTuneJob {name} (spec.model.fromJob), which does not exist yet: this job "
             f"starts once {name} has Succeeded",
         )
+    return _present(job, name, obj, read, preparation=preparation)
+
+
+def _present(
+    job: api.FineTuneJob, name: str, obj: dict[str, Any], read: Reader, *, preparation: bool
+) -> ParentObservation:
+    """A parent that exists and that this job has not started from: a cycle, or its phase; while
+    waiting, which parent it waits for (name and uid: deleted meanwhile, the job fails)."""
     chain = cycle(job.metadata.name, name, obj, read)
     if chain is not None:
         return ParentObservation(
@@ -97,7 +112,27 @@ def observe(
             f"spec.model.fromJob makes a cycle: {' -> '.join(chain)}; no job of it can ever start. "
             "Re-create one of them with another spec.model",
         )
-    return _by_phase(job, name, obj, preparation=preparation)
+    found = _by_phase(job, name, obj, preparation=preparation)
+    uid = (obj.get("metadata") or {}).get("uid")
+    if found.state == "waiting" and uid:
+        return replace(found, status=ParentStatus(job=name, uid=uid))
+    return found
+
+
+def _gone_while_waited_for(
+    seen: ParentStatus | None, obj: dict[str, Any] | None, name: str
+) -> ParentObservation | None:
+    """The parent this job waited for (recorded: name and uid), deleted or replaced before it
+    Succeeded; None when it is still there (or none was recorded)."""
+    if seen is None or (obj is not None and (obj.get("metadata") or {}).get("uid") == seen.uid):
+        return None
+    what = "was deleted" if obj is None else "was deleted and re-created"
+    return ParentObservation(
+        "failed",
+        Reason.PARENT_MISSING,
+        f"FineTuneJob {name}, whose model this job waited for (spec.model.fromJob), {what} before it "
+        f"Succeeded. Re-create this job once {name} (or a replacement) has Succeeded",
+    )
 
 
 def _seen_again(seen: ParentStatus, obj: dict[str, Any] | None, *, trained: bool) -> ParentObservation:
@@ -153,8 +188,8 @@ def _by_phase(
             "failed",
             Reason.PARENT_MISSING,
             f"spec.model.fromJob.checkpoint is bestEval, but FineTuneJob {name} has no checkpoint with an "
-            "eval loss (it had no eval data: spec.dataset.evalSplit or evalFraction). Re-create this job "
-            "with checkpoint: final",
+            "eval loss (no eval data, or no evaluation at a step it saved). Re-create this job with "
+            "checkpoint: final",
         )
     found = parent_status(parent, folder, preparation=preparation)
     return ParentObservation("ready", Reason.PARENT_SUCCEEDED, _ready_message(found), found)
@@ -262,7 +297,7 @@ def volumes(job: api.FineTuneJob) -> tuple[list[dict[str, Any]], list[dict[str, 
 def trainer_parent(job: api.FineTuneJob) -> dict[str, Any] | None:
     """The trainer config's ``parent`` (wire form) for a job whose parent is recorded."""
     seen = recorded(job)
-    if seen is None:
+    if seen is None or seen.path is None:
         return None
     return {
         "job": seen.job,

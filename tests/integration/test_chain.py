@@ -61,11 +61,12 @@ def _waiting(kube: Any, namespace: str, name: str, says: str) -> dict[str, Any]:
 
 
 def _with_parent(kube: Any, namespace: str, name: str) -> dict[str, Any]:
-    """The job once its status records its parent (written after its children are created)."""
+    """The job once its status records the parent it started from (the folder: written after its
+    children are created; while it waits, only the parent's name and uid are)."""
 
     def check() -> dict[str, Any] | None:
         obj = get_job(kube, namespace, name)
-        return obj if (obj.get("status") or {}).get("parent") else None
+        return obj if ((obj.get("status") or {}).get("parent") or {}).get("path") else None
 
     result: dict[str, Any] = wait_for(check, what=f"{name}'s status.parent")
     return result
@@ -196,6 +197,28 @@ def test_a_parent_deleted_after_it_was_seen_is_missing(kube: Any, namespace: str
         what="b's PyTorchJob suspended",
     )
     assert condition(obj, "ChildrenReady")["status"] == "True"
+
+
+def test_a_parent_deleted_while_the_child_waits_fails_the_child(
+    kube: Any, namespace: str, operator: Any
+) -> None:
+    """The child records which parent it waits for; deleted before it Succeeded, the child fails
+    instead of waiting for a job that no longer exists. Nothing of the child was created."""
+    kube.create(_job(namespace, "early-a", register=False))
+    kube.create(_job(namespace, "early-b", parent="early-a"))
+    a = get_job(kube, namespace, "early-a")
+    wait_for(
+        lambda: (
+            ((get_job(kube, namespace, "early-b").get("status") or {}).get("parent") or {}).get("uid")
+            == a["metadata"]["uid"]
+        ),
+        what="b recording the parent it waits for",
+    )
+    kube.delete(API_VERSION, "FineTuneJob", namespace, "early-a", uid=a["metadata"]["uid"])
+    obj = wait_phase(kube, namespace, "early-b", "Failed")
+    ready = condition(obj, "Ready")
+    assert ready["reason"] == "ParentMissing" and "was deleted before it Succeeded" in ready["message"]
+    _no_children(kube, namespace, "early-b")
 
 
 def test_a_cycle_fails_both_jobs(kube: Any, namespace: str, operator: Any) -> None:

@@ -387,6 +387,20 @@ INVALID: list[Case] = [
     ),
     _C("subset-climbs-out", {"spec.dataset.subset": "../.."}, "spec.dataset.subset"),
     _C("subset-with-slash", {"spec.dataset.subset": "data/all"}, "spec.dataset.subset"),
+    _C(
+        "best-eval-between-saves",
+        {
+            "spec.registration.select": "bestEval",
+            "spec.training.evalSteps": 30,
+            "spec.training.saveSteps": 25,
+        },
+        "spec.training.saveSteps",
+    ),
+    _C(
+        "resume-best-eval-between-saves",
+        {"spec.resume": "best", "spec.training.evalSteps": 20, "spec.training.saveSteps": 50},
+        "spec.training.saveSteps",
+    ),
     # --- budgets ---
     _C("budget-empty", {"spec.budget": {}}, "spec.budget"),
     _C("budget-register-only", {"spec.budget": {"register": False}}, "spec.budget"),
@@ -398,6 +412,16 @@ INVALID: list[Case] = [
 ]
 
 VALID: list[Case] = [
+    _C(
+        "best-eval-every-second-save",
+        {"spec.registration.select": "bestEval", "spec.training.evalSteps": 4, "spec.training.saveSteps": 2},
+        "",
+    ),
+    _C(
+        "best-eval-every-other-save",
+        {"spec.resume": "best", "spec.training.evalSteps": 25, "spec.training.saveSteps": 50},
+        "",
+    ),
     _C("subset-dotted", {"spec.dataset.subset": "20231101.en"}, ""),
     _C("budget-duration", {"spec.budget": {"maxDuration": "0h90m"}}, ""),
     _C("budget-gpu-hours", {"spec.budget": {"maxGpuHours": 0.5, "register": False}}, ""),

@@ -313,3 +313,35 @@ def test_nothing_is_mounted_before_the_parent_succeeded() -> None:
     assert all(v["name"] != "parent" for v in pod["volumes"])
     config = TrainerConfig.model_validate(yaml.safe_load(builders.trainer_config_yaml(child, SETTINGS)))
     assert config.parent is None
+
+
+def test_a_parent_deleted_while_the_child_waits_fails_the_child() -> None:
+    """The job records which parent it waits for (name and uid); that parent deleted, or deleted and
+    re-created, before it Succeeded ends the job Failed with ParentMissing instead of waiting on."""
+    a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status={"phase": "Training"})
+    waiting = parent.observe(job_of(from_job("b", "a")), reader(a))
+    assert waiting is not None and waiting.state == "waiting" and waiting.status is not None
+    assert (waiting.status.job, waiting.status.uid, waiting.status.path) == ("a", "uid-a", None)
+    t = advance(from_job("b", "a"), waiting)
+    assert t.phase == Phase.PENDING and t.status["parent"] == {"job": "a", "uid": "uid-a"}
+    child = from_job("b", "a", status=t.status)
+    still = parent.observe(job_of(child), reader(a))  # the same parent, still training
+    assert still is not None and still.state == "waiting"
+    assert parent.trainer_parent(job_of(child)) is None and parent.volumes(job_of(child)) == ([], [])
+    gone = parent.observe(job_of(child), reader())
+    assert gone is not None and (gone.state, gone.reason) == ("failed", Reason.PARENT_MISSING)
+    assert "was deleted before it Succeeded" in gone.message
+    assert not parent.started_from(gone)
+    ended = advance(child, gone, prev=t.status)
+    assert ended.phase == Phase.FAILED and conditions(ended)["ParentReady"] == ("False", "ParentMissing")
+    other = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)
+    other["metadata"]["uid"] = "uid-a2"
+    replaced = parent.observe(job_of(child), reader(other))
+    assert (
+        replaced is not None and replaced.reason == Reason.PARENT_MISSING and "re-created" in replaced.message
+    )
+    # the same parent Succeeded: the child starts from it, its folder recorded
+    done = parent.observe(job_of(child), reader(manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)))
+    assert (
+        done is not None and done.state == "ready" and done.status is not None and done.status.path == "final"
+    )
