@@ -1,8 +1,9 @@
-"""Size limits on the shipped code, so that growth is noticed where it happens.
+"""Size limits on the shipped code's functions, so that growth is noticed where it happens.
 
-A module of a shipped package stays under 700 lines; a function under 80 lines, unless the comment
-line right above it (above its first decorator) says why the long form is the clearest:
-``# long: <reason>``. Ruff's PLR0911/PLR0912/PLR0915 (returns, branches, statements) run with the lint.
+A function stays under 80 lines, unless the comment line right above it (above its first decorator)
+says why the long form is the clearest: ``# long: <reason>``. Ruff's PLR0911/PLR0912/PLR0915 (returns,
+branches, statements) run with the lint. Modules have no line limit: a module holds one concern and is
+as long as that concern needs (a limit made code move by line budget instead of by concern).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api/kubetune_api", "operator/kubetune_operator", "trainer/kubetune_trainer", "cli/kubetune_cli")
 OPTIONAL_PACKAGES = ("bench/kubetune_bench",)
-MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 80
 REASON_MARK = "# long:"
 
@@ -57,12 +57,8 @@ def test_the_check_finds_a_long_function_and_accepts_a_reason() -> None:
 
 
 @pytest.mark.parametrize("module", shipped_modules(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_shipped_module_sizes(module: Path) -> None:
+def test_shipped_function_sizes(module: Path) -> None:
     source = module.read_text()
-    lines = source.count("\n")
-    assert lines <= MAX_MODULE_LINES, (
-        f"{module.relative_to(ROOT)} has {lines} lines (limit {MAX_MODULE_LINES})"
-    )
     assert long_functions(source) == [], (
         f"{module.relative_to(ROOT)}: functions over {MAX_FUNCTION_LINES} lines without a '{REASON_MARK} <reason>' "
         "comment above them"
