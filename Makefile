@@ -1,4 +1,4 @@
-.PHONY: run test lint crd
+.PHONY: run test lint crd docs
 run:  ## fine-tune the tiny model locally (the main job)
 	bash hack/local-run.sh
 test: ## set up, build the test control plane, lint, type-check, run all tests
@@ -7,3 +7,5 @@ crd:  ## regenerate crds/, the chart's copy and docs/api.md from the typed API m
 	.venv/bin/python -m kubetune_api.crd --write crds/kubetune.io_finetunejobs.yaml
 	cp crds/kubetune.io_finetunejobs.yaml charts/kubetune/files/crds/kubetune.io_finetunejobs.yaml
 	.venv/bin/python -m kubetune_api.docs --write docs/api.md
+docs: ## build the documentation site from docs/ into out/site (strict: a broken link or anchor fails)
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir out/site

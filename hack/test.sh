@@ -14,6 +14,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
 echo "== CRD drift"; python -m kubetune_api.crd --check crds/kubetune.io_finetunejobs.yaml
+echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp -d)"
 echo "== pytest"
 set +e
 pytest "$@"

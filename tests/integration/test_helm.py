@@ -678,7 +678,7 @@ def test_ci_values_install_in_namespaced_mode(
 
 def test_a_crd_applied_with_kubectl_is_taken_over_on_request(cluster: Cluster, installed: str) -> None:
     """Users who applied crds/ with kubectl first: `helm install` refuses to adopt the CRD silently;
-    `--take-ownership` (README, troubleshooting) makes the release own it."""
+    `--take-ownership` (docs/troubleshooting.md) makes the release own it."""
     cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE)
     crd = "crd/finetunejobs.kubetune.io"
     # What `kubectl apply --server-side -f crds/` leaves: the CRD without Helm's ownership metadata.

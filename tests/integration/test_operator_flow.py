@@ -258,8 +258,8 @@ def test_an_alias_changed_after_success_is_moved_by_a_registration_rerun(
     assert obj["status"]["phase"] == "Succeeded" and obj["status"]["registeredModel"]["alias"] == "production"
     assert "MLflow refused" in condition(obj, "AliasSynced")["message"]
 
-    # the README's remedy: fix what MLflow refused, delete the failed Job; the operator, which
-    # watches its alias Jobs, creates it again at once (not at the next re-sync)
+    # the documented remedy (docs/troubleshooting.md): fix what MLflow refused, delete the failed Job;
+    # the operator, which watches its alias Jobs, creates it again at once (not at the next re-sync)
     failed_uid = newest["metadata"]["uid"]
     control_plane.kubectl("delete", "job", "-n", namespace, newest["metadata"]["name"], "--wait=false")
     again = wait_for(

@@ -1,6 +1,6 @@
-"""The README's table of training failures is the enum, its meanings and its remedies, row for row: a
-reason added, renamed or given other words in kubetune_api.failures fails here until the README says
-so (the assertion message holds the table to paste)."""
+"""The docs' table of training failures (docs/troubleshooting.md, moved there from the README) is the
+enum, its meanings and its remedies, row for row: a reason added, renamed or given other words in
+kubetune_api.failures fails here until the page says so (the assertion message holds the table to paste)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from tests.support.controlplane import REPO
 
 from kubetune_api.failures import HINTS, MEANINGS, Failure
 
-HEADING = "### Why training failed"
+PAGE = REPO / "docs" / "troubleshooting.md"
+HEADING = "## Why training failed"
 
 
 def section() -> str:
-    text = (REPO / "README.md").read_text()
-    assert HEADING in text, f"README.md has no {HEADING!r} section"
+    text = PAGE.read_text()
+    assert HEADING in text, f"docs/troubleshooting.md has no {HEADING!r} section"
     return text.split(HEADING, 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
 
 
@@ -37,7 +38,7 @@ def expected_table() -> str:
 
 def test_every_failure_has_its_row_with_the_words_the_operator_shows() -> None:
     rows = failure_rows()
-    hint = f"the README's table should be:\n{expected_table()}"
+    hint = f"docs/troubleshooting.md's table should be:\n{expected_table()}"
     assert set(rows) == {r.value for r in Failure}, hint
     for reason in Failure:
         assert rows[reason.value] == (MEANINGS[reason], HINTS[reason]), f"{reason}: {hint}"

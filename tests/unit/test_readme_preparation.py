@@ -1,5 +1,6 @@
-"""The README's table of preparation refusals is the enum and its remedies, row for row: a reason
-added, renamed or given another remedy in kubetune_api.preparation fails here until the README says so."""
+"""The docs' table of preparation refusals (docs/preparation.md, moved there from the README) is the enum
+and its remedies, row for row: a reason added, renamed or given another remedy in kubetune_api.preparation
+fails here until the page says so."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from kubetune_api.preparation import HINTS, Refusal
 
 
 def refusal_rows() -> dict[str, tuple[str, str]]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("## Preparation", 1)[1].split("\n## ", 1)[0]
+    # the page is the README's former "## Preparation" section, whole
+    section = (REPO / "docs" / "preparation.md").read_text()
+    assert section.startswith("# Preparation"), "docs/preparation.md is the preparation page"
     rows = {}
     for line in section.splitlines():
         m = re.match(r"^\| `(\w+)` \| (.+) \| (.+) \|$", line)
