@@ -13,6 +13,7 @@ export KUBETUNE_CLUSTER_ASSETS="${KUBETUNE_CLUSTER_ASSETS:-$cluster}"
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
+echo "== import contracts"; lint-imports
 echo "== CRD drift"; python -m kubetune_api.crd --check crds/kubetune.io_finetunejobs.yaml
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp -d)"
 echo "== pytest"

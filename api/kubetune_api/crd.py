@@ -3,11 +3,12 @@
     python -m kubetune_api.crd > crds/kubetune.io_finetunejobs.yaml
     python -m kubetune_api.crd --check crds/kubetune.io_finetunejobs.yaml   # exit 1 on drift
 
-The generator turns pydantic's JSON Schema into a Kubernetes structural schema: references are
-inlined, optionals lose their ``null`` branch, exclusive bounds become OpenAPI v3.0 booleans,
-defaults of nested objects become ``{}`` so that the API server fills their fields (and CEL rules
-can rely on them), and the CEL rules declared in ``rules`` become ``x-kubernetes-validations`` at
-each of their places.
+The generator turns pydantic's JSON Schema into a Kubernetes structural schema
+(:func:`kubetune_api.schema.structural`): references are inlined, optionals lose their ``null``
+branch, exclusive bounds become OpenAPI v3.0 booleans, defaults of nested objects become ``{}`` so
+that the API server fills their fields (and CEL rules can rely on them), and the CEL rules declared
+in ``rules`` (:func:`kubetune_api.admission.all_rules`) become ``x-kubernetes-validations`` at each
+of their places.
 """
 
 from __future__ import annotations
@@ -19,120 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
 
-from . import rules
+from . import admission
 from . import spec as api
+from .schema import add_factory_defaults, structural
 from .status import FineTuneJobStatus
-
-# JSON Schema keys that carry over unchanged into the OpenAPI v3 structural schema.
-_KEEP = {
-    "type",
-    "description",
-    "default",
-    "enum",
-    "format",
-    "pattern",
-    "minLength",
-    "maxLength",
-    "minimum",
-    "maximum",
-    "minItems",
-    "maxItems",
-    "minProperties",
-    "maxProperties",
-    "required",
-    "x-kubernetes-validations",
-    "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys",
-}
-
-
-def _inlined(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    """``node`` with its ``$ref`` put in place and its nullable union (``X | None``) reduced to ``X``."""
-    node = dict(node)
-    if "$ref" in node:
-        target = copy.deepcopy(defs[node.pop("$ref").split("/")[-1]])
-        target.update(node)  # field-level description/default win over the model's
-        node = target
-    if "anyOf" in node:
-        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
-        if len(branches) != 1:
-            raise ValueError(f"unions are not structural: {branches}")
-        inner = _structural(branches[0], defs)
-        # the field's own keys (description, validations) sit beside anyOf
-        merged_validations = inner.get("x-kubernetes-validations", []) + node.pop(
-            "x-kubernetes-validations", []
-        )
-        inner.update({k: v for k, v in node.items() if k != "default" or v is not None})
-        if merged_validations:
-            inner["x-kubernetes-validations"] = merged_validations
-        node = inner
-    return node
-
-
-def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    node = _inlined(node, defs)
-    if "const" in node:
-        node["enum"] = [node.pop("const")]
-    # JSON Schema's numeric exclusive bounds become OpenAPI v3.0's boolean flags (once).
-    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if flag in node and not isinstance(node[flag], bool):
-            node[bound] = node.pop(flag)
-            node[flag] = True
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _KEEP or key in {"exclusiveMinimum", "exclusiveMaximum"}:
-            out[key] = value
-    if node.get("default", 0) is None:
-        out.pop("default", None)
-    if "properties" in node:
-        out["type"] = "object"
-        out["properties"] = {name: _structural(sub, defs) for name, sub in node["properties"].items()}
-    if "items" in node:
-        out["items"] = _structural(node["items"], defs)
-    if isinstance(node.get("additionalProperties"), dict):
-        out["additionalProperties"] = _structural(node["additionalProperties"], defs)
-    if "enum" in out and "type" not in out:
-        out["type"] = "string"
-    if out.get("type") == "object" and "default" in out and out["default"]:
-        # Nested object defaults: let the API server fill each field from its own default.
-        out["default"] = {}
-    return out
-
-
-def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
-    raw = model.model_json_schema(by_alias=True, mode="validation")
-    defs = raw.pop("$defs", {})
-    return _structural(raw, defs)
-
-
-def _add_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
-    """pydantic leaves default_factory values out of JSON Schema; put them in."""
-    for name, info in model.model_fields.items():
-        wire = info.alias or name
-        sub = schema.get("properties", {}).get(wire)
-        if sub is None:
-            continue
-        annotation = info.annotation
-        nested = _pydantic_model_of(annotation)
-        if info.default_factory is not None:
-            value = info.default_factory()  # type: ignore[call-arg]
-            sub["default"] = {} if isinstance(value, BaseModel) else value
-        if nested is not None:
-            _add_factory_defaults(sub, nested)
-
-
-def _pydantic_model_of(annotation: Any) -> type[BaseModel] | None:
-    import typing
-
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = _pydantic_model_of(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _schema_node(root: dict[str, Any], place: str) -> dict[str, Any]:
@@ -146,16 +38,16 @@ def _schema_node(root: dict[str, Any], place: str) -> dict[str, Any]:
 
 
 def _attach_rules(root: dict[str, Any]) -> None:
-    for rule in rules.all_rules():
+    for rule in admission.all_rules():
         for place in rule.places:
             node = _schema_node(root, place)
             node.setdefault("x-kubernetes-validations", []).append(rule.validation())
 
 
 def openapi_schema() -> dict[str, Any]:
-    spec_schema = _model_schema(api.FineTuneJobSpec)
-    _add_factory_defaults(spec_schema, api.FineTuneJobSpec)
-    status_schema = _model_schema(FineTuneJobStatus)
+    spec_schema = copy.deepcopy(structural(api.FineTuneJobSpec))
+    add_factory_defaults(spec_schema, api.FineTuneJobSpec)
+    status_schema = copy.deepcopy(structural(FineTuneJobStatus))
     root = {
         "type": "object",
         "description": "FineTuneJob fine-tunes a language model on a data set and registers it in MLflow.",

@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from . import rules
+from . import admission
 from .crd import generated_file_main, openapi_schema
 
 
@@ -92,7 +92,7 @@ def rules_table() -> list[str]:
         "| where | checked | refused with |",
         "| --- | --- | --- |",
     ]
-    for rule in rules.all_rules():
+    for rule in admission.all_rules():
         for place in rule.places:
             where = f"{place}{rule.field or ''}" or "metadata.name"
             kind = "CEL on update (oldSelf)" if rule.old else "CEL"

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from .base import ApiModel
-from .rules import QUERY_CREDENTIAL
+from .cel import QUERY_CREDENTIAL
 
 # A failure a new attempt may not have: the Training Operator restarts the pod (128-255).
 EXIT_RETRY = 142

@@ -21,169 +21,63 @@ library (1.28+), the extended strings library and RE2 ``matches()``; not the ``f
 (1.32+), whose checks are written as the same regular expressions the Python twin uses. Patterns go
 into single-quoted CEL strings as they are: no quotes or backslashes (a test checks).
 
-    python -m kubetune_api.rules      # one line per rule: where, CEL, message
+Layers (no import circles, checked by ``lint-imports``): the :class:`Rule` type and the patterns are
+:mod:`kubetune_api.cel`'s, below this module; :mod:`kubetune_api.spec` validates with :func:`check`,
+above it; :mod:`kubetune_api.admission`, above the spec, adds the transition rules built from the
+spec's fields and checks whole manifests.
+
+    python -m kubetune_api.admission      # one line per rule: where, CEL, message
 """
 
 from __future__ import annotations
 
 import functools
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .schema import list_type_problems, schema_at, schema_problems
+from .cel import (
+    BAD_GIT_REF,
+    CLIMBS_OUT,
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
+    PROCESS_START_ENV,
+    QUERY_CREDENTIAL,
+    SECRET_LIKE_ENV,
+    UNCLEAN_PATH,
+    URI_USERINFO,
+    Rule,
+    _cel_list,
+    _has,
+    _label_key_cel,
+    _overlapping_cel,
+    _search,
+    label_key_ok,
+    overlapping,
+    positive_quantity,
+)
+from .pod_env import (
+    OPERATOR_ENV,
+    POD_ENV,
+    TRAINING_OPERATOR_ENV,  # noqa: F401 (kubetune_api.rules.TRAINING_OPERATOR_ENV, as before pod_env)
+)
+from .rules_lineage import lineage_rules, model_source_rule, registration_rules
+from .schema import list_type_problems
+from .tuning import TUNING_ENV
 
 # The ValidationInfo context key that says "this spec was admitted by an API server already": the
 # operator's parsing of a job that started under an earlier version of the rules (see parse_job).
 ADMITTED = "admitted"
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One CEL rule and its Python twin.
-
-    ``places``: where the rule sits, as wire paths from the object's root (``spec.training``;
-    ``spec.env[]`` for each item of a list; ``""`` for the root). ``field``: the CEL ``fieldPath``,
-    relative to the place (the field the message is about). ``check``: the Python twin, True when the
-    value at the place passes; for a transition rule (``old``) it takes the new and the old value.
-    """
-
-    places: tuple[str, ...]
-    cel: str
-    message: str
-    check: Callable[..., bool]
-    field: str | None = None
-    reason: str | None = None
-    old: bool = False
-
-    def validation(self) -> dict[str, str]:
-        """The rule as one ``x-kubernetes-validations`` entry."""
-        out = {"rule": self.cel, "message": self.message}
-        if self.field:
-            out["fieldPath"] = self.field
-        if self.reason:
-            out["reason"] = self.reason
-        return out
-
-
-# --- patterns shared by CEL and Python (RE2 and Python's re agree on them) ---------------------------
-
-# Kubernetes label keys: an optional DNS-subdomain prefix (at most 253 characters) and '/', then a name
-# of 1 to 63 characters. The prefix's length is checked apart (indexOf).
-LABEL_KEY = (
-    "^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    "[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
-)
-# A path with '..' or '.' as a part, '//', or a trailing '/': not one clean absolute path
-UNCLEAN_PATH = "//|(^|/)[.][.]?(/|$)|[^/]/$"
-CLIMBS_OUT = "(^|/)[.][.](/|$)"
-# What git check-ref-format refuses beyond single characters (those are the field's pattern)
-BAD_GIT_REF = "[.][.]|@[{]|//|^/|/$|[.]$|(^|/)[.]|[.]lock(/|$)|^@$"
-# user:password@ (or a token@) in a URL
-URI_USERINFO = "[A-Za-z][A-Za-z0-9+.-]*://[^/?#@ ]+@"
-URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
-# a query parameter whose name says it carries a credential (?token=..., &api_key=...)
-QUERY_CREDENTIAL = (
-    "[?&][^=&#]*(?i:token|secret|passw|pwd|api_?key|access_?key|credential|signature|auth)[^=&#]*="
-)
-# Variables that change how every process of the pod starts: the dynamic loader's (libraries loaded
-# into every process, where they are looked up), the shells' startup files, the command search path,
-# and Python's (modules found or run before kubetune's own, another interpreter). Refused: a
-# container image is the place for such changes, where they are built and scanned with the rest.
-PROCESS_START_ENV = (
-    "^(LD_[A-Za-z0-9_]*|PATH|BASH_ENV|ENV|GCONV_PATH|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|"
-    "PYTHONUSERBASE|PYTHONPLATLIBDIR|PYTHONINSPECT|PYTHONEXECUTABLE)$"
-)
-# Variables the Kubeflow Training Operator appends to every PyTorchJob container, whatever is
-# already there (v1.9 pytorch/envvar.go): kubetune's builders leave them to it, and a spec.env entry
-# of the same name would define one twice (the API server only warns: "hides previous definition").
-TRAINING_OPERATOR_ENV = (
-    "PYTHONUNBUFFERED",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-    "RANK",
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "PET_NODE_RANK",
-    "PET_NPROC_PER_NODE",
-    "PET_NNODES",
-)
-# Variables kubetune (kubetune_operator.builders) or the Kubeflow Training Operator set on the pods;
-# a spec.env entry of the same name would define it twice (the API server keeps both, the later wins).
-# KUBETUNE_CONFIG, KUBETUNE_CPUS, KUBETUNE_SHUTDOWN_GRACE_S and KUBETUNE_IMAGE are spec.OPERATOR_ENV (a rule of their own).
-POD_ENV = (
-    "HOME",
-    "XDG_CACHE_HOME",
-    "HF_HOME",
-    "TRITON_CACHE_DIR",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "TMPDIR",
-    "HF_TOKEN",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    *TRAINING_OPERATOR_ENV,  # PYTHONUNBUFFERED: kubetune sets it in the registration pod
-)
 # Where kubetune mounts its own volumes in the trainer and registration pods: the checkpoint volume,
 # the trainer config, the caches, /tmp and the memory-backed /dev/shm (kubetune_operator.builders)
 KUBETUNE_MOUNTS = ("/var/lib/kubetune", "/etc/kubetune", "/var/cache/kubetune", "/tmp", "/dev/shm")
 
 
-def _search(pattern: str, value: str) -> bool:
-    """CEL's ``matches()``: RE2, true when the pattern matches anywhere in the string."""
-    return re.search(pattern, value) is not None
-
-
-def label_key_ok(key: str) -> bool:
-    """A Kubernetes label key (the Python twin of :func:`_label_key_cel`).
-
-    >>> [label_key_ok(k) for k in ("nvidia.com/gpu.product", "zone", "-bad", "a/b/c", "x" * 64)]
-    [True, True, False, False, False]
-    """
-    return _search(LABEL_KEY, key) and ("/" not in key or key.index("/") <= 253)
-
-
-def _label_key_cel(var: str) -> str:
-    return f"{var}.matches('{LABEL_KEY}') && (!{var}.contains('/') || {var}.indexOf('/') <= 253)"
-
-
-def positive_quantity(value: str) -> bool:
-    """The twin of ``isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))`` for the values
-    the field's pattern (spec.QUANTITY_PATTERN) lets through: a number and a positive multiplier.
-
-    >>> [positive_quantity(v) for v in ("16Gi", "500m", "0.5", "0", "0Gi", "0e3", "0.000")]
-    [True, True, True, False, False, False, False]
-    """
-    number = re.match(r"[0-9.]*", value)
-    return number is not None and any(c in "123456789" for c in number.group())
-
-
-def overlapping(a: str, b: str) -> bool:
-    """Whether two clean absolute paths are the same, or one is inside the other."""
-    return a == "/" or b == "/" or (a + "/").startswith(b + "/") or (b + "/").startswith(a + "/")
-
-
-def _overlapping_cel(a: str, b: str) -> str:
-    return f"({a} == '/' || {b} == '/' || ({a} + '/').startsWith({b} + '/') || ({b} + '/').startsWith({a} + '/'))"
-
-
-def _cel_list(names: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in names) + "]"
-
-
 # --- the rules ---------------------------------------------------------------------------------------
-
-
-def _has(obj: Any, key: str) -> bool:
-    return isinstance(obj, dict) and key in obj
 
 
 def _source_rules(kind: str) -> list[Rule]:
     """spec.model and spec.dataset: a Hub id, or a path (on a volume)."""
-    from .rules_lineage import model_source_rule
-
     at = f"spec.{kind}"
     return [
         model_source_rule()
@@ -258,9 +152,6 @@ def _quantity_rule(place: str) -> Rule:
 
 
 def _env_rules() -> list[Rule]:
-    from .spec import OPERATOR_ENV, SECRET_LIKE_ENV
-    from .tuning import TUNING_ENV
-
     at = ("spec.env[]",)
     out = [
         Rule(
@@ -453,18 +344,17 @@ def _spec_rules() -> list[Rule]:
     ]
 
 
-def _immutable_rules() -> list[Rule]:
-    """Transition rules (oldSelf): what shapes the training cannot change once created."""
-    from pydantic.alias_generators import to_camel
+def immutable_rules(spec_fields: Iterable[tuple[str, bool]], mutable: Iterable[str]) -> list[Rule]:
+    """Transition rules (oldSelf): what shapes the training cannot change once created.
 
-    from .spec import MUTABLE_SPEC_FIELDS, FineTuneJobSpec
-
+    ``spec_fields``: each field of the spec, as its wire name and whether it is required (the spec's
+    model gives them: :func:`kubetune_api.admission.all_rules`); ``mutable``: those that may change.
+    """
     out = []
-    for name, info in FineTuneJobSpec.model_fields.items():
-        wire = info.alias or to_camel(name)
-        if wire in MUTABLE_SPEC_FIELDS:
+    for wire, required in spec_fields:
+        if wire in mutable:
             continue
-        if info.is_required():
+        if required:
             rule = f"self.{wire} == oldSelf.{wire}"
         else:
             rule = f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
@@ -499,10 +389,9 @@ def _immutable_rules() -> list[Rule]:
 
 
 @functools.cache
-def all_rules() -> tuple[Rule, ...]:
-    """Every rule, in the order the CRD lists them at each place."""
-    from .rules_lineage import lineage_rules, registration_rules
-    from .spec import MAX_NAME_LENGTH, NAME_PATTERN
+def object_rules() -> tuple[Rule, ...]:
+    """Every rule on one object, in the order the CRD lists them at each place; the transition rules
+    (:func:`immutable_rules`) follow them in :func:`kubetune_api.admission.all_rules`."""
 
     root = [
         Rule(
@@ -576,12 +465,11 @@ def all_rules() -> tuple[Rule, ...]:
         *_env_rules(),
         *_spec_rules(),
         *lineage_rules(),
-        *_immutable_rules(),
     )
 
 
 def rules_at(place: str) -> list[Rule]:
-    return [r for r in all_rules() if place in r.places]
+    return [r for r in object_rules() if place in r.places]
 
 
 # --- the Python enforcer ----------------------------------------------------------------------------
@@ -611,15 +499,19 @@ def _where(path: str, field: str | None) -> str:
     return f"{path}{field or ''}"
 
 
-def check(obj: dict[str, Any], *, under: str = "", only_root: bool = False) -> list[str]:
+def check(
+    obj: dict[str, Any], schema: dict[str, Any], *, under: str = "", only_root: bool = False
+) -> list[str]:
     """The rules ``obj`` (the wire form, defaults filled in) breaks: one ``path: message`` each.
 
-    ``under``: the place of ``obj`` itself (``"spec"`` when ``obj`` is a spec); only the rules at or
-    below it run, with paths written from the root as the API server writes them. ``only_root``: only
-    the rules on the whole object (``obj`` is the FineTuneJob).
+    ``schema``: the structural schema of ``obj`` (:func:`kubetune_api.schema.structural`), whose list
+    types are checked too. ``under``: the place of ``obj`` itself (``"spec"`` when ``obj`` is a spec);
+    only the rules at or below it run, with paths written from the root as the API server writes
+    them. ``only_root``: only the rules on the whole object (``obj`` is the FineTuneJob; no list type
+    there, ``schema`` is not read). :func:`kubetune_api.admission.check` checks a whole manifest.
     """
     problems: list[str] = []
-    for rule in all_rules():
+    for rule in object_rules():
         if rule.old:
             continue
         for place in rule.places:
@@ -635,30 +527,8 @@ def check(obj: dict[str, Any], *, under: str = "", only_root: bool = False) -> l
                     where = _where(path, rule.field)
                     problems.append(f"{where}: {rule.message}" if where else rule.message)
     if not only_root:
-        problems += list_type_problems(obj, schema_at(under), under)
+        problems += list_type_problems(obj, schema, under)
     return problems
-
-
-def check_update(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The transition rules an update of spec from ``old`` to ``new`` breaks (what is immutable)."""
-    return [
-        f"spec{rule.field}: {rule.message}" for rule in all_rules() if rule.old and not rule.check(new, old)
-    ]
-
-
-def problems(doc: dict[str, Any]) -> list[str]:
-    """Every reason the API server would refuse the FineTuneJob ``doc``, as ``path: what`` lines:
-    its schema (types, enums, bounds, patterns, unknown fields: pydantic, from the same declarations
-    as the CRD's OpenAPI schema), then every CEL rule and list type (this module). Empty: admitted."""
-    from pydantic import ValidationError
-
-    from .spec import FineTuneJob
-
-    try:
-        job = FineTuneJob.model_validate(doc, context={ADMITTED: True})
-    except ValidationError as e:
-        return schema_problems(e)
-    return check(job.model_dump(by_alias=True, exclude_none=True, mode="json"))
 
 
 class RuleError(ValueError):
@@ -668,15 +538,3 @@ class RuleError(ValueError):
     def __init__(self, problems: list[str], source: str | None = None) -> None:
         self.problems = problems
         super().__init__("\n".join(f"{source}: {p}" if source else p for p in problems))
-
-
-def main() -> int:
-    for rule in all_rules():
-        for place in rule.places:
-            kind = "CEL on update" if rule.old else "CEL"
-            print(f"{place or '(root)'}{rule.field or ''}\t{kind}\t{rule.cel}\t{rule.message}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

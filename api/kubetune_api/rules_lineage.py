@@ -1,13 +1,13 @@
 """Rules of registration, the checkpoint catalog, the evaluation gate and chained jobs (see :mod:`.rules`).
 
-Kept apart from :mod:`.rules` only for size; :func:`.rules.all_rules` lists them with the rest.
+Kept apart from :mod:`.rules` only for size; :func:`.rules.object_rules` lists them with the rest.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .rules import QUERY_CREDENTIAL, URI_CREDENTIALS, Rule, _has, _search
+from .cel import QUERY_CREDENTIAL, RESERVED_ALIAS_MESSAGE, URI_CREDENTIALS, Rule, _has, _search
 
 # What the spec's eval data is: a named split, or a share held out of the training split.
 _EVAL_CEL = "(has(self.dataset.evalSplit) || has(self.dataset.evalFraction))"
@@ -42,8 +42,6 @@ def model_source_rule() -> Rule:
 
 
 def registration_rules() -> list[Rule]:
-    from .spec import RESERVED_ALIAS_MESSAGE
-
     at = ("spec.registration",)
     return [
         Rule(

@@ -1,26 +1,140 @@
-"""The schema side of admission, in Python: the list types of the CRD's OpenAPI schema
-(``x-kubernetes-list-type``) and the paths of pydantic's errors, written as the API server writes them.
+"""The schema side of admission, in Python: the typed models' JSON Schema as a Kubernetes structural
+schema (what the CRD's OpenAPI schema is made of), its list types (``x-kubernetes-list-type``), and
+the paths of pydantic's errors, written as the API server writes them.
 
 The CEL rules and their Python twins are :mod:`kubetune_api.rules`; this module is what the schema
-itself says, checked where no API server is (``kubetune render``, the trainer's data check).
+itself says, checked where no API server is (``kubetune render``, the trainer's data check). It
+imports no other module of the API: the spec's validators and the CRD generator both build on it.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
+import typing
 from typing import Any
+
+from pydantic import BaseModel
+
+# JSON Schema keys that carry over unchanged into the OpenAPI v3 structural schema.
+_KEEP = {
+    "type",
+    "description",
+    "default",
+    "enum",
+    "format",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "required",
+    "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+}
+
+
+def _inlined(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with its ``$ref`` put in place and its nullable union (``X | None``) reduced to ``X``."""
+    node = dict(node)
+    if "$ref" in node:
+        target = copy.deepcopy(defs[node.pop("$ref").split("/")[-1]])
+        target.update(node)  # field-level description/default win over the model's
+        node = target
+    if "anyOf" in node:
+        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        if len(branches) != 1:
+            raise ValueError(f"unions are not structural: {branches}")
+        inner = _structural(branches[0], defs)
+        # the field's own keys (description, validations) sit beside anyOf
+        merged_validations = inner.get("x-kubernetes-validations", []) + node.pop(
+            "x-kubernetes-validations", []
+        )
+        inner.update({k: v for k, v in node.items() if k != "default" or v is not None})
+        if merged_validations:
+            inner["x-kubernetes-validations"] = merged_validations
+        node = inner
+    return node
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    node = _inlined(node, defs)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    # JSON Schema's numeric exclusive bounds become OpenAPI v3.0's boolean flags (once).
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if flag in node and not isinstance(node[flag], bool):
+            node[bound] = node.pop(flag)
+            node[flag] = True
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _KEEP or key in {"exclusiveMinimum", "exclusiveMaximum"}:
+            out[key] = value
+    if node.get("default", 0) is None:
+        out.pop("default", None)
+    if "properties" in node:
+        out["type"] = "object"
+        out["properties"] = {name: _structural(sub, defs) for name, sub in node["properties"].items()}
+    if "items" in node:
+        out["items"] = _structural(node["items"], defs)
+    if isinstance(node.get("additionalProperties"), dict):
+        out["additionalProperties"] = _structural(node["additionalProperties"], defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("type") == "object" and "default" in out and out["default"]:
+        # Nested object defaults: let the API server fill each field from its own default.
+        out["default"] = {}
+    return out
+
+
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(raw, defs)
+
+
+def add_factory_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """pydantic leaves default_factory values out of JSON Schema; put them in."""
+    for name, info in model.model_fields.items():
+        wire = info.alias or name
+        sub = schema.get("properties", {}).get(wire)
+        if sub is None:
+            continue
+        annotation = info.annotation
+        nested = _pydantic_model_of(annotation)
+        if info.default_factory is not None:
+            value = info.default_factory()  # type: ignore[call-arg]
+            sub["default"] = {} if isinstance(value, BaseModel) else value
+        if nested is not None:
+            add_factory_defaults(sub, nested)
+
+
+def _pydantic_model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _pydantic_model_of(arg)
+        if found is not None:
+            return found
+    return None
 
 
 @functools.cache
-def openapi() -> dict[str, Any]:
-    from .crd import openapi_schema
+def structural(model: type[BaseModel]) -> dict[str, Any]:
+    """``model``'s JSON Schema as a Kubernetes structural schema (references inlined, optionals
+    without their ``null`` branch, OpenAPI v3.0 bounds). Cached: copy it before changing it."""
+    return _model_schema(model)
 
-    return openapi_schema()
 
-
-def schema_at(place: str) -> dict[str, Any]:
-    node = openapi()
+def schema_at(schema: dict[str, Any], place: str) -> dict[str, Any]:
+    """The node of ``schema`` at ``place`` (``spec.training``)."""
+    node = schema
     for part in filter(None, place.split(".")):
         node = node["properties"][part]
     return node

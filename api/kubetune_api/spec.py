@@ -22,6 +22,9 @@ from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 
 from . import rules as _rules
 from .base import ApiModel
+from .cel import MAX_NAME_LENGTH, NAME_PATTERN
+from .pod_env import OPERATOR_ENV  # noqa: F401 (kubetune_api.spec.OPERATOR_ENV, as before pod_env)
+from .schema import structural
 from .status import FineTuneJobStatus
 
 GROUP = "kubetune.io"
@@ -35,10 +38,10 @@ SHORT_NAMES = ("ftj",)
 # operator registers the trained model again (status.registrationRetry records the value acted on)
 RETRY_REGISTRATION_ANNOTATION = f"{GROUP}/retry-registration"
 
-# The longest child name suffix is the PyTorchJob worker Service "<job>-train-worker-<i>"; Services
-# are DNS-1035 labels (<= 63 characters, starting with a letter). 40 leaves room for 999 workers.
-MAX_NAME_LENGTH = 40
-NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# The name's length and pattern (MAX_NAME_LENGTH, NAME_PATTERN), the names of secret-like variables
+# (SECRET_LIKE_ENV) and the alias names MLflow reserves (RESERVED_ALIAS_MESSAGE): kubetune_api.cel,
+# which the rules share. The variables kubetune sets on the pods (OPERATOR_ENV, DEFAULTED_ENV):
+# kubetune_api.pod_env.
 
 # A Kubernetes quantity (resource.Quantity): a number, then a binary or decimal suffix or an exponent.
 # No sign and no bare '.': what the API server takes and the Python twin reads (rules.positive_quantity).
@@ -56,16 +59,6 @@ IMAGE_PATTERN = (
     r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
     r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
 )
-# Environment variable names that look like they carry a secret must come from a Secret.
-SECRET_LIKE_ENV = r"(?i).*(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL).*"  # noqa: S105 (a pattern, not a secret)
-
-# Variables the operator sets on the trainer's pods itself. A spec.env entry of the same name would
-# replace KUBETUNE_CONFIG (set before spec.env: the later entry wins, and the trainer finds no
-# config) and silently lose to the other two (set after it); refused, so what the spec says runs.
-# Set by kubetune on the trainer pods after the preparation step (they read the volume only), unless
-# spec.env names them: then the spec's value is the only one.
-DEFAULTED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-OPERATOR_ENV = ("KUBETUNE_CONFIG", "KUBETUNE_CPUS", "KUBETUNE_SHUTDOWN_GRACE_S", "KUBETUNE_IMAGE")
 
 
 # --- enums ------------------------------------------------------------------------------------------
@@ -415,12 +408,6 @@ class StorageSpec(ApiModel):
     )
 
 
-# MLflow keeps these alias names for itself: "latest" (any case) and v<number> name versions
-RESERVED_ALIAS_MESSAGE = (
-    "spec.registration.alias must not be 'latest' or v<number>: MLflow reserves them for versions"
-)
-
-
 def registration_error(alias: str | None, tracking_uri: str | None) -> str | None:
     """The first rule of ``spec.registration`` (:mod:`kubetune_api.rules`) that this alias or tracking
     URI breaks: for a tracking URI given outside a manifest (``kubetune run --local --tracking-uri``).
@@ -641,7 +628,7 @@ class FineTuneJobSpec(ApiModel):
     def _rules(self, info: ValidationInfo) -> FineTuneJobSpec:
         """Every rule of kubetune_api.rules at or below spec, unless the spec was admitted already."""
         if not (info.context or {}).get(_rules.ADMITTED):
-            problems = _rules.check(self.wire(), under="spec")
+            problems = _rules.check(self.wire(), structural(FineTuneJobSpec), under="spec")
             if problems:
                 raise _rules.RuleError(problems)
         return self
@@ -676,7 +663,7 @@ class FineTuneJob(ApiModel):
     @model_validator(mode="after")
     def _name_fits_children(self, info: ValidationInfo) -> FineTuneJob:
         if not (info.context or {}).get(_rules.ADMITTED):
-            problems = _rules.check(self.wire(), only_root=True)
+            problems = _rules.check(self.wire(), {}, only_root=True)
             if problems:
                 raise _rules.RuleError(problems)
         return self

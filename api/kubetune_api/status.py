@@ -1,6 +1,7 @@
 """The FineTuneJob's status: its model, and the names of its phases, condition types and reasons.
 
-The operator writes the status (one state machine, :mod:`kubetune_operator.state`); readers match on
+The operator (one state machine, :mod:`kubetune_operator.state`) and the trainer (its progress
+reports) write the status, each its own fields (:mod:`kubetune_api.ownership`); readers match on
 these names: ``kubetune watch`` imports them, and the Argo CD health check
 (``deploy/argocd/health/finetunejob.lua``), which cannot, is tied to them by a test.
 """
@@ -139,6 +140,11 @@ class Progress(ApiModel):
     epoch: float | None = Field(default=None, description="Epochs done (fractional).")
     loss: float | None = Field(default=None, description="Latest training loss.")
     eval_loss: float | None = Field(default=None, description="Latest evaluation loss.")
+    base_eval_loss: float | None = Field(
+        default=None,
+        description="The base model's eval loss, measured before the first step (registration.gate "
+        "minImprovement); status.evaluation repeats it with the gate's verdict.",
+    )
     tokens_per_second: float | None = Field(
         default=None, description="Training tokens per second (all GPUs)."
     )
@@ -265,6 +271,11 @@ class RegisteredModelStatus(ApiModel):
     uri: str | None = Field(default=None, description="models:/<name>/<version>.")
     alias: str | None = Field(default=None, description="Alias set on that version.")
     url: str | None = Field(default=None, description="The version in the MLflow UI (http(s) servers).")
+    run_id: str | None = Field(
+        default=None,
+        description="The MLflow run the version was logged from (status.mlflow's run, normally).",
+    )
+    run_url: str | None = Field(default=None, description="That run in the MLflow UI (http(s) servers).")
 
 
 class ParentStatus(ApiModel):

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from . import rules
+from . import admission, rules
 from .base import ApiModel
 from .spec import FineTuneJob, FineTuneJobSpec
 
@@ -217,7 +217,7 @@ def load_manifest(path: str | Path) -> FineTuneJob:
     for doc in yaml.safe_load_all(Path(path).read_text()):
         if isinstance(doc, dict) and doc.get("kind") == "FineTuneJob":
             job = FineTuneJob.model_validate(doc, context={rules.ADMITTED: True})
-            problems = rules.check(job.wire())
+            problems = admission.check(job.wire())
             if problems:
                 raise rules.RuleError(problems, source=str(path))
             return job

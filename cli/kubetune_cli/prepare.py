@@ -20,13 +20,12 @@ import argparse
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from kubetune_api.preparation import EXIT_REFUSED
-from kubetune_api.trainer_config import TrainerConfig
 from kubetune_trainer.data_check import BadInputError
 
-from .report import render_refusal, render_report
+from .preparation import run_preparation
 
 
 def add_parser(sub: Any) -> None:
@@ -46,20 +45,6 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--debug", action="store_true", help="show the traceback of a bad-input error")
     p.set_defaults(func=_run)
-
-
-def run_preparation(cfg: TrainerConfig, out: TextIO, err: TextIO) -> int:
-    """Prepare ``cfg`` into its output folder: the report on ``out`` (0), or the refusal on ``err``
-    (EXIT_REFUSED)."""
-    from kubetune_trainer.prepare import Refused, prepare
-
-    try:
-        report = prepare(cfg, root=Path(cfg.output_dir))
-    except Refused as e:
-        err.write("".join(f"{line}\n" for line in render_refusal(e.refusal)))
-        return EXIT_REFUSED
-    out.write("".join(f"{line}\n" for line in render_report(report)))
-    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -373,7 +373,7 @@ def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> 
     """
     from kubetune_trainer import checkpoints
 
-    from .prepare import run_preparation
+    from .preparation import run_preparation
 
     out = Path(cfg.output_dir)
     attempt = checkpoints.decide_attempt(

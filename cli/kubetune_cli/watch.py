@@ -278,7 +278,8 @@ def succeeded_lines(status: dict[str, Any]) -> list[str]:
     evaluation = evaluation_line(status)
     if evaluation:
         lines.append(evaluation)
-    mlflow = status.get("mlflow") or {}
+    # the training's run (the trainer reports it); without one, the run the version was logged from
+    mlflow = status.get("mlflow") or {k: model[k] for k in ("runId", "runUrl") if model.get(k)}
     if mlflow.get("runId"):
         lines.append(
             f"MLflow run {mlflow['runId']}"

@@ -38,10 +38,11 @@ from typing import Any
 
 from kubetune_api import spec as api
 from kubetune_api.preparation import EXIT_REFUSED
-from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV
+from kubetune_api.registration import EXIT_GATE_NOT_MET
 from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
 
 from . import parent
+from .pod_env import CACHE_MOUNT, TMP_MOUNT, Context, Pod, env
 from .settings import Settings
 
 # --- names and labels -------------------------------------------------------------------------------
@@ -72,22 +73,13 @@ PREPARE_CONTAINER = "prepare"
 MASTER_PORT = 23456  # the Training Operator's default; named so it need not inject one
 PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
 
-# Where the writable scratch space goes: the root filesystem is read-only.
-CACHE_MOUNT = "/var/cache/kubetune"
-COMPILE_CACHE = f"{CHECKPOINT_MOUNT}/.cache"
-TMP_MOUNT = "/tmp"
+# Where the writable scratch space goes (the root filesystem is read-only): CACHE_MOUNT and TMP_MOUNT,
+# with the variables that point there (kubetune_operator.pod_env); /dev/shm for NCCL and data loaders.
 SHM_MOUNT = "/dev/shm"
 
 # Labels never copied from the FineTuneJob onto children.
 _NOT_COPIED_PREFIXES = ("argocd.argoproj.io/", "kueue.x-k8s.io/", f"{api.GROUP}/")
 _NOT_COPIED = {"app.kubernetes.io/instance"}
-
-SECRET_ENV = {
-    "hugging_face_token": "HF_TOKEN",
-    "mlflow_tracking_token": "MLFLOW_TRACKING_TOKEN",
-    "mlflow_tracking_username": "MLFLOW_TRACKING_USERNAME",
-    "mlflow_tracking_password": "MLFLOW_TRACKING_PASSWORD",
-}
 
 
 def pvc_name(job: api.FineTuneJob) -> str:
@@ -281,48 +273,6 @@ def container_security_context(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _env(job: api.FineTuneJob, settings: Settings, *, training: bool = False) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [
-        # the Training Operator sets it in training pods, with the rest of TRAINING_OPERATOR_ENV
-        *([] if training else [{"name": "PYTHONUNBUFFERED", "value": "1"}]),
-        # Caches go to the writable emptyDir: the root filesystem is read-only.
-        {"name": "HOME", "value": CACHE_MOUNT},  # exists (the mount point); some tools write to ~
-        {"name": "XDG_CACHE_HOME", "value": CACHE_MOUNT},
-        {"name": "HF_HOME", "value": f"{CACHE_MOUNT}/huggingface"},
-        # Compiled kernels live on the checkpoint volume: an attempt restarted after preemption
-        # finds the previous attempt's kernels instead of compiling again (keys include the torch
-        # version and the GPU, so a new image or another GPU simply compiles anew).
-        {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE}/triton"},
-        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{COMPILE_CACHE}/torchinductor"},
-        {"name": "TMPDIR", "value": TMP_MOUNT},
-        {"name": "KUBETUNE_CONFIG", "value": CONFIG_PATH},
-        # lineage: the registered model version is tagged with the image that trained it
-        {"name": "KUBETUNE_IMAGE", "value": _image(job, settings)},
-    ]
-    if settings.hf_endpoint:
-        env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})
-    if training and settings.preparation:
-        # the preparation Job put the model and the tokenized data on the volume: a (re)started
-        # trainer reads them from there and never reaches for the Hub (unless spec.env says otherwise)
-        own = {e.name for e in job.spec.env or []}
-        env += [{"name": name, "value": "1"} for name in api.DEFAULTED_ENV if name not in own]
-    secrets = job.spec.secrets
-    if secrets is not None:
-        for field, var in SECRET_ENV.items():
-            ref: api.SecretKeyRef | None = getattr(secrets, field)
-            if ref is not None:
-                env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    for extra in job.spec.env or []:
-        if extra.value_from is not None:
-            ref = extra.value_from.secret_key_ref
-            env.append(
-                {"name": extra.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-            )
-        else:
-            env.append({"name": extra.name, "value": extra.value or ""})
-    return env
-
-
 def _data_volumes(job: api.FineTuneJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Read-only volumes holding the base model or the data set (``path`` + ``volume``)."""
     volumes: list[dict[str, Any]] = []
@@ -418,27 +368,8 @@ def train_command() -> list[str]:
     ]
 
 
-def shutdown_grace_seconds(settings: Settings) -> int:
-    """The workers' time to checkpoint after SIGTERM: inside the pod's grace period, with a margin
-    for the launcher and the pod to exit before the kubelet's SIGKILL."""
-    return max(30, settings.termination_grace_seconds - 60)
-
-
 def register_command() -> list[str]:
     return ["python", "-m", "kubetune_trainer.register", "--config", CONFIG_PATH]
-
-
-def _cpus_env(job: api.FineTuneJob) -> list[dict[str, Any]]:
-    """The container's CPU request, whole CPUs rounded up, as KUBETUNE_CPUS (Downward API).
-
-    The trainer shares it among its processes for torch.compile's worker pools: inductor would
-    otherwise start min(32, the node's CPUs) workers per process, ~0.4 GB each, whatever the
-    pod asked for.
-    """
-    if not job.spec.resources.cpu:
-        return []
-    field = {"containerName": TRAIN_CONTAINER, "resource": "requests.cpu", "divisor": "1"}
-    return [{"name": "KUBETUNE_CPUS", "valueFrom": {"resourceFieldRef": field}}]
 
 
 def _image(job: api.FineTuneJob, settings: Settings) -> str:
@@ -453,11 +384,7 @@ def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[s
         "imagePullPolicy": settings.image_pull_policy,
         "command": train_command(),
         "workingDir": CACHE_MOUNT,
-        "env": [
-            *_env(job, settings, training=True),
-            {"name": "KUBETUNE_SHUTDOWN_GRACE_S", "value": str(shutdown_grace_seconds(settings))},
-            *_cpus_env(job),
-        ],
+        "env": env(Context(job, settings, Pod.TRAINING, _image(job, settings), TRAIN_CONTAINER)),
         "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "resources": _train_resources(job),
         "volumeMounts": mounts,
@@ -569,7 +496,9 @@ def _cpu_job(
     resources: dict[str, Any],
     backoff_limit: int,
     deadline_seconds: int,
+    pod: Pod,
     priority: bool = True,
+    force: bool = False,
 ) -> dict[str, Any]:
     """A batch/v1 Job of one CPU pod in the trainer image (registration, preparation), with the
     checkpoint volume and the trainer config mounted, and its result in the termination message."""
@@ -581,7 +510,7 @@ def _cpu_job(
         "command": command,
         # The image's working directory lies under the cache mount, which hides it.
         "workingDir": CACHE_MOUNT,
-        "env": _env(job, settings),
+        "env": env(Context(job, settings, pod, _image(job, settings), container_name, force=force)),
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_security_context(settings),
@@ -632,11 +561,11 @@ def build_registration_job(
         resources=register_resources(settings),
         backoff_limit=settings.register_backoff_limit,
         deadline_seconds=settings.register_deadline_seconds,
+        pod=Pod.REGISTRATION,
+        force=force,
     )
     gate = {"containerName": REGISTER_CONTAINER, "operator": "In", "values": [EXIT_GATE_NOT_MET]}
     manifest["spec"]["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": gate}]}
-    if force:
-        manifest["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": FORCE_ENV, "value": "1"})
     return manifest
 
 
@@ -664,6 +593,7 @@ def build_preparation_job(job: api.FineTuneJob, settings: Settings) -> dict[str,
         resources=resources,
         backoff_limit=settings.prepare_backoff_limit,
         deadline_seconds=settings.prepare_deadline_seconds,
+        pod=Pod.PREPARATION,
         # it holds no GPU: the job's priorityClassName (GPU preemption) is the training pods'
         priority=False,
     )

@@ -1,6 +1,10 @@
 """What a registration Job's result puts in the status (:mod:`kubetune_operator.state` decides when):
-the registered model with its UI link, the run with its link, and ``status.evaluation`` (what was
-selected, its eval loss, the gate's verdict). Pure.
+the registered model with its UI link and the run it was logged from (with its link), and
+``status.evaluation`` (what was selected, its eval loss, the gate's verdict). Pure.
+
+Only fields the operator owns (:mod:`kubetune_api.ownership`): ``status.mlflow`` is the trainer's (the
+run the training logs to, which the registration logs into as well); the registration's run goes
+with the version, in ``registeredModel``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ def evaluation_of(result: dict[str, Any] | None) -> EvaluationStatus | None:
 
 
 def registration_report(reg: RegistrationObservation) -> dict[str, Any]:
-    """``registeredModel``, ``mlflow`` (runId, runUrl) and ``evaluation`` of a registration Job that
-    ended Complete with its result, or with the gate not met (evaluation only)."""
+    """``registeredModel`` (with runId, runUrl) and ``evaluation`` of a registration Job that ended
+    Complete with its result, or with the gate not met (evaluation only)."""
     result = reg.result
     if result is None or reg.state not in ("Complete", "GateNotMet"):
         return {}
@@ -46,11 +50,9 @@ def registration_report(reg: RegistrationObservation) -> dict[str, Any]:
         uri=str(result["uri"]) if result.get("uri") else f"models:/{name}/{version}",
         alias=str(result["alias"]) if result.get("alias") else None,
         url=str(result["url"]) if result.get("url") else None,
+        run_id=str(result["run_id"]) if result.get("run_id") else None,
+        run_url=str(result["run_url"]) if result.get("run_id") and result.get("run_url") else None,
     ).wire()
-    if result.get("run_id"):
-        out["mlflow"] = {"runId": str(result["run_id"])}
-        if result.get("run_url"):
-            out["mlflow"]["runUrl"] = str(result["run_url"])
     return out
 
 

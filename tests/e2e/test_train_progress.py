@@ -46,6 +46,7 @@ def test_progress_and_checkpoints_land_in_the_status(api_client: Any, namespace:
         status_patcher(api_client, namespace, "progress"), total_steps=100, mlflow=lambda: run
     )
     reporter.state.loss, reporter.state.tokens_per_second = 1.25, 4321.0
+    reporter.state.base_eval_loss = 2.5  # measured before the first step (registration.gate)
     reporter.on_step(40, 0.4)
     reporter.on_log({"eval_loss": 1.5}, None)
     reporter.on_checkpoint(Path("/var/lib/kubetune/checkpoints/checkpoint-40"), 40, 2)
@@ -58,6 +59,7 @@ def test_progress_and_checkpoints_land_in_the_status(api_client: Any, namespace:
     assert progress["step"] == 40 and progress["totalSteps"] == 100 and progress["percent"] == 40
     assert progress["loss"] == 1.25 and progress["evalLoss"] == 1.5 and progress["tokensPerSecond"] == 4321.0
     assert progress["epoch"] == 0.4 and "etaSeconds" in progress and progress["updatedAt"].endswith("Z")
+    assert progress["baseEvalLoss"] == 2.5  # kept by the schema (status.evaluation is the operator's)
     assert status["checkpoints"] == {
         "latest": "/var/lib/kubetune/checkpoints/checkpoint-40",
         "latestStep": 40,

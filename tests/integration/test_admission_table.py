@@ -17,7 +17,8 @@ import pytest
 from tests.support.admission_table import INVALID, VALID, Case, manifests, named
 from tests.support.controlplane import ControlPlane
 
-from kubetune_api import rules
+from kubetune_api.admission import all_rules
+from kubetune_api.admission import problems as python_problems
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def test_refused_by_the_api_server_and_by_python_naming_the_field(
     admitted, said = admission["bad"][name]
     assert not admitted, f"the API server admitted {case.id}: {said}"
     assert case.field in said, f"{case.id}: the API server did not name {case.field}: {said}"
-    problems = rules.problems(case.manifest(name))
+    problems = python_problems(case.manifest(name))
     assert problems, f"{case.id}: the Python check admitted what the API server refused: {said}"
     assert any(case.field in p for p in problems), (case.id, problems)
 
@@ -86,7 +87,7 @@ def test_edge_values_admitted_by_both(admission: dict[str, dict[str, tuple[bool,
     case = GOOD[name]
     admitted, said = admission["good"][name]
     assert admitted, f"the API server refused {case.id}: {said}"
-    assert rules.problems(case.manifest(name)) == [], case.id
+    assert python_problems(case.manifest(name)) == [], case.id
 
 
 def test_nothing_was_stored(control_plane: ControlPlane, admission: dict[str, Any]) -> None:
@@ -111,7 +112,7 @@ def test_counts_of_crd_rules_and_python_twins(
         return found
 
     served = walk(schema)
-    twins = [(r.cel, r.message) for r in rules.all_rules() for _ in r.places if callable(r.check)]
+    twins = [(r.cel, r.message) for r in all_rules() for _ in r.places if callable(r.check)]
     with capsys.disabled():
         print(f"\nCRD served by the API server: {len(served)} CEL rules; Python twins: {len(twins)}")
     assert sorted(served) == sorted(twins)

@@ -79,8 +79,9 @@ def test_pending_training_registering_succeeded(kube: Any, namespace: str, opera
         "version": "3",
         "uri": "models:/qwen3_4b_assistant/3",
         "alias": "champion",
+        "runId": "0a1b2c3d4e5f",  # the run it was logged from
     }
-    assert status["mlflow"]["runId"] == "0a1b2c3d4e5f"
+    assert "mlflow" not in status  # the trainer's (kubetune_api.ownership); no trainer ran here
     assert status["progress"] == progress
     assert status["completionTime"]
     assert condition(obj, "Ready") | {"lastTransitionTime": None} == {

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kubetune_api import crd, spec, status
+from kubetune_api import crd, schema, spec, status
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "kubetune.io_finetunejobs.yaml"
 
@@ -66,7 +66,7 @@ def _model_fields(model: type[spec.BaseModel], prefix: str = "") -> set[str]:
         wire = info.alias or name
         out.add(prefix + wire)
         annotation = info.annotation
-        nested = crd._pydantic_model_of(annotation)
+        nested = schema._pydantic_model_of(annotation)
         if nested is not None:
             is_list = _is_list(annotation)
             out |= _model_fields(nested, prefix + wire + ("[]." if is_list else "."))

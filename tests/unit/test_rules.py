@@ -17,7 +17,7 @@ import yaml
 from pydantic import ValidationError
 from tests.support.admission_table import INVALID, VALID, Case
 
-from kubetune_api import rules, spec
+from kubetune_api import admission, cel, pod_env, rules, spec
 from kubetune_api.trainer_config import TrainerConfig, load_manifest, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,13 +54,13 @@ def test_every_cel_rule_in_the_crd_has_its_python_twin(capsys: pytest.CaptureFix
     )
     twins = sorted(
         (place, r.cel, r.message, r.field or "")
-        for r in rules.all_rules()
+        for r in admission.all_rules()
         for place in r.places
         if callable(r.check)
     )
     with capsys.disabled():
         print(
-            f"\nCRD file: {len(in_crd)} CEL rules ({sum(r.old for r in rules.all_rules())} on update); "
+            f"\nCRD file: {len(in_crd)} CEL rules ({sum(r.old for r in admission.all_rules())} on update); "
             f"Python twins: {len(twins)}"
         )
     assert in_crd == twins
@@ -76,12 +76,12 @@ def test_every_cel_rule_is_broken_by_some_case_of_the_admission_table() -> None:
         except ValidationError:
             continue  # refused for its type, pattern or bounds: no rule runs
         wire = job.model_dump(by_alias=True, exclude_none=True, mode="json")
-        for i, rule in enumerate(rules.all_rules()):
+        for i, rule in enumerate(admission.all_rules()):
             for place in rule.places:
                 if not rule.old and any(not rule.check(v) for _, v in rules.instances(wire, place)):
                     broken.add((i, place))
-    wanted = {(i, p) for i, r in enumerate(rules.all_rules()) if not r.old for p in r.places}
-    missing = [(rules.all_rules()[i].message, p) for i, p in sorted(wanted - broken)]
+    wanted = {(i, p) for i, r in enumerate(admission.all_rules()) if not r.old for p in r.places}
+    missing = [(admission.all_rules()[i].message, p) for i, p in sorted(wanted - broken)]
     assert not missing
 
 
@@ -98,12 +98,12 @@ def test_transition_rules_have_twins_too() -> None:
     }
     for key, value in changes.items():
         new = {**copy.deepcopy(old), key: value}
-        problems = rules.check_update(old, new)
+        problems = admission.check_update(old, new)
         assert problems and all("is immutable once created" in p for p in problems), key
         assert any(p.startswith(f"spec.{key}") for p in problems), (key, problems)
     # suspend and the alias may change
     new = {**copy.deepcopy(old), "suspend": True, "registration": {**old["registration"], "alias": "prod"}}
-    assert rules.check_update(old, new) == []
+    assert admission.check_update(old, new) == []
 
 
 # --- every OpenAPI constraint of the CRD has its twin in pydantic ----------------------------------------
@@ -201,7 +201,7 @@ def test_every_openapi_constraint_in_the_crd_has_its_python_twin(capsys: pytest.
         for constraint, value in _violations(path, node):
             doc = copy.deepcopy(BASE)
             named = _put(doc, path, value)
-            problems = rules.problems(doc)
+            problems = admission.problems(doc)
             checked += 1
             if not any(p.startswith(named) for p in problems):
                 missed.append((path, constraint, value, problems))
@@ -216,13 +216,13 @@ def test_every_openapi_constraint_in_the_crd_has_its_python_twin(capsys: pytest.
 
 @pytest.mark.parametrize("case", INVALID, ids=[c.id for c in INVALID])
 def test_refused_by_python_naming_the_field(case: Case) -> None:
-    problems = rules.problems(case.manifest())
+    problems = admission.problems(case.manifest())
     assert any(case.field in p for p in problems), problems
 
 
 @pytest.mark.parametrize("case", VALID, ids=[c.id for c in VALID])
 def test_edge_values_admitted_by_python(case: Case) -> None:
-    assert rules.problems(case.manifest()) == []
+    assert admission.problems(case.manifest()) == []
 
 
 # --- everything that reads a manifest applies the rules -----------------------------------------------------
@@ -328,7 +328,7 @@ def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
         for container in _containers(obj):
             names |= {e["name"] for e in container.get("env", [])}
             mounts |= {m["mountPath"] for m in container.get("volumeMounts", [])}
-    known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(spec.DEFAULTED_ENV)
+    known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(pod_env.DEFAULTED_ENV)
     assert names <= known, names - known
     assert mounts <= set(rules.KUBETUNE_MOUNTS), mounts
 
@@ -365,13 +365,13 @@ def test_cel_patterns_fit_in_single_quoted_cel_strings() -> None:
         "QUERY_CREDENTIAL",
         "PROCESS_START_ENV",
     ):
-        assert not set("'\\") & set(getattr(rules, name)), name
-    assert not set("'\\") & set(spec.NAME_PATTERN + spec.SECRET_LIKE_ENV)
+        assert not set("'\\") & set(getattr(cel, name)), name
+    assert not set("'\\") & set(spec.NAME_PATTERN + cel.SECRET_LIKE_ENV)
 
 
 def test_docs_list_every_rule() -> None:
     text = (REPO / "docs" / "api.md").read_text()
-    for rule in rules.all_rules():
+    for rule in admission.all_rules():
         assert rule.message.replace("|", "\\|") in text, rule.message
 
 
@@ -383,4 +383,4 @@ def test_the_guide_points_at_the_generated_table_and_the_docs_state_the_minimum(
     assert "(api.md#validation-rules)" in guide and "\n## Validation rules\n" in docs
     assert "cluster (1.30 or newer)" in install and "Kubernetes 1.30, the documented minimum" in guide
     # the CEL uses nothing newer than 1.30 has: no format library (1.32)
-    assert not [r.cel for r in rules.all_rules() if "format." in r.cel]
+    assert not [r.cel for r in admission.all_rules() if "format." in r.cel]

@@ -21,6 +21,8 @@ import logging
 import os
 from typing import Any
 
+from kubetune_api.pod_env import CPUS_ENV  # the pod's CPU request (the operator sets it: Downward API)
+
 log = logging.getLogger("kubetune_trainer.fast")
 
 
@@ -133,9 +135,6 @@ def apply_fp8(model: Any, recipe: str) -> int:
     swapped = sum(isinstance(m, Float8Linear) for m in linear)
     log.info("float8 (%s): %d of the decoder layers' %d linear layers", recipe, swapped, len(linear))
     return swapped
-
-
-CPUS_ENV = "KUBETUNE_CPUS"  # the pod's CPU request (the operator sets it from the Downward API)
 
 
 def compile_workers(local_processes: int, *, cpus: int) -> int:

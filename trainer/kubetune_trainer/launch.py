@@ -30,13 +30,13 @@ import sys
 from typing import Any
 
 from kubetune_api.failures import EXIT_RETRY, parse_failure
+from kubetune_api.pod_env import SHUTDOWN_GRACE_ENV as GRACE_ENV  # the name the operator sets
 from kubetune_api.trainer_config import EXIT_PREEMPTED
 
 from .failures import read_termination_log
 
 log = logging.getLogger("kubetune_trainer.launch")
 
-GRACE_ENV = "KUBETUNE_SHUTDOWN_GRACE_S"
 DEFAULT_GRACE_S = 300
 
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from kubetune_api.pod_env import IMAGE_ENV  # the name the operator sets it by (kubetune_operator.pod_env)
 from kubetune_api.preparation import REPORT_FILE, PreparationReport
 
 log = logging.getLogger(__name__)
 
-IMAGE_ENV = "KUBETUNE_IMAGE"
 TAG_BASE_MODEL_COMMIT = "kubetune.base_model.commit"
 TAG_DATASET_COMMIT = "kubetune.dataset.commit"
 TAG_DATASET_HASH = "kubetune.dataset.hash"

@@ -8,9 +8,13 @@ once and the next report tries again. Locally (``report_progress: false``) nothi
 
 The status fields (camelCase, as in :class:`kubetune_api.status.Progress`)::
 
-    progress:    step, totalSteps, percent, epoch, loss, evalLoss, tokensPerSecond, etaSeconds, updatedAt
+    progress:    step, totalSteps, percent, epoch, loss, evalLoss, baseEvalLoss, tokensPerSecond,
+                 etaSeconds, updatedAt
     checkpoints: latest, latestStep, count, bestStep, items (the catalog: kubetune_trainer.catalog)
     mlflow:      trackingUri, experimentId, runId (the run this training logs to, once it exists)
+
+and goodput, budget, memoryRetries beside them: only the fields :mod:`kubetune_api.ownership` gives
+the trainer (the operator writes the rest; a patch naming one of its fields is refused here).
 
 >>> p = ProgressState(total_steps=100)
 >>> p.update(step=1, epoch=0.0, now=2.0, start=0.0)
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kubetune_api.ownership import Writer, check_patch
 from kubetune_api.spec import GROUP, PLURAL, VERSION
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,8 @@ class ProgressState:
     epoch: float | None = None
     loss: float | None = None
     eval_loss: float | None = None
+    # the base model's eval loss, before the first step (evaluation.base_eval; catalog.base_eval_loss)
+    base_eval_loss: float | None = None
     tokens_per_second: float | None = None
     eta_seconds: int | None = None
     checkpoint_latest: str | None = None
@@ -58,7 +65,7 @@ class ProgressState:
     # the checkpoint catalog (catalog.status_of): bestStep and items, beside latest/latestStep/count
     checkpoint_catalog: dict[str, Any] | None = None
     mlflow: dict[str, str] | None = None
-    # trainer-owned status beside the progress: goodput, budget, memoryRetries (camelCase)
+    # trainer-owned status beside the progress: goodput, budget, memoryRetries (camelCase; ownership.OWNERS)
     extra: dict[str, Any] = field(default_factory=dict)
     # For the ETA: steps done by this attempt, and when it started (a resumed run starts mid-way).
     _first_step: int | None = field(default=None, repr=False)
@@ -82,6 +89,7 @@ class ProgressState:
             "epoch": round(self.epoch, 4) if self.epoch is not None else None,
             "loss": self.loss,
             "evalLoss": self.eval_loss,
+            "baseEvalLoss": self.base_eval_loss,
             "tokensPerSecond": round(self.tokens_per_second, 1) if self.tokens_per_second else None,
             "etaSeconds": self.eta_seconds,
             "updatedAt": _now_rfc3339(),
@@ -89,7 +97,7 @@ class ProgressState:
         sent: dict[str, Any] = {k: v for k, v in progress.items() if v is not None}
         # JSON has no NaN or infinity: the API server refused the whole update with one in it, so
         # the status kept an old, finite loss. A null in a merge patch removes the field instead.
-        for key in ("loss", "evalLoss"):
+        for key in ("loss", "evalLoss", "baseEvalLoss"):
             value = sent.get(key)
             if isinstance(value, float) and not math.isfinite(value):
                 sent[key] = None
@@ -110,6 +118,7 @@ class ProgressState:
         if self.mlflow:
             status["mlflow"] = dict(self.mlflow)
         status.update({k: v for k, v in self.extra.items() if v is not None})
+        check_patch(status, Writer.TRAINER)
         return status
 
 

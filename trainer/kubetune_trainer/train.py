@@ -386,9 +386,8 @@ def _train_once(attempt: _Attempt, tracker: Any, data: tuple[Any, Any, str]) -> 
 
     def extra_status() -> dict[str, Any]:
         out: dict[str, Any] = {"memoryRetries": oom.public(oom.load(attempt.output_dir)) or None}
-        base = catalog.base_eval_loss(attempt.output_dir)
-        if base is not None:
-            out["evaluation"] = {"baseEvalLoss": base}
+        if reporter is not None:  # status.progress.baseEvalLoss (status.evaluation is the operator's)
+            reporter.state.base_eval_loss = catalog.base_eval_loss(attempt.output_dir)
         if ledger is not None:
             out["goodput"] = ledger.goodput()
         return out
