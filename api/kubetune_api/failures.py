@@ -6,7 +6,7 @@ The trainer classifies its own failure (:mod:`kubetune_trainer.failures`) and le
 what the kubelet and the controllers say of them (``OOMKilled``, ``Evicted``), and puts the reason,
 the message and the hint on the FineTuneJob's ``Training`` and ``Ready`` conditions and on a
 Warning event. This module is the one place the reasons and their remedies are written: the
-status, ``kubetune watch`` and the README's troubleshooting table (tested against it) read it.
+status, ``kubetune watch`` and the troubleshooting page's table (docs/troubleshooting.md, tested against it) read it.
 
 Exit codes: a failure a new attempt may not have (:data:`RETRYABLE`) exits :data:`EXIT_RETRY`
 (128-255: the PyTorchJob's ``restartPolicy: ExitCode`` restarts the pod, up to its backoff limit);
@@ -60,7 +60,7 @@ RETRYABLE = frozenset(
     {Failure.CUDA_OUT_OF_MEMORY, Failure.NCCL_TIMEOUT, Failure.NCCL_ERROR, Failure.PREEMPTED, Failure.EVICTED}
 )
 
-# What each reason means: the README's troubleshooting table's middle column.
+# What each reason means: the troubleshooting page's table, its middle column.
 MEANINGS: dict[Failure, str] = {
     Failure.CUDA_OUT_OF_MEMORY: "a GPU ran out of memory in a training step",
     Failure.HOST_OUT_OF_MEMORY: "the kernel killed the trainer for host (CPU) memory: the pod's "

@@ -55,7 +55,7 @@ class Refusal(StrEnum):
     DOES_NOT_FIT = "DoesNotFit"
 
 
-# What to do about each refusal: the one place the remedies are written (status, CLI, README table).
+# What to do about each refusal: the one place the remedies are written (status, CLI, docs/preparation.md's table).
 HINTS: dict[Refusal, str] = {
     Refusal.DATASET_EMPTY: "the data set (or the split spec.dataset names) has no rows: point "
     "spec.dataset at a file or split that holds examples",
