@@ -233,7 +233,7 @@ def drive(kube: Kube, namespace: str, name: str, *steps: Step) -> dict[str, Any]
                 previous, step.wanted, step.job, now=NOW, generation=step.generation
             ).status
         else:
-            status = state.advance(previous, step).status
+            status = state.transition(previous, step).status
         kube.patch(api.API_VERSION, api.KIND, namespace, name, {"status": status}, subresource="status")
     stored = kube.get(api.API_VERSION, api.KIND, namespace, name)
     assert stored is not None

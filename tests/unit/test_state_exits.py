@@ -206,7 +206,7 @@ def _contains(actual: Any, wanted: Any) -> bool:
 @pytest.mark.parametrize("name", list(EXITS))
 def test_every_exit_from_a_final_or_suspended_phase(name: str) -> None:
     case = EXITS[name]
-    t = state.advance(case.previous, case.observation)
+    t = state.transition(case.previous, case.observation)
     assert t.phase == case.phase
     assert tuple(e.reason for e in t.events) == case.events, [(e.reason, e.message) for e in t.events]
     for key, value in case.status.items():
@@ -216,7 +216,7 @@ def test_every_exit_from_a_final_or_suspended_phase(name: str) -> None:
 
 
 def test_a_retry_event_names_the_annotation_and_the_job() -> None:
-    t = state.advance(FAILED_REGISTRATION, EXITS["failed/retry-requested"].observation)
+    t = state.transition(FAILED_REGISTRATION, EXITS["failed/retry-requested"].observation)
     assert t.events[0].message.startswith(
         f"{RETRY_REGISTRATION_ANNOTATION}=1: registering the trained model again"
     )
