@@ -13,8 +13,8 @@ from kubetune_api.spec import FineTuneJob, parse_job
 from kubetune_api.status import FineTuneJobStatus, Phase, Reason
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_operator import builders, parent, state
-from kubetune_operator.state import chaining
 from kubetune_operator.settings import Settings
+from kubetune_operator.state import chaining
 
 SETTINGS = Settings(trainer_image="registry.example.com/kubetune/trainer:1.2.3")
 NOW = "2026-12-03T17:00:00Z"

@@ -290,7 +290,8 @@ def status_writers(sources: dict[str, str]) -> dict[str, set[str]]:
 
 def test_the_status_is_written_in_one_place() -> None:
     folder = REPO / "operator" / "kubetune_operator"
-    sources = {p.name: p.read_text() for p in folder.glob("*.py")}
+    sources = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.py")}
+    assert "state/plan.py" in sources  # the state package is read too
     assert status_writers(sources) == {
         "patch:reconcile.py": {"_write_status"},  # the one merge patch of status
         "_write_status:reconcile.py": {"_commit"},  # called from one function
