@@ -156,6 +156,7 @@ def observe(ctx: Context, obj: dict[str, Any]) -> state.Observation:
         invalid_spec=invalid,
         annotations=dict(meta.get("annotations") or {}),
         namespace=meta["namespace"],
+        job_name=meta["name"],
         preparation_enabled=settings.preparation,
         restart_limit=settings.train_backoff_limit,
         retry_seconds=settings.retry_seconds,
