@@ -237,7 +237,7 @@ def carry_out(  # noqa: PLR0911  one return per kind of action
             ctx.kube.delete(api_version, kind, ns, name, uid=uid)
             return replace(obs, deleted=obs.deleted | {name})
         case state.StopTraining(name):
-            _stop_training(ctx, ns, name, obs.job_name)
+            _stop_training(ctx, _TRAINING_KINDS[obs.engine], ns, name, obs.job_name)
             return obs
     raise TypeError(f"not an action a pass carries out: {action!r}")
 
@@ -258,21 +258,25 @@ def _read(ctx: Context, obs: state.Observation, action: state.Read) -> Any:
     if action.fact == state.Fact.ALIAS_JOBS:
         assert obs.job is not None
         return ctx.kube.list("batch/v1", "Job", ns, _selector(obs.job, builders.COMPONENT_ALIAS))
-    api_version, kind = _KINDS[action.fact]
+    api_version, kind = (
+        _TRAINING_KINDS[obs.engine] if action.fact == state.Fact.TRAINING_JOB else _KINDS[action.fact]
+    )
     if action.held:
         with about_child("get", kind, name):
             return ctx.kube.get(api_version, kind, ns, name)
     return ctx.kube.get(api_version, kind, ns, name)
 
 
+# the training object of each engine (a second engine is one more row here and in _TRAINING_BUILDERS)
+_TRAINING_KINDS = {state.Engine.PYTORCHJOB: (builders.PYTORCHJOB_API_VERSION, "PyTorchJob")}
+_TRAINING_BUILDERS = {state.Engine.PYTORCHJOB: builders.build_pytorchjob}
 _KINDS = {
-    state.Fact.TRAINING_JOB: (builders.PYTORCHJOB_API_VERSION, "PyTorchJob"),
     state.Fact.REGISTRATION_JOB: ("batch/v1", "Job"),
     state.Fact.FINETUNEJOB: (api.API_VERSION, api.KIND),
 }
 
 
-def _manifests(ctx: Context, action: state.EnsureChild) -> list[dict[str, Any]]:
+def _manifests(ctx: Context, engine: state.Engine, action: state.EnsureChild) -> list[dict[str, Any]]:
     """The objects one child is made of, as built from the job."""
     job, settings, child = action.job, ctx.settings, action.child
     if child == state.Child.IDENTITY:
@@ -283,7 +287,7 @@ def _manifests(ctx: Context, action: state.EnsureChild) -> list[dict[str, Any]]:
     build = {
         state.Child.CONFIG_MAP: builders.build_config_map,
         state.Child.PREPARATION_JOB: builders.build_preparation_job,
-        state.Child.TRAINING_JOB: builders.build_pytorchjob,
+        state.Child.TRAINING_JOB: _TRAINING_BUILDERS[engine],
         state.Child.ALIAS_JOB: builders.build_alias_job,
     }
     if child == state.Child.REGISTRATION_JOB:
@@ -298,7 +302,7 @@ def _ensure_child(
     name is a conflict (the observation says so, and the child is not had)."""
     job, child = action.job, action.child
     had = state.Had(None)
-    for manifest in _manifests(ctx, action):
+    for manifest in _manifests(ctx, obs.engine, action):
         result = ensure(ctx.kube, manifest, job)
         if result.conflict:
             return replace(obs, conflict=result.conflict)
@@ -405,7 +409,7 @@ def _restarts(
     return counted, training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER) or noted
 
 
-def _stop_training(ctx: Context, namespace: str, name: str, job_name: str) -> None:
+def _stop_training(ctx: Context, kind: tuple[str, str], namespace: str, name: str, job_name: str) -> None:
     """Suspend the training object of a failed job (its pods restarted too often, or its parent is
     gone), so the Training Operator stops its pods and the GPUs are free."""
     patch = {
@@ -413,9 +417,9 @@ def _stop_training(ctx: Context, namespace: str, name: str, job_name: str) -> No
         "spec": {"runPolicy": {"suspend": True}},
     }
     try:
-        ctx.kube.patch(builders.PYTORCHJOB_API_VERSION, "PyTorchJob", namespace, name, patch)
+        ctx.kube.patch(kind[0], kind[1], namespace, name, patch)
     except ApiError as e:  # the status says Failed either way; the pods keep restarting until it works
-        ctx.logger.warning("cannot suspend PyTorchJob %s of the failed job %s: %s", name, job_name, e)
+        ctx.logger.warning("cannot suspend %s %s of the failed job %s: %s", kind[1], name, job_name, e)
 
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:
