@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from kubetune_api.status import Condition, ConditionType, EvaluationStatus, Reason, RegisteredModelStatus
 
 from .observations import RegistrationObservation
-from .state.types import Event
+from .state_types import Event
 
 
 def evaluation_of(result: dict[str, Any] | None) -> EvaluationStatus | None:

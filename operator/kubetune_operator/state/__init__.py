@@ -26,6 +26,7 @@ from ..observations import (
     RegistrationObservation,
     TrainingObservation,
 )
+from ..state_types import Decided, Decision, Event, Transition, Verdicts
 from . import actions, chaining, exits
 from .actions import (
     Commit,
@@ -58,7 +59,6 @@ from .status_view import (
     reopens,
     training_succeeded,
 )
-from .types import Decided, Decision, Event, Transition, Verdicts
 from .wanted import wanted
 
 __all__ = [

@@ -15,8 +15,8 @@ from typing import Any
 
 from kubetune_api import spec as api
 
+from ..state_types import Transition
 from .observation import Child, Fact
-from .types import Transition
 
 
 @dataclass(frozen=True)

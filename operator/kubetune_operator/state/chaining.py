@@ -37,7 +37,7 @@ from kubetune_api import spec as api
 from kubetune_api.status import ConditionType, ParentStatus, Phase, Reason
 
 from ..parent import folder, parent_status, recorded, with_recorded
-from .types import Decided, Verdicts
+from ..state_types import Decided, Verdicts
 
 # The longest chain of fromJob links followed when looking for a cycle.
 MAX_CHAIN = 64

@@ -20,6 +20,7 @@ from kubetune_api.status import ConditionType, FineTuneJobStatus, Phase
 from .. import builders
 from ..children import is_ours
 from ..observations import JOB_ENDED, RegistrationObservation, registration_observation, training_observation
+from ..state_types import Transition
 from .actions import Commit, DeleteChild, EnsureChild, Outcome, Plan
 from .alias import alias_transition
 from .observation import Child, Fact, Observation
@@ -30,7 +31,6 @@ from .status_view import (
     gate_not_met,
     training_succeeded,
 )
-from .types import Transition
 
 
 def previous(obs: Observation) -> FineTuneJobStatus:

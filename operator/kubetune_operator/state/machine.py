@@ -47,12 +47,12 @@ from kubetune_api.status import Condition, ConditionType, EventReason, FineTuneJ
 
 from ..observations import POD_TROUBLE, SHOW_TRANSIENT_AFTER, PreparationObservation, shown_trouble
 from ..registration_status import gate_event, gate_not_met_message, registered_message, registration_report
+from ..state_types import Decided, Decision, Event, Transition, Verdicts
+from ..state_types import condition_of as _condition
 from ..training_failures import count_restarts
 from . import chaining
 from .observation import Observation
 from .status_view import FINAL_PHASES, Reregister, reopens
-from .types import Decided, Decision, Event, Transition, Verdicts
-from .types import condition_of as _condition
 
 C = ConditionType
 
