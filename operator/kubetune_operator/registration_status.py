@@ -9,6 +9,7 @@ with the version, in ``registeredModel``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -93,9 +94,9 @@ def gate_not_met_message(reg: RegistrationObservation, retry: str) -> str:
     return f"not registered: {said}. To register it anyway: {retry}"
 
 
-def gate_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+def gate_event(reasons: Mapping[ConditionType, Any], prev: dict[str, Condition]) -> list[Event]:
     """Once, when the gate was not met: a Warning with both numbers (the Registered condition's words)."""
-    registered = reasons.get("registered")
+    registered = reasons.get(ConditionType.REGISTERED)
     if not registered or registered[1] != Reason.GATE_NOT_MET:
         return []
     old = prev.get(ConditionType.REGISTERED)

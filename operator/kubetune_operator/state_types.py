@@ -1,65 +1,13 @@
-"""The state machine's inputs and outputs (:mod:`kubetune_operator.state`): what a pass observed of
-the children, the decision per condition, the events, and the next status."""
+"""The state machine's outputs (:mod:`kubetune_operator.state`): the decision per condition (keyed by
+:class:`~kubetune_api.status.ConditionType`), the events, and the next status."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from kubetune_api.failures import TrainingFailure
-from kubetune_api.status import BudgetStatus, Condition, Phase, TrainingRestarts
-
-from .observations import (
-    ChildError,
-    PodsObservation,
-    PreparationObservation,
-    RegistrationObservation,
-    TrainingObservation,
-)
-from .parent import ParentObservation
-from .status_view import Reregister
-
-
-@dataclass(frozen=True)
-class Observation:
-    generation: int
-    now: str  # RFC 3339
-    suspend: bool = False
-    registration_enabled: bool = True  # status_view.registration_wanted: spec.registration and spec.budget
-    # the trainer stopped at spec.budget (its report in status.budget)
-    budget: BudgetStatus | None = None
-    # why the PyTorchJob failed (its pods say), when it did
-    failure: TrainingFailure | None = None
-    # while training: the Training Operator's restart events counted this pass (None: not looked),
-    # why the last attempt ended (a failed pod still there), and the limit on restarts in a row
-    # without progress (the operator's trainBackoffLimit)
-    restart_events: int | None = None
-    attempt_failure: TrainingFailure | None = None
-    restart_limit: int = 6
-    checkpoint_step: int | None = None  # the trainer's newest complete checkpoint (status.checkpoints)
-    restarts: TrainingRestarts | None = None  # counted (advance fills it from the previous status)
-    queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
-    invalid_spec: str | None = None
-    conflict: str | None = None  # message naming the foreign object, if any
-    child_error: ChildError | None = None  # the pass stopped at a request the API server refused
-    training: TrainingObservation = field(default_factory=TrainingObservation)
-    registration: RegistrationObservation = field(default_factory=RegistrationObservation)
-    pods: PodsObservation = field(default_factory=PodsObservation)
-    # None: preparation has no say in this pass (turned off in the settings, or done earlier)
-    preparation: PreparationObservation | None = None
-    # spec.model.fromJob: the parent job's state (None: no parent job)
-    parent: ParentObservation | None = None
-    children: dict[str, str] = field(default_factory=dict)
-    # a finished job registered again, and the retry annotation's value no pass has acted on yet
-    reregister: Reregister | None = None
-    retry_request: str | None = None
-    # For actionable messages.
-    namespace: str = "default"
-    job_name: str = ""
-    pytorchjob_name: str = ""
-    registration_job_name: str = ""
-    preparation_job_name: str = ""
-    checkpoint_claim: str = ""
+from kubetune_api.status import Condition, ConditionType, Phase
 
 
 @dataclass(frozen=True)
@@ -80,13 +28,42 @@ class Transition:
     waiting: bool = False
 
 
+class Decided(NamedTuple):
+    """One condition as decided: its status, reason and message."""
+
+    ok: bool
+    reason: str
+    message: str
+
+
+@dataclass
+class Verdicts:
+    """The conditions decided so far in a pass, by type, and whether only time (or the outside
+    world) can move things on (``waiting``)."""
+
+    by_type: dict[ConditionType, Decided] = field(default_factory=dict)
+    waiting: bool = False
+
+    def __setitem__(self, type_: ConditionType, decided: tuple[bool, str, str]) -> None:
+        self.by_type[type_] = Decided(*decided)
+
+    def __getitem__(self, type_: ConditionType) -> Decided:
+        return self.by_type[type_]
+
+    def __contains__(self, type_: object) -> bool:
+        return type_ in self.by_type
+
+    def get(self, type_: ConditionType) -> Decided | None:
+        return self.by_type.get(type_)
+
+
 @dataclass(frozen=True)
 class Decision:
-    """The phase, and per condition (``ready``, ``children``, ``training``, ``suspended``,
-    ``registered``) its (status, reason, message); ``waiting``: only time can move things on."""
+    """The phase, and per condition type its (status, reason, message); ``waiting``: only time can
+    move things on."""
 
     phase: Phase
-    conditions: dict[str, tuple[bool, str, str]]
+    conditions: Mapping[ConditionType, Decided]
     waiting: bool = False
 
 

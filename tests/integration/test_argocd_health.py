@@ -1,5 +1,5 @@
 """The Argo CD health check (deploy/argocd/health/finetunejob.lua) on statuses as they really are: the
-operator's own state machine (``state.advance``, ``state.alias_transition``) makes them from
+operator's own state machine (``state.transition``, ``state.alias_transition``) makes them from
 observations of the children, and they are merge-patched through the status subresource of a
 FineTuneJob on the real API server (the trainer's progress too) and read back from it. The script runs
 in gopher-lua with Argo CD's default libraries and with open libraries (tests/support/lua.py); the
@@ -233,7 +233,7 @@ def drive(kube: Kube, namespace: str, name: str, *steps: Step) -> dict[str, Any]
                 previous, step.wanted, step.job, now=NOW, generation=step.generation
             ).status
         else:
-            status = state.advance(previous, step).status
+            status = state.transition(previous, step).status
         kube.patch(api.API_VERSION, api.KIND, namespace, name, {"status": status}, subresource="status")
     stored = kube.get(api.API_VERSION, api.KIND, namespace, name)
     assert stored is not None

@@ -23,3 +23,37 @@ def obs(**kw: Any) -> Observation:
     }
     base.update(kw)
     return Observation(**base)
+
+
+def _settled(ctx: Any, obj: dict[str, Any], previous: Any, decide: Any) -> Any:
+    """``decide`` (one of ``state.exits``' choices) on the pass's first observation of ``obj`` with
+    ``previous`` as its status, each fact it asks for read as a pass reads it."""
+    from dataclasses import replace
+
+    from kubetune_operator import reconcile, state
+    from kubetune_operator.state.observation import Unread
+
+    seen = replace(reconcile.observe(ctx, obj), previous=previous)
+    while True:
+        try:
+            return seen, decide(seen)
+        except Unread as need:
+            seen = reconcile.carry_out(ctx, seen, state.Read(need.fact, need.name, need.held), [])
+
+
+def registration_retry(ctx: Any, obj: dict[str, Any], previous: Any) -> Any:
+    """The exit ``state.exits.retry`` chooses for ``obj``, with the deletion it asks carried out."""
+    from kubetune_operator import reconcile
+    from kubetune_operator.state import exits
+
+    seen, (reregister, deletes) = _settled(ctx, obj, previous, exits.retry)
+    for delete in deletes:
+        reconcile.carry_out(ctx, seen, delete, [])
+    return reregister
+
+
+def registration_turned_on(ctx: Any, obj: dict[str, Any], previous: Any) -> Any:
+    """The exit ``state.exits.turned_on`` chooses for ``obj``."""
+    from kubetune_operator.state import exits
+
+    return _settled(ctx, obj, previous, exits.turned_on)[1]

@@ -186,7 +186,7 @@ def test_a_job_failed_on_the_gate_is_observed_as_gate_not_met() -> None:
 
 def _gate_not_met() -> state.Transition:
     reg = state.RegistrationObservation(True, "GateNotMet", GATE_MESSAGE["error"], GATE_MESSAGE)
-    return state.advance(
+    return state.transition(
         FineTuneJobStatus(phase=Phase.REGISTERING),
         obs(training=state.TrainingObservation(True, "Succeeded"), registration=reg),
     )
@@ -224,7 +224,7 @@ def test_a_forced_registration_records_the_links_and_says_it_was_forced() -> Non
         "run_url": "http://mlflow:5000/#/experiments/3/runs/r1",
     }
     previous = FineTuneJobStatus.model_validate(_gate_not_met().status)
-    t = state.advance(
+    t = state.transition(
         previous,
         obs(
             training=state.TrainingObservation(True, "Succeeded"),

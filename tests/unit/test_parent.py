@@ -14,6 +14,7 @@ from kubetune_api.status import FineTuneJobStatus, Phase, Reason
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_operator import builders, parent, state
 from kubetune_operator.settings import Settings
+from kubetune_operator.state import chaining
 
 SETTINGS = Settings(trainer_image="registry.example.com/kubetune/trainer:1.2.3")
 NOW = "2026-12-03T17:00:00Z"
@@ -51,7 +52,7 @@ SUCCEEDED = {
 }
 
 
-def reader(*objs: dict[str, Any]) -> parent.Reader:
+def reader(*objs: dict[str, Any]) -> chaining.Reader:
     by_name = {o["metadata"]["name"]: o for o in objs}
     return lambda name: copy.deepcopy(by_name.get(name))
 
@@ -62,11 +63,11 @@ def job_of(obj: dict[str, Any]) -> FineTuneJob:
 
 def test_no_parent_job_means_no_say() -> None:
     job = job_of(manifest("b", {"name": "Qwen/Qwen2-0.5B"}))
-    assert parent.observe(job, reader()) is None
+    assert chaining.observe(job, reader()) is None
 
 
 def test_a_parent_never_seen_is_waited_for() -> None:
-    found = parent.observe(job_of(from_job("b", "a")), reader())
+    found = chaining.observe(job_of(from_job("b", "a")), reader())
     assert found is not None and found.state == "waiting"
     assert found.reason == Reason.WAITING_FOR_PARENT
     assert "FineTuneJob a" in found.message and "does not exist yet" in found.message
@@ -75,7 +76,7 @@ def test_a_parent_never_seen_is_waited_for() -> None:
 @pytest.mark.parametrize("phase", [None, "Pending", "Preparing", "Training", "Registering", "Suspended"])
 def test_a_running_parent_is_waited_for_with_its_phase(phase: str | None) -> None:
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status={"phase": phase} if phase else None)
-    found = parent.observe(job_of(from_job("b", "a")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
     assert found is not None and (found.state, found.reason) == ("waiting", Reason.WAITING_FOR_PARENT)
     assert f"now {phase or 'Pending'}" in found.message
 
@@ -83,14 +84,14 @@ def test_a_running_parent_is_waited_for_with_its_phase(phase: str | None) -> Non
 def test_a_failed_parent_fails_the_child_with_its_reason() -> None:
     ready = {"type": "Ready", "status": "False", "reason": "DatasetEmpty", "message": "no rows left"}
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status={"phase": "Failed", "conditions": [ready]})
-    found = parent.observe(job_of(from_job("b", "a")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
     assert found is not None and (found.state, found.reason) == ("failed", Reason.PARENT_FAILED)
     assert "DatasetEmpty: no rows left" in found.message and "FineTuneJob a" in found.message
 
 
 def test_a_succeeded_lora_parent_gives_its_final_model_and_base() -> None:
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED, method="lora")
-    found = parent.observe(job_of(from_job("b", "a")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
     assert found is not None and (found.state, found.reason) == ("ready", Reason.PARENT_SUCCEEDED)
     assert found.status is not None
     assert found.status.wire() == {
@@ -110,14 +111,14 @@ def test_a_full_parent_needs_no_base_and_its_existing_claim_is_read() -> None:
     a = manifest(
         "a", {"name": "Qwen/Qwen2-0.5B"}, status=status, method="full", storage={"existingClaim": "shared"}
     )
-    found = parent.observe(job_of(from_job("b", "a")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
     assert found is not None and found.status is not None
     assert (found.status.claim, found.status.method, found.status.base) == ("shared", "full", None)
 
 
 def test_best_eval_is_the_best_checkpoint_or_what_the_parent_selected() -> None:
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)
-    found = parent.observe(job_of(from_job("b", "a", "bestEval")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a", "bestEval")), reader(a))
     assert found is not None and found.status is not None
     assert found.status.path == "checkpoints/checkpoint-40"
     # a parent that registered by bestEval chose among its checkpoints and final/ (final here)
@@ -129,14 +130,14 @@ def test_best_eval_is_the_best_checkpoint_or_what_the_parent_selected() -> None:
         dataset={"name": "d", "evalFraction": 0.1},
         registration={"select": "bestEval"},
     )
-    found = parent.observe(job_of(from_job("b", "a", "bestEval")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a", "bestEval")), reader(a))
     assert found is not None and found.status is not None and found.status.path == "final"
 
 
 def test_best_eval_of_a_parent_without_eval_losses_fails_naming_the_fix() -> None:
     status = {**SUCCEEDED, "checkpoints": {"latestStep": 60}}
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=status)
-    found = parent.observe(job_of(from_job("b", "a", "bestEval")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a", "bestEval")), reader(a))
     assert found is not None and (found.state, found.reason) == ("failed", Reason.PARENT_MISSING)
     assert "no checkpoint with an eval loss" in found.message and "checkpoint: final" in found.message
 
@@ -144,7 +145,7 @@ def test_best_eval_of_a_parent_without_eval_losses_fails_naming_the_fix() -> Non
 def test_a_lora_parent_on_a_model_volume_mounts_that_volume_too() -> None:
     model = {"path": "/models/qwen", "volume": {"claimName": "models", "subPath": "qwen"}}
     a = manifest("a", model, status=SUCCEEDED, method="lora")
-    found = parent.observe(job_of(from_job("b", "a")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
     assert found is not None and found.status is not None
     child = parent.with_recorded(job_of(from_job("b", "a")), found.status)
     vols, mounts = parent.volumes(child)
@@ -161,25 +162,25 @@ def recorded_child(uid: str = "uid-a", phase: str = "Training") -> dict[str, Any
 
 
 def test_a_parent_seen_then_deleted_or_replaced_is_missing() -> None:
-    found = parent.observe(job_of(recorded_child()), reader())
+    found = chaining.observe(job_of(recorded_child()), reader())
     assert found is not None and (found.state, found.reason) == ("failed", Reason.PARENT_MISSING)
     assert "was deleted" in found.message
     other = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)
     other["metadata"]["uid"] = "uid-a2"
-    found = parent.observe(job_of(recorded_child()), reader(other))
+    found = chaining.observe(job_of(recorded_child()), reader(other))
     assert found is not None and found.reason == Reason.PARENT_MISSING and "re-created" in found.message
     deleting = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)
     deleting["metadata"]["deletionTimestamp"] = NOW
-    found = parent.observe(job_of(recorded_child()), reader(deleting))
+    found = chaining.observe(job_of(recorded_child()), reader(deleting))
     assert found is not None and found.reason == Reason.PARENT_MISSING
 
 
 def test_a_recorded_parent_is_kept_and_once_trained_not_needed() -> None:
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status={"phase": "Registering"})
-    found = parent.observe(job_of(recorded_child()), reader(a))  # registering again: still the same job
+    found = chaining.observe(job_of(recorded_child()), reader(a))  # registering again: still the same job
     assert found is not None and found.state == "ready" and found.status is not None
     assert found.status.uid == "uid-a"
-    found = parent.observe(job_of(recorded_child(phase="Registering")), reader(), trained=True)
+    found = chaining.observe(job_of(recorded_child(phase="Registering")), reader(), trained=True)
     assert found is not None and found.state == "ready"
 
 
@@ -192,7 +193,7 @@ def test_a_recorded_parent_is_kept_and_once_trained_not_needed() -> None:
 )
 def test_a_cycle_fails_naming_the_chain(links: dict[str, str], expected: str) -> None:
     objs = [from_job(n, p) for n, p in links.items()]
-    found = parent.observe(job_of(objs[0]), reader(*objs))
+    found = chaining.observe(job_of(objs[0]), reader(*objs))
     assert found is not None and (found.state, found.reason) == ("failed", Reason.PARENT_CYCLE)
     assert expected in found.message
 
@@ -200,16 +201,18 @@ def test_a_cycle_fails_naming_the_chain(links: dict[str, str], expected: str) ->
 def test_a_cycle_further_up_is_not_this_jobs() -> None:
     # c -> a -> b -> a: a and b fail with ParentCycle; c waits and then sees a Failed
     objs = [from_job("c", "a"), from_job("a", "b"), from_job("b", "a")]
-    found = parent.observe(job_of(objs[0]), reader(*objs))
+    found = chaining.observe(job_of(objs[0]), reader(*objs))
     assert found is not None and found.state == "waiting"
 
 
 # --- the state machine ------------------------------------------------------------------------------
 
 
-def advance(obj: dict[str, Any], found: parent.ParentObservation | None, prev: dict[str, Any] | None = None):
+def advance(
+    obj: dict[str, Any], found: chaining.ParentObservation | None, prev: dict[str, Any] | None = None
+):
     previous = FineTuneJobStatus.model_validate(prev) if prev else None
-    return state.advance(previous, state.Observation(generation=1, now=NOW, parent=found, job_name="b"))
+    return state.transition(previous, state.Observation(generation=1, now=NOW, parent=found, job_name="b"))
 
 
 def conditions(transition: state.Transition) -> dict[str, tuple[str, str]]:
@@ -217,7 +220,7 @@ def conditions(transition: state.Transition) -> dict[str, tuple[str, str]]:
 
 
 def test_waiting_is_pending_with_parent_ready_false_and_one_event() -> None:
-    found = parent.observe(job_of(from_job("b", "a")), reader())
+    found = chaining.observe(job_of(from_job("b", "a")), reader())
     t = advance(from_job("b", "a"), found)
     assert t.phase == Phase.PENDING and not t.waiting
     c = conditions(t)
@@ -230,7 +233,7 @@ def test_waiting_is_pending_with_parent_ready_false_and_one_event() -> None:
 
 
 def test_a_failed_parent_ends_the_child_failed() -> None:
-    found = parent.ParentObservation(
+    found = chaining.ParentObservation(
         "failed", Reason.PARENT_CYCLE, "spec.model.fromJob makes a cycle: b -> a -> b"
     )
     t = advance(from_job("b", "a"), found)
@@ -240,8 +243,8 @@ def test_a_failed_parent_ends_the_child_failed() -> None:
 
 
 def test_a_parent_gone_after_the_start_fails_the_job_and_keeps_its_children() -> None:
-    found = parent.observe(job_of(recorded_child()), reader())
-    assert parent.started_from(found) and not parent.lets_start(found)
+    found = chaining.observe(job_of(recorded_child()), reader())
+    assert chaining.started_from(found) and not chaining.lets_start(found)
     prev = {
         "phase": "Training",
         "conditions": [
@@ -261,7 +264,7 @@ def test_a_parent_gone_after_the_start_fails_the_job_and_keeps_its_children() ->
 
 def test_a_succeeded_parent_is_recorded_and_the_job_goes_on() -> None:
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)
-    found = parent.observe(job_of(from_job("b", "a")), reader(a))
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
     t = advance(from_job("b", "a"), found)
     assert conditions(t)["ParentReady"] == ("True", "ParentSucceeded")
     assert t.status["parent"]["uid"] == "uid-a" and t.status["parent"]["path"] == "final"
@@ -280,8 +283,8 @@ def test_jobs_without_a_parent_show_no_parent_condition() -> None:
 def test_children_mount_the_parent_volume_and_the_config_names_the_model() -> None:
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED, method="lora")
     child = job_of(from_job("b", "a", "bestEval"))
-    child, found = parent.for_pass(child, reader(a), True, False)
-    assert parent.lets_start(found)
+    child, found = chaining.for_pass(child, reader(a), True, False)
+    assert chaining.lets_start(found)
     want_volume = {"name": "parent", "persistentVolumeClaim": {"claimName": "a-ckpt", "readOnly": True}}
     want_mount = {"name": "parent", "mountPath": "/var/lib/kubetune-parent", "readOnly": True}
     prep = builders.build_preparation_job(child, SETTINGS)["spec"]["template"]["spec"]
@@ -305,8 +308,8 @@ def test_children_mount_the_parent_volume_and_the_config_names_the_model() -> No
 
 
 def test_nothing_is_mounted_before_the_parent_succeeded() -> None:
-    child, found = parent.for_pass(job_of(from_job("b", "a")), reader(), True, False)
-    assert not parent.lets_start(found)
+    child, found = chaining.for_pass(job_of(from_job("b", "a")), reader(), True, False)
+    assert not chaining.lets_start(found)
     pod = builders.build_pytorchjob(child, SETTINGS)["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
         "spec"
     ]
@@ -319,29 +322,31 @@ def test_a_parent_deleted_while_the_child_waits_fails_the_child() -> None:
     """The job records which parent it waits for (name and uid); that parent deleted, or deleted and
     re-created, before it Succeeded ends the job Failed with ParentMissing instead of waiting on."""
     a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status={"phase": "Training"})
-    waiting = parent.observe(job_of(from_job("b", "a")), reader(a))
+    waiting = chaining.observe(job_of(from_job("b", "a")), reader(a))
     assert waiting is not None and waiting.state == "waiting" and waiting.status is not None
     assert (waiting.status.job, waiting.status.uid, waiting.status.path) == ("a", "uid-a", None)
     t = advance(from_job("b", "a"), waiting)
     assert t.phase == Phase.PENDING and t.status["parent"] == {"job": "a", "uid": "uid-a"}
     child = from_job("b", "a", status=t.status)
-    still = parent.observe(job_of(child), reader(a))  # the same parent, still training
+    still = chaining.observe(job_of(child), reader(a))  # the same parent, still training
     assert still is not None and still.state == "waiting"
     assert parent.trainer_parent(job_of(child)) is None and parent.volumes(job_of(child)) == ([], [])
-    gone = parent.observe(job_of(child), reader())
+    gone = chaining.observe(job_of(child), reader())
     assert gone is not None and (gone.state, gone.reason) == ("failed", Reason.PARENT_MISSING)
     assert "was deleted before it Succeeded" in gone.message
-    assert not parent.started_from(gone)
+    assert not chaining.started_from(gone)
     ended = advance(child, gone, prev=t.status)
     assert ended.phase == Phase.FAILED and conditions(ended)["ParentReady"] == ("False", "ParentMissing")
     other = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)
     other["metadata"]["uid"] = "uid-a2"
-    replaced = parent.observe(job_of(child), reader(other))
+    replaced = chaining.observe(job_of(child), reader(other))
     assert (
         replaced is not None and replaced.reason == Reason.PARENT_MISSING and "re-created" in replaced.message
     )
     # the same parent Succeeded: the child starts from it, its folder recorded
-    done = parent.observe(job_of(child), reader(manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED)))
+    done = chaining.observe(
+        job_of(child), reader(manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=SUCCEEDED))
+    )
     assert (
         done is not None and done.state == "ready" and done.status is not None and done.status.path == "final"
     )

@@ -55,7 +55,7 @@ def test_no_pytorchjob_yet() -> None:
 
 
 def test_the_happy_path() -> None:
-    t = state.advance(None, obs(training=training(None)))
+    t = state.transition(None, obs(training=training(None)))
     assert t.phase == "Pending"
     assert cond(t, "Training")["reason"] == state.Reason.WAITING_FOR_TRAINING_OPERATOR
     assert cond(t, "ChildrenReady") == {
@@ -68,28 +68,28 @@ def test_the_happy_path() -> None:
     }
     assert t.events == []
 
-    t = state.advance(status_of(t), obs(now=T1, training=training("Running")))
+    t = state.transition(status_of(t), obs(now=T1, training=training("Running")))
     assert t.phase == "Training"
     assert t.status["startTime"] == T1
     assert cond(t, "Training")["status"] == "True"
     assert cond(t, "ChildrenReady")["lastTransitionTime"] == T0  # unchanged status keeps its time
     assert [e.reason for e in t.events] == ["TrainingStarted"]
 
-    t = state.advance(status_of(t), obs(training=training("Succeeded")))
+    t = state.transition(status_of(t), obs(training=training("Succeeded")))
     assert t.phase == "Registering"
     assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_PENDING
     assert [e.reason for e in t.events] == ["RegistrationStarted"]
     assert "startTime" not in t.status  # set once, never again
 
     running = RegistrationObservation(exists=True, state="Running")
-    t = state.advance(status_of(t), obs(training=training("Succeeded"), registration=running))
+    t = state.transition(status_of(t), obs(training=training("Succeeded"), registration=running))
     assert t.phase == "Registering"
     assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_RUNNING
     assert t.events == []
 
     result = {"name": "m", "version": 4, "uri": "models:/m/4", "run_id": "abc", "alias": "champion"}
     done = RegistrationObservation(exists=True, state="Complete", result=result)
-    t = state.advance(status_of(t), obs(training=training("Succeeded"), registration=done))
+    t = state.transition(status_of(t), obs(training=training("Succeeded"), registration=done))
     assert t.phase == "Succeeded"
     assert t.status["registeredModel"] == {
         "name": "m",
@@ -105,20 +105,20 @@ def test_the_happy_path() -> None:
     assert [(e.type, e.reason) for e in t.events] == [("Normal", "Succeeded")]
 
     # Final: nothing changes any more, whatever the children say.
-    after = state.advance(status_of(t), obs(generation=2, training=training("Failed")))
+    after = state.transition(status_of(t), obs(generation=2, training=training("Failed")))
     assert after.phase == "Succeeded"
     assert after.events == []
     assert after.status["observedGeneration"] == 2
 
 
 def test_status_never_carries_trainer_fields() -> None:
-    t = state.advance(None, obs(training=training("Running")))
+    t = state.transition(None, obs(training=training("Running")))
     assert not {"progress", "checkpoints"} & set(t.status)
 
 
 def test_training_failed_is_actionable() -> None:
-    prev = status_of(state.advance(None, obs(training=training("Running"))))
-    t = state.advance(prev, obs(training=training("Failed", "1 Master replica(s) failed.")))
+    prev = status_of(state.transition(None, obs(training=training("Running"))))
+    t = state.transition(prev, obs(training=training("Failed", "1 Master replica(s) failed.")))
     assert t.phase == "Failed"
     ready = cond(t, "Ready")
     assert ready["reason"] == state.Reason.TRAINING_FAILED
@@ -133,7 +133,7 @@ def test_registration_failed_is_actionable() -> None:
     failed = RegistrationObservation(
         exists=True, state="Failed", message="BackoffLimitExceeded: ...; last output: 401"
     )
-    t = state.advance(None, obs(training=training("Succeeded"), registration=failed))
+    t = state.transition(None, obs(training=training("Succeeded"), registration=failed))
     assert t.phase == "Failed"
     ready = cond(t, "Ready")
     assert ready["reason"] == state.Reason.REGISTRATION_FAILED
@@ -146,7 +146,7 @@ def test_registration_failed_is_actionable() -> None:
 
 
 def test_registration_disabled_succeeds_after_training() -> None:
-    t = state.advance(None, obs(training=training("Succeeded"), registration_enabled=False))
+    t = state.transition(None, obs(training=training("Succeeded"), registration_enabled=False))
     assert t.phase == "Succeeded"
     assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_DISABLED
     assert "registeredModel" not in t.status
@@ -154,79 +154,79 @@ def test_registration_disabled_succeeds_after_training() -> None:
 
 def test_registration_turned_off_after_its_job_was_created_is_followed_to_its_end() -> None:
     off = {"training": training("Succeeded"), "registration_enabled": False}
-    running = state.advance(
+    running = state.transition(
         None, obs(registration=RegistrationObservation(exists=True, state="Running"), **off)
     )
     assert running.phase == "Registering"
     assert "turned off after it was created" in cond(running, "Registered")["message"]
     result = {"name": "m", "version": "3", "source": "runs:/r/model", "runId": "r"}
     done = RegistrationObservation(exists=True, state="Complete", result=result)
-    t = state.advance(None, obs(registration=done, **off))
+    t = state.transition(None, obs(registration=done, **off))
     assert t.phase == "Succeeded" and t.status["registeredModel"]["version"] == "3"
     failed = RegistrationObservation(exists=True, state="Failed", message="401")
-    t = state.advance(None, obs(registration=failed, **off))
+    t = state.transition(None, obs(registration=failed, **off))
     assert t.phase == "Failed"
     assert "to finish without registering" in cond(t, "Ready")["message"]
 
 
 def test_complete_without_result_waits() -> None:
     done = RegistrationObservation(exists=True, state="Complete", result=None)
-    t = state.advance(None, obs(training=training("Succeeded"), registration=done))
+    t = state.transition(None, obs(training=training("Succeeded"), registration=done))
     assert t.phase == "Registering"
     assert t.waiting
     assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_RESULT_PENDING
 
 
 def test_suspend_and_resume() -> None:
-    prev = status_of(state.advance(None, obs(training=training("Running"))))
-    t = state.advance(prev, obs(generation=2, suspend=True, training=training("Running")))
+    prev = status_of(state.transition(None, obs(training=training("Running"))))
+    t = state.transition(prev, obs(generation=2, suspend=True, training=training("Running")))
     assert t.phase == "Suspended"
     assert cond(t, "Suspended")["status"] == "True"
     assert cond(t, "Suspended")["observedGeneration"] == 2
     assert [e.reason for e in t.events] == [state.Reason.SUSPENDED_BY_USER]
 
-    t2 = state.advance(status_of(t), obs(generation=3, training=training("Suspended")))
+    t2 = state.transition(status_of(t), obs(generation=3, training=training("Suspended")))
     assert t2.phase == "Pending"
     assert cond(t2, "Suspended")["reason"] == state.Reason.RESUMING
     assert [e.reason for e in t2.events] == [state.EventReason.RESUMED]
 
-    t3 = state.advance(status_of(t2), obs(generation=3, training=training("Running")))
+    t3 = state.transition(status_of(t2), obs(generation=3, training=training("Running")))
     assert t3.phase == "Training"
     assert cond(t3, "Suspended")["status"] == "False"
 
 
 def test_suspended_before_training_ends_only() -> None:
-    t = state.advance(None, obs(suspend=True, training=training("Succeeded")))
+    t = state.transition(None, obs(suspend=True, training=training("Succeeded")))
     assert t.phase == "Registering"  # suspend stops training; it does not hold back registration
 
 
 def test_queued_by_kueue() -> None:
-    t = state.advance(None, obs(queued_by_kueue=True, training=training("Suspended")))
+    t = state.transition(None, obs(queued_by_kueue=True, training=training("Suspended")))
     assert t.phase == "Pending"
     assert cond(t, "Suspended")["reason"] == state.Reason.QUEUED
     assert cond(t, "Ready")["reason"] == state.Reason.QUEUED
 
 
 def test_restarting_warns_once() -> None:
-    prev = status_of(state.advance(None, obs(training=training("Running"))))
-    t = state.advance(prev, obs(training=training("Restarting", "pod exited with 143")))
+    prev = status_of(state.transition(None, obs(training=training("Running"))))
+    t = state.transition(prev, obs(training=training("Restarting", "pod exited with 143")))
     assert t.phase == "Training"
     assert [(e.type, e.reason) for e in t.events] == [("Warning", state.Reason.TRAINING_RESTARTING)]
-    again = state.advance(status_of(t), obs(training=training("Restarting", "pod exited with 143")))
+    again = state.transition(status_of(t), obs(training=training("Restarting", "pod exited with 143")))
     assert again.events == []
 
 
 def test_conflict_keeps_pending_and_warns_once() -> None:
-    t = state.advance(None, obs(conflict="ConfigMap j-config already exists ..."))
+    t = state.transition(None, obs(conflict="ConfigMap j-config already exists ..."))
     assert t.phase == "Pending"
     assert t.waiting
     assert cond(t, "ChildrenReady")["reason"] == state.Reason.CHILD_CONFLICT
     assert [(e.type, e.reason) for e in t.events] == [("Warning", state.Reason.CHILD_CONFLICT)]
-    assert state.advance(status_of(t), obs(conflict="ConfigMap j-config already exists ...")).events == []
+    assert state.transition(status_of(t), obs(conflict="ConfigMap j-config already exists ...")).events == []
 
 
 def test_invalid_spec_fails() -> None:
-    t = state.advance(None, obs(invalid_spec="the spec cannot be used: training: ..."))
+    t = state.transition(None, obs(invalid_spec="the spec cannot be used: training: ..."))
     assert t.phase == "Failed"
     assert cond(t, "Ready")["reason"] == state.Reason.INVALID_SPEC
 
@@ -284,12 +284,12 @@ def test_a_registration_job_whose_pod_skipped() -> None:
     o = observations.registration_observation(_job("SuccessCriteriaMet", "Complete"), pods, "register")
     assert o.state == "Skipped" and o.result is None
     done = {"training": training("Succeeded"), "registration": o}
-    t = state.advance(None, obs(registration_enabled=False, **done))
+    t = state.transition(None, obs(registration_enabled=False, **done))
     assert t.phase == "Succeeded" and "registeredModel" not in t.status
     assert cond(t, "Registered")["reason"] == state.Reason.REGISTRATION_DISABLED
     assert "ended without registering" in cond(t, "Registered")["message"]
     # turned on again while that pod ran: nothing is registered, and the annotation retries
-    t = state.advance(None, obs(**done))
+    t = state.transition(None, obs(**done))
     assert t.phase == "Failed" and cond(t, "Ready")["reason"] == state.Reason.REGISTRATION_FAILED
     assert (
         "To register: kubectl annotate ftj -n ml j kubetune.io/retry-registration"

@@ -6,6 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from tests.support.state_obs import registration_retry, registration_turned_on
+
 from kubetune_api.spec import FineTuneJob
 from kubetune_api.trainer_config import load_manifest
 from kubetune_operator import builders
@@ -153,7 +155,7 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
     import yaml
 
     from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION as RETRY
-    from kubetune_operator.reconcile import Context, _registration_retry
+    from kubetune_operator.reconcile import Context
     from kubetune_operator.state import Reregister
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
@@ -169,49 +171,49 @@ def test_a_failed_registration_is_retried_only_when_the_annotation_asks() -> Non
     ]
 
     obj["metadata"]["annotations"] = {RETRY: "1"}
-    assert _registration_retry(ctx, obj, failed) is None  # no PyTorchJob: a retry would train again
+    assert registration_retry(ctx, obj, failed) is None  # no PyTorchJob: a retry would train again
     kube.objects[("PyTorchJob", ptj)] = {
         "metadata": {"name": ptj},
         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
     }
-    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY  # asked, the failed Job gone
-    assert _registration_retry(ctx, obj, _failed_status("TrainingFailed")) is None  # training failed: final
+    assert registration_retry(ctx, obj, failed) == Reregister.RETRY  # asked, the failed Job gone
+    assert registration_retry(ctx, obj, _failed_status("TrainingFailed")) is None  # training failed: final
     # the same value again (acted on already), or none: the failed Job's absence alone is no request
-    assert _registration_retry(ctx, obj, failed.model_copy(update={"registration_retry": "1"})) is None
+    assert registration_retry(ctx, obj, failed.model_copy(update={"registration_retry": "1"})) is None
     obj["metadata"]["annotations"] = {}
-    assert _registration_retry(ctx, obj, failed) is None
+    assert registration_retry(ctx, obj, failed) is None
 
     kube.objects[("Job", reg)] = {**ours, "status": {}}
     # a Job that has not failed: a retry whose status write lost a race, followed to its end
-    assert _registration_retry(ctx, obj, failed) == Reregister.FOLLOW
+    assert registration_retry(ctx, obj, failed) == Reregister.FOLLOW
     kube.objects[("Job", reg)]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
-    assert _registration_retry(ctx, obj, failed) is None  # still the failed one, nobody asked: Failed
+    assert registration_retry(ctx, obj, failed) is None  # still the failed one, nobody asked: Failed
     kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
     obj["metadata"]["annotations"] = {RETRY: "2"}
-    assert _registration_retry(ctx, obj, failed) is None  # being deleted: its deletion is the next event
+    assert registration_retry(ctx, obj, failed) is None  # being deleted: its deletion is the next event
     assert ("Job", reg) in kube.objects
     del kube.objects[("Job", reg)]["metadata"]["deletionTimestamp"]
     # asked while the failed Job is there: the operator deletes that Job (by uid); its deletion's
     # pass goes on
-    assert _registration_retry(ctx, obj, failed) is None and ("Job", reg) not in kube.objects
-    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY
+    assert registration_retry(ctx, obj, failed) is None and ("Job", reg) not in kube.objects
+    assert registration_retry(ctx, obj, failed) == Reregister.RETRY
     # a stranger's Job of that name is never deleted
     kube.objects[("Job", reg)] = {
         "metadata": {"name": reg, "uid": "x"},
         "status": {"conditions": [{"type": "Failed", "status": "True"}]},
     }
-    assert _registration_retry(ctx, obj, failed) is None and ("Job", reg) in kube.objects
+    assert registration_retry(ctx, obj, failed) is None and ("Job", reg) in kube.objects
     del kube.objects[("Job", reg)]
     obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
     # turned off, then asked: the job finishes without registering (no new Job)
-    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY_DISABLED
+    assert registration_retry(ctx, obj, failed) == Reregister.RETRY_DISABLED
 
 
 def test_registration_turned_on_after_a_run_without_it() -> None:
     import yaml
 
     from kubetune_api.status import FineTuneJobStatus
-    from kubetune_operator.reconcile import Context, _registration_turned_on
+    from kubetune_operator.reconcile import Context
     from kubetune_operator.state import Reregister
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
@@ -237,24 +239,24 @@ def test_registration_turned_on_after_a_run_without_it() -> None:
         return FineTuneJobStatus.model_validate(status)
 
     off = succeeded("RegistrationDisabled")
-    assert _registration_turned_on(ctx, obj, off) is None  # no PyTorchJob: registering would train again
+    assert registration_turned_on(ctx, obj, off) is None  # no PyTorchJob: registering would train again
     kube.objects[("PyTorchJob", ptj)] = {
         "metadata": {"name": ptj},
         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]},
     }
-    assert _registration_turned_on(ctx, obj, off) == Reregister.ENABLED
+    assert registration_turned_on(ctx, obj, off) == Reregister.ENABLED
     # registered already: a model in the status, or a Registered condition that is not "disabled"
-    assert _registration_turned_on(ctx, obj, succeeded("RegistrationDisabled", model=True)) is None
-    assert _registration_turned_on(ctx, obj, succeeded("ModelRegistered")) is None
+    assert registration_turned_on(ctx, obj, succeeded("RegistrationDisabled", model=True)) is None
+    assert registration_turned_on(ctx, obj, succeeded("ModelRegistered")) is None
     obj["spec"]["registration"] = {**obj["spec"].get("registration", {}), "enabled": False}
-    assert _registration_turned_on(ctx, obj, off) is None  # still off
+    assert registration_turned_on(ctx, obj, off) is None  # still off
 
 
 def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
     import yaml
 
     from kubetune_api.status import FineTuneJobStatus
-    from kubetune_operator.reconcile import Context, _registration_retry, _registration_turned_on
+    from kubetune_operator.reconcile import Context
     from kubetune_operator.state import Reregister
 
     obj = yaml.safe_load((REPO / "examples" / "qwen3-4b-full.yaml").read_text())
@@ -277,5 +279,5 @@ def test_training_the_status_records_as_finished_needs_no_pytorchjob() -> None:
     from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
 
     obj["metadata"]["annotations"] = {RETRY_REGISTRATION_ANNOTATION: "t1"}
-    assert _registration_retry(ctx, obj, failed) == Reregister.RETRY
-    assert _registration_turned_on(ctx, obj, off) == Reregister.ENABLED
+    assert registration_retry(ctx, obj, failed) == Reregister.RETRY
+    assert registration_turned_on(ctx, obj, off) == Reregister.ENABLED

@@ -206,7 +206,7 @@ def _contains(actual: Any, wanted: Any) -> bool:
 @pytest.mark.parametrize("name", list(EXITS))
 def test_every_exit_from_a_final_or_suspended_phase(name: str) -> None:
     case = EXITS[name]
-    t = state.advance(case.previous, case.observation)
+    t = state.transition(case.previous, case.observation)
     assert t.phase == case.phase
     assert tuple(e.reason for e in t.events) == case.events, [(e.reason, e.message) for e in t.events]
     for key, value in case.status.items():
@@ -216,7 +216,7 @@ def test_every_exit_from_a_final_or_suspended_phase(name: str) -> None:
 
 
 def test_a_retry_event_names_the_annotation_and_the_job() -> None:
-    t = state.advance(FAILED_REGISTRATION, EXITS["failed/retry-requested"].observation)
+    t = state.transition(FAILED_REGISTRATION, EXITS["failed/retry-requested"].observation)
     assert t.events[0].message.startswith(
         f"{RETRY_REGISTRATION_ANNOTATION}=1: registering the trained model again"
     )
@@ -290,7 +290,8 @@ def status_writers(sources: dict[str, str]) -> dict[str, set[str]]:
 
 def test_the_status_is_written_in_one_place() -> None:
     folder = REPO / "operator" / "kubetune_operator"
-    sources = {p.name: p.read_text() for p in folder.glob("*.py")}
+    sources = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.py")}
+    assert "state/plan.py" in sources  # the state package is read too
     assert status_writers(sources) == {
         "patch:reconcile.py": {"_write_status"},  # the one merge patch of status
         "_write_status:reconcile.py": {"_commit"},  # called from one function

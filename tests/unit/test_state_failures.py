@@ -95,7 +95,7 @@ def test_an_evicted_pod_a_log_tail_and_the_deadline() -> None:
 def test_every_reason_lands_on_training_and_ready_with_its_hint_and_a_warning_event(reason: Failure) -> None:
     failure = TrainingFailure.of(reason, "what happened", step=7)
     previous = FineTuneJobStatus(phase=Phase.TRAINING)
-    t = state.advance(previous, obs(training=FAILED, failure=failure))
+    t = state.transition(previous, obs(training=FAILED, failure=failure))
     assert t.phase == Phase.FAILED
     conds = {c["type"]: c for c in t.status["conditions"]}
     for kind in (ConditionType.READY, ConditionType.TRAINING):
@@ -105,7 +105,7 @@ def test_every_reason_lands_on_training_and_ready_with_its_hint_and_a_warning_ev
 
 
 def test_without_a_classified_failure_the_generic_message_stands() -> None:
-    t = state.advance(FineTuneJobStatus(phase=Phase.TRAINING), obs(training=FAILED))
+    t = state.transition(FineTuneJobStatus(phase=Phase.TRAINING), obs(training=FAILED))
     conds = {c["type"]: c for c in t.status["conditions"]}
     assert conds[ConditionType.READY]["reason"] == Reason.TRAINING_FAILED
 
@@ -117,7 +117,7 @@ DONE = TrainingObservation(True, "Succeeded", "PyTorchJobSucceeded", "")
 def test_a_budget_stop_is_succeeded_with_budget_reached_and_registered() -> None:
     result = {"name": "m", "version": "1", "uri": "models:/m/1"}
     reg = RegistrationObservation(exists=True, state="Complete", result=result)
-    t = state.advance(
+    t = state.transition(
         FineTuneJobStatus(phase=Phase.REGISTERING), obs(training=DONE, budget=BUDGET, registration=reg)
     )
     assert t.phase == Phase.SUCCEEDED
@@ -129,7 +129,7 @@ def test_a_budget_stop_is_succeeded_with_budget_reached_and_registered() -> None
 
 
 def test_a_budget_stop_with_register_false_is_succeeded_without_registration() -> None:
-    t = state.advance(
+    t = state.transition(
         FineTuneJobStatus(phase=Phase.TRAINING), obs(training=DONE, budget=BUDGET, registration_enabled=False)
     )
     assert t.phase == Phase.SUCCEEDED
@@ -140,7 +140,9 @@ def test_a_budget_stop_with_register_false_is_succeeded_without_registration() -
 
 
 def test_a_job_without_a_budget_has_no_budget_condition() -> None:
-    t = state.advance(FineTuneJobStatus(phase=Phase.TRAINING), obs(training=DONE, registration_enabled=False))
+    t = state.transition(
+        FineTuneJobStatus(phase=Phase.TRAINING), obs(training=DONE, registration_enabled=False)
+    )
     assert ConditionType.BUDGET_REACHED not in {c["type"] for c in t.status["conditions"]}
 
 
@@ -235,7 +237,7 @@ def test_restarts_in_a_row_without_a_new_checkpoint_fail_the_job_with_the_last_r
     restarting = TrainingObservation(True, "Restarting", "PyTorchJobRestarting", "restarting")
     status = FineTuneJobStatus(phase=Phase.TRAINING)
     # six restarts, the last seen OOMKilled: still training (the limit is 6)
-    t = state.advance(
+    t = state.transition(
         status, obs(training=restarting, restart_events=6, attempt_failure=oom, restart_limit=6)
     )
     assert t.phase == Phase.TRAINING
@@ -243,7 +245,7 @@ def test_restarts_in_a_row_without_a_new_checkpoint_fail_the_job_with_the_last_r
     assert t.status["trainingRestarts"]["lastReason"] == Failure.HOST_OUT_OF_MEMORY
     # the seventh, with no failed pod left to read: Failed, with the reason remembered
     status = FineTuneJobStatus.model_validate({**t.status, "phase": "Training"})
-    t = state.advance(status, obs(training=restarting, restart_events=7, restart_limit=6))
+    t = state.transition(status, obs(training=restarting, restart_events=7, restart_limit=6))
     assert t.phase == Phase.FAILED
     ready = next(c for c in t.status["conditions"] if c["type"] == ConditionType.READY)
     assert ready["reason"] == Failure.HOST_OUT_OF_MEMORY
@@ -260,7 +262,7 @@ def test_a_new_checkpoint_starts_the_count_over() -> None:
         }
     )
     # preempted again and again, but each attempt saved a newer checkpoint: never the limit
-    t = state.advance(
+    t = state.transition(
         status, obs(training=restarting, restart_events=8, checkpoint_step=200, restart_limit=6)
     )
     assert t.phase == Phase.TRAINING
@@ -269,7 +271,7 @@ def test_a_new_checkpoint_starts_the_count_over() -> None:
     }  # fmt: skip
     # without a new checkpoint the count goes on, and old events that expired are not restarts
     status = FineTuneJobStatus.model_validate({**t.status, "phase": "Training"})
-    t = state.advance(
+    t = state.transition(
         status, obs(training=restarting, restart_events=3, checkpoint_step=200, restart_limit=6)
     )
     assert t.status["trainingRestarts"]["total"] == 8 and t.status["trainingRestarts"]["events"] == 3
@@ -293,7 +295,7 @@ def test_a_preparation_pod_that_cannot_pull_its_image_shows_while_the_job_prepar
     assert (
         prep.state == "Running" and prep.trouble is not None and prep.trouble[0] == Reason.IMAGE_PULL_FAILED
     )
-    t = state.advance(
+    t = state.transition(
         FineTuneJobStatus(phase=Phase.PREPARING), obs(preparation=prep, preparation_job_name="j-prepare")
     )
     assert t.phase == Phase.PREPARING

@@ -373,10 +373,10 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> None:
     reason, pods, words = CASES[case]
-    created_ = state.advance(None, obs(PodsObservation(), now=T0))
+    created_ = state.transition(None, obs(PodsObservation(), now=T0))
     assert cond(created_, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
     # appears: Pending, Training and Ready say why, one Warning event
-    first = state.advance(then(created_), obs(pods))
+    first = state.transition(then(created_), obs(pods))
     assert first.phase == "Pending"
     training, ready = cond(first, state.ConditionType.TRAINING), cond(first, state.ConditionType.READY)
     assert (training["status"], training["reason"]) == ("False", reason)
@@ -388,15 +388,15 @@ def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> Non
         first.status
     )  # pod events (or the Training Operator's pod) bring the news now
     # the next pass with the same trouble: the same status, no second event
-    again = state.advance(then(first), obs(pods, now="2026-01-01T00:02:00Z"))
+    again = state.transition(then(first), obs(pods, now="2026-01-01T00:02:00Z"))
     assert cond(again, state.ConditionType.TRAINING)["reason"] == reason and again.events == []
     # cleared: the pods exist and are scheduled (Created), then run
-    cleared = state.advance(then(again), obs(PodsObservation(), now="2026-01-01T00:03:00Z"))
+    cleared = state.transition(then(again), obs(PodsObservation(), now="2026-01-01T00:03:00Z"))
     assert cleared.phase == "Pending"
     assert cond(cleared, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
     assert cond(cleared, state.ConditionType.READY)["reason"] == state.Reason.NOT_READY
     assert cleared.events == []
-    running = state.advance(then(cleared), obs(PodsObservation(), condition="Running"))
+    running = state.transition(then(cleared), obs(PodsObservation(), condition="Running"))
     assert running.phase == "Training" and cond(running, state.ConditionType.TRAINING)["status"] == "True"
     assert [e.reason for e in running.events] == [state.EventReason.TRAINING_STARTED]
 
@@ -404,10 +404,12 @@ def test_a_trouble_appears_once_and_clears_when_the_pods_start(case: str) -> Non
 def test_a_pytorchjob_without_status_whose_pod_cannot_be_created() -> None:
     """The Training Operator v1.9 returns a pod creation error before its status update: the
     PyTorchJob never gets a condition, and the job would say "is the Training Operator running?"."""
-    waiting = state.advance(None, obs(PodsObservation(missing=("j-train-master-0",)), condition=None, now=T0))
+    waiting = state.transition(
+        None, obs(PodsObservation(missing=("j-train-master-0",)), condition=None, now=T0)
+    )
     assert cond(waiting, state.ConditionType.TRAINING)["reason"] == state.Reason.WAITING_FOR_TRAINING_OPERATOR
     assert observations.settling(waiting.status)
-    t = state.advance(then(waiting), obs(not_created(), condition=None))
+    t = state.transition(then(waiting), obs(not_created(), condition=None))
     assert t.phase == "Pending"
     assert cond(t, state.ConditionType.TRAINING)["reason"] == state.Reason.PODS_NOT_CREATED
     assert NO_PRIORITY_CLASS in cond(t, state.ConditionType.TRAINING)["message"]
@@ -415,14 +417,14 @@ def test_a_pytorchjob_without_status_whose_pod_cannot_be_created() -> None:
 
 
 def test_a_pod_waiting_for_a_node_is_news_only_after_a_while() -> None:
-    start = state.advance(None, obs(PodsObservation(), now=T0))
-    early = state.advance(then(start), obs(unschedulable(since=T0), now="2026-01-01T00:00:29Z"))
+    start = state.transition(None, obs(PodsObservation(), now=T0))
+    early = state.transition(then(start), obs(unschedulable(since=T0), now="2026-01-01T00:00:29Z"))
     assert (
         cond(early, state.ConditionType.TRAINING)["reason"] == state.Reason.TRAINING_CREATED
         and early.events == []
     )
     assert observations.settling(early.status)  # the operator looks again without an event
-    late = state.advance(then(early), obs(unschedulable(since=T0), now="2026-01-01T00:00:30Z"))
+    late = state.transition(then(early), obs(unschedulable(since=T0), now="2026-01-01T00:00:30Z"))
     assert cond(late, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
     assert [e.reason for e in late.events] == [state.Reason.UNSCHEDULABLE]
 
@@ -431,19 +433,19 @@ def test_a_worker_that_cannot_be_placed_while_the_master_runs() -> None:
     """The PyTorchJob says Running (its Master runs): the phase is Training, and Training says why
     it cannot go on (the Master waits for the Worker at the rendezvous)."""
     trouble = PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-worker-0", SCHEDULER, since=T0)
-    running = state.advance(None, obs(PodsObservation(), condition="Running", now=T0))
-    t = state.advance(then(running), obs(PodsObservation(trouble=trouble), condition="Running"))
+    running = state.transition(None, obs(PodsObservation(), condition="Running", now=T0))
+    t = state.transition(then(running), obs(PodsObservation(trouble=trouble), condition="Running"))
     assert t.phase == "Training"
     assert cond(t, state.ConditionType.TRAINING)["status"] == "False"
     assert cond(t, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
     assert "pod j-train-worker-0" in cond(t, state.ConditionType.TRAINING)["message"]
-    restarting = state.advance(then(t), obs(PodsObservation(trouble=trouble), condition="Restarting"))
+    restarting = state.transition(then(t), obs(PodsObservation(trouble=trouble), condition="Restarting"))
     assert cond(restarting, state.ConditionType.TRAINING)["reason"] == state.Reason.UNSCHEDULABLE
 
 
 def test_more_pods_with_the_same_trouble_are_counted() -> None:
     trouble = PodTrouble(state.Reason.UNSCHEDULABLE, "j-train-master-0", SCHEDULER, since=T0, others=2)
-    t = state.advance(None, obs(PodsObservation(trouble=trouble)))
+    t = state.transition(None, obs(PodsObservation(trouble=trouble)))
     assert "pod j-train-master-0 (and 2 more)" in cond(t, state.ConditionType.TRAINING)["message"]
 
 
@@ -460,7 +462,7 @@ def test_more_pods_with_the_same_trouble_are_counted() -> None:
 def test_pod_troubles_say_nothing_where_pods_are_not_expected_to_run(
     condition: str | None, extra: dict[str, Any], reason: str
 ) -> None:
-    t = state.advance(None, obs(not_created(), condition=condition, **extra))
+    t = state.transition(None, obs(not_created(), condition=condition, **extra))
     assert cond(t, state.ConditionType.TRAINING)["reason"] == reason
     assert all(e.reason not in state.POD_TROUBLE for e in t.events)
 

@@ -63,7 +63,7 @@ def conditions(transition: state.Transition) -> dict[str, dict[str, Any]]:
 
 
 def test_a_new_job_prepares_first() -> None:
-    t = state.advance(None, obs(preparation=PREPARING, training=NOT_STARTED))
+    t = state.transition(None, obs(preparation=PREPARING, training=NOT_STARTED))
     assert t.phase == Phase.PREPARING
     c = conditions(t)
     assert c[ConditionType.PREPARED]["status"] == "False"
@@ -78,7 +78,7 @@ def test_a_preparation_pod_that_cannot_be_created_says_why() -> None:
     blocked = PreparationObservation(
         True, "Running", message='pods "j-prepare-x" is forbidden: exceeded quota: cpu-quota'
     )
-    t = state.advance(None, obs(preparation=blocked, preparation_job_name="j-prepare"))
+    t = state.transition(None, obs(preparation=blocked, preparation_job_name="j-prepare"))
     assert t.phase == Phase.PREPARING and t.waiting
     prepared = conditions(t)[ConditionType.PREPARED]
     assert prepared["reason"] == Reason.PODS_NOT_CREATED
@@ -88,9 +88,9 @@ def test_a_preparation_pod_that_cannot_be_created_says_why() -> None:
 @pytest.mark.parametrize("reason", list(Refusal))
 def test_each_refusal_fails_the_job_with_its_reason_and_remedy(reason: Refusal) -> None:
     refusal = PreparationRefusal.of(reason, "data/chat.jsonl line 3: what is wrong")
-    before = state.advance(None, obs(preparation=PREPARING))
+    before = state.transition(None, obs(preparation=PREPARING))
     previous = FineTuneJobStatus.model_validate(before.status)
-    t = state.advance(previous, obs(preparation=PreparationObservation(True, "Failed", refusal=refusal)))
+    t = state.transition(previous, obs(preparation=PreparationObservation(True, "Failed", refusal=refusal)))
     assert t.phase == Phase.FAILED
     c = conditions(t)
     for ctype in (ConditionType.PREPARED, ConditionType.READY):
@@ -106,7 +106,7 @@ def test_a_crash_fails_with_the_log_tail_and_where_to_look() -> None:
     crash = PreparationObservation(
         True, "Failed", message="BackoffLimitExceeded: ...; last output: MemoryError"
     )
-    t = state.advance(None, obs(preparation=crash, preparation_job_name="j-prepare"))
+    t = state.transition(None, obs(preparation=crash, preparation_job_name="j-prepare"))
     assert t.phase == Phase.FAILED
     ready = conditions(t)[ConditionType.READY]
     assert ready["reason"] == Reason.PREPARATION_FAILED
@@ -114,10 +114,10 @@ def test_a_crash_fails_with_the_log_tail_and_where_to_look() -> None:
 
 
 def test_prepared_the_report_goes_into_the_status_and_training_begins() -> None:
-    before = state.advance(None, obs(preparation=PREPARING))
+    before = state.transition(None, obs(preparation=PREPARING))
     previous = FineTuneJobStatus.model_validate(before.status)
     done = PreparationObservation(True, "Succeeded", report=REPORT)
-    t = state.advance(previous, obs(now=T1, preparation=done, training=TrainingObservation(True, None)))
+    t = state.transition(previous, obs(now=T1, preparation=done, training=TrainingObservation(True, None)))
     assert t.phase == Phase.PENDING
     assert t.status["preparation"] == REPORT.wire()
     prepared = conditions(t)[ConditionType.PREPARED]
@@ -127,14 +127,14 @@ def test_prepared_the_report_goes_into_the_status_and_training_begins() -> None:
     # the next passes do not read the preparation Job again: the condition is kept as it was
     previous = FineTuneJobStatus.model_validate({**t.status, "preparation": REPORT.wire()})
     assert not state.preparation_needed(previous)
-    later = state.advance(previous, obs(training=TrainingObservation(True, "Running")))
+    later = state.transition(previous, obs(training=TrainingObservation(True, "Running")))
     assert later.phase == Phase.TRAINING
     assert conditions(later)[ConditionType.PREPARED] == prepared
     assert EventReason.PREPARED not in [e.reason for e in later.events]
 
 
 def test_no_prepared_condition_without_a_preparation_step() -> None:
-    t = state.advance(None, obs(training=TrainingObservation(True, "Running")))
+    t = state.transition(None, obs(training=TrainingObservation(True, "Running")))
     assert ConditionType.PREPARED not in conditions(t)
 
 

@@ -126,7 +126,7 @@ def test_describe_names_the_request_the_child_and_the_answer() -> None:
 
 
 def test_a_rejected_child_fails_a_new_job_with_the_api_servers_message() -> None:
-    t = state.advance(None, obs(child_error=rejected()))
+    t = state.transition(None, obs(child_error=rejected()))
     assert t.phase == "Failed" and not t.waiting
     for type_ in (state.ConditionType.READY, state.ConditionType.CHILDREN_READY):
         c = cond(t.status, type_)
@@ -141,10 +141,10 @@ def test_a_rejected_child_fails_a_new_job_with_the_api_servers_message() -> None
 
 
 def test_a_rejected_registration_job_fails_a_trained_job() -> None:
-    trained = state.advance(None, obs(training=TrainingObservation(True, "Succeeded")))
+    trained = state.transition(None, obs(training=TrainingObservation(True, "Succeeded")))
     assert trained.phase == "Registering"
     refused = ChildError("create", "Job", "j-register", 422, "Invalid", "Job.batch is invalid: denied")
-    t = state.advance(then(trained), obs(now=T1, child_error=refused))
+    t = state.transition(then(trained), obs(now=T1, child_error=refused))
     assert t.phase == "Failed"
     assert cond(t.status, state.ConditionType.READY)["reason"] == "ChildRejected"
     # training stays known as finished: a reopened job registers, it does not train again
@@ -155,7 +155,7 @@ def test_a_rejected_registration_job_fails_a_trained_job() -> None:
 
 
 def test_a_forbidden_child_shows_at_once_and_keeps_the_job_pending() -> None:
-    t = state.advance(None, obs(child_error=forbidden()))
+    t = state.transition(None, obs(child_error=forbidden()))
     assert (t.phase, t.waiting) == ("Pending", True)
     for type_ in (state.ConditionType.READY, state.ConditionType.CHILDREN_READY):
         c = cond(t.status, type_)
@@ -164,7 +164,7 @@ def test_a_forbidden_child_shows_at_once_and_keeps_the_job_pending() -> None:
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildForbidden")]
     assert cond(t.status, state.ConditionType.TRAINING)["reason"] == "ChildForbidden"
     # the next refused pass says the attempt, and emits no second event
-    again = state.advance(then(t), obs(now=T1, child_error=forbidden(2)))
+    again = state.transition(then(t), obs(now=T1, child_error=forbidden(2)))
     assert again.phase == "Pending" and again.events == []
     children = cond(again.status, state.ConditionType.CHILDREN_READY)
     assert "attempt 2" in children["message"] and children["lastTransitionTime"] == T0
@@ -172,15 +172,15 @@ def test_a_forbidden_child_shows_at_once_and_keeps_the_job_pending() -> None:
 
 @pytest.mark.parametrize("attempts", [1, 2])
 def test_a_transient_error_is_not_shown_before_a_few_attempts(attempts: int) -> None:
-    t = state.advance(None, obs(child_error=unavailable(attempts)))
+    t = state.transition(None, obs(child_error=unavailable(attempts)))
     assert (t.phase, t.waiting, t.events) == ("Pending", True, [])
     assert cond(t.status, state.ConditionType.CHILDREN_READY)["reason"] == "CreatingChildren"
     assert cond(t.status, state.ConditionType.READY)["reason"] == "NotReady"
 
 
 def test_a_transient_error_is_shown_after_a_few_attempts_without_failing() -> None:
-    first = state.advance(None, obs(child_error=unavailable(1)))
-    t = state.advance(then(first), obs(now=T1, child_error=unavailable(state.SHOW_TRANSIENT_AFTER)))
+    first = state.transition(None, obs(child_error=unavailable(1)))
+    t = state.transition(then(first), obs(now=T1, child_error=unavailable(state.SHOW_TRANSIENT_AFTER)))
     assert (t.phase, t.waiting) == ("Pending", True)
     children = cond(t.status, state.ConditionType.CHILDREN_READY)
     assert (children["status"], children["reason"]) == ("False", "ChildApiError")
@@ -195,17 +195,17 @@ def test_a_missing_pytorchjob_kind_hints_at_the_training_operator() -> None:
     missing = ChildError(
         "create", "PyTorchJob", "j-train", 404, "NotFound", "the server could not find it", 3
     )
-    t = state.advance(None, obs(child_error=missing))
+    t = state.transition(None, obs(child_error=missing))
     assert "Kubeflow Training Operator" in cond(t.status, state.ConditionType.CHILDREN_READY)["message"]
 
 
 def test_a_refusal_while_training_keeps_the_phase_and_the_training_condition() -> None:
-    running = state.advance(None, obs(training=TrainingObservation(True, "Running", message="training")))
+    running = state.transition(None, obs(training=TrainingObservation(True, "Running", message="training")))
     assert running.phase == "Training"
     refused = ChildError(
         "update", "ConfigMap", "j-config", 503, "ServiceUnavailable", "etcd leader changed", 3
     )
-    t = state.advance(then(running), obs(now=T1, child_error=refused))
+    t = state.transition(then(running), obs(now=T1, child_error=refused))
     assert t.phase == "Training"
     assert [(e.type, e.reason) for e in t.events] == [("Warning", "ChildApiError")]
     assert cond(t.status, state.ConditionType.TRAINING)["reason"] == "TrainingRunning"
@@ -215,8 +215,8 @@ def test_a_refusal_while_training_keeps_the_phase_and_the_training_condition() -
 
 
 def test_a_forbidden_child_that_is_allowed_again_goes_on() -> None:
-    held = state.advance(None, obs(child_error=forbidden()))
-    t = state.advance(then(held), obs(now=T1, training=TrainingObservation(True, "Created")))
+    held = state.transition(None, obs(child_error=forbidden()))
+    t = state.transition(then(held), obs(now=T1, training=TrainingObservation(True, "Created")))
     assert t.phase == "Pending" and not t.waiting
     children = cond(t.status, state.ConditionType.CHILDREN_READY)
     assert (children["status"], children["reason"]) == ("True", "ChildrenCreated")
@@ -227,11 +227,11 @@ def test_a_forbidden_child_that_is_allowed_again_goes_on() -> None:
 
 
 def failed_by_rejection() -> FineTuneJobStatus:
-    return then(state.advance(None, obs(child_error=rejected())))
+    return then(state.transition(None, obs(child_error=rejected())))
 
 
 def test_the_same_generation_stays_failed() -> None:
-    t = state.advance(failed_by_rejection(), obs(now=T1))
+    t = state.transition(failed_by_rejection(), obs(now=T1))
     assert t.phase == "Failed" and t.events == []
     assert state.reopens(failed_by_rejection(), 1) is False
 
@@ -239,7 +239,7 @@ def test_the_same_generation_stays_failed() -> None:
 def test_a_new_generation_starts_over_and_clears_the_completion_time() -> None:
     previous = failed_by_rejection()
     assert state.reopens(previous, 2)
-    t = state.advance(previous, obs(generation=2, now=T1, training=TrainingObservation(True, "Created")))
+    t = state.transition(previous, obs(generation=2, now=T1, training=TrainingObservation(True, "Created")))
     assert t.phase == "Pending"
     assert t.status["completionTime"] is None  # merge patch: removed
     assert cond(t.status, state.ConditionType.CHILDREN_READY)["reason"] == "ChildrenCreated"
@@ -248,7 +248,7 @@ def test_a_new_generation_starts_over_and_clears_the_completion_time() -> None:
 
 
 def test_a_new_generation_refused_again_fails_again_with_an_event() -> None:
-    t = state.advance(failed_by_rejection(), obs(generation=2, now=T1, child_error=rejected()))
+    t = state.transition(failed_by_rejection(), obs(generation=2, now=T1, child_error=rejected()))
     assert t.phase == "Failed"
     assert t.status["completionTime"] == T1
     assert cond(t.status, state.ConditionType.READY)["observedGeneration"] == 2
@@ -257,7 +257,7 @@ def test_a_new_generation_refused_again_fails_again_with_an_event() -> None:
 
 
 def test_a_new_generation_then_forbidden_is_pending_not_failed() -> None:
-    t = state.advance(failed_by_rejection(), obs(generation=2, now=T1, child_error=forbidden()))
+    t = state.transition(failed_by_rejection(), obs(generation=2, now=T1, child_error=forbidden()))
     assert (t.phase, t.waiting) == ("Pending", True)
     assert t.status["completionTime"] is None
     assert [e.reason for e in t.events] == ["ChildrenRetried", "ChildForbidden"]
@@ -272,8 +272,8 @@ def test_a_new_generation_then_forbidden_is_pending_not_failed() -> None:
     ids=["training-failed", "invalid-spec"],
 )
 def test_other_failures_stay_failed_on_a_new_generation(failure: Observation) -> None:
-    failed = then(state.advance(None, failure))
+    failed = then(state.transition(None, failure))
     assert failed.phase == "Failed"
     assert state.reopens(failed, 2) is False
-    t = state.advance(failed, obs(generation=2, now=T1, training=TrainingObservation(True, "Created")))
+    t = state.transition(failed, obs(generation=2, now=T1, training=TrainingObservation(True, "Created")))
     assert t.phase == "Failed" and t.events == []

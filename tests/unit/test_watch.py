@@ -357,7 +357,7 @@ def _operator_status(*observations: Any) -> dict[str, Any]:
 
     status = FineTuneJobStatus()
     for obs in observations:
-        written = state.advance(status, obs).status
+        written = state.transition(status, obs).status
         status = FineTuneJobStatus.model_validate(written)
     return {"metadata": {"name": "job", "namespace": "ns"}, "status": written}
 

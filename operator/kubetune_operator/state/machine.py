@@ -8,11 +8,12 @@ Phases::
                   Failed             Suspended┘          Failed  (also from Pending/Training:
                                                          training failed, bad spec, a refused child)
 
-Succeeded and Failed are final; ``advance`` leaves them only for a job failed because the API
+Succeeded and Failed are final; ``transition`` leaves them only for a job failed because the API
 server refused a child (``ChildRejected``) whose spec changed since (``reopens``), or to register a
-final job again (``Reregister``). ``advance(previous status, observation)`` returns the status
-fields the operator owns (never ``progress``/``checkpoints``, which the trainer reports) and the
-events for the transitions it made.
+final job again (``Reregister``, chosen by :mod:`.exits`). ``transition(previous status,
+observation)`` returns the status fields the operator owns (never ``progress``/``checkpoints``,
+which the trainer reports) and the events for the transitions it made; :func:`.advance` wraps it in
+the actions of a pass.
 
 Conditions (Kubernetes conventions; ``reason`` is one of :class:`~kubetune_api.status.Reason`, or
 a :class:`~kubetune_api.preparation.Refusal`):
@@ -31,96 +32,48 @@ a :class:`~kubetune_api.preparation.Refusal`):
 - ``Registered``: True once MLflow has the model version; False ``GateNotMet`` when
   ``spec.registration.gate`` was not met (the job still Succeeds; the retry annotation forces it).
 - ``ParentReady`` (``spec.model.fromJob``): False while the parent job runs (Pending, nothing created)
-  or when it cannot give a model (Failed); True once it Succeeded. See :mod:`.parent`.
+  or when it cannot give a model (Failed); True once it Succeeded. See :mod:`.chaining`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from kubetune_api.failures import Failure
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
-from kubetune_api.status import (
-    Condition,
-    ConditionType,
-    EventReason,
-    FineTuneJobStatus,
-    Phase,
-    Reason,
-)
+from kubetune_api.status import Condition, ConditionType, EventReason, FineTuneJobStatus, Phase, Reason
 
-from . import parent as _parent
-from .alias import alias_transition
-from .observations import (
-    POD_TROUBLE,
-    SHOW_TRANSIENT_AFTER,
-    ChildError,
-    PodsObservation,
-    PreparationObservation,
-    RegistrationObservation,
-    TrainingObservation,
-    shown_trouble,
-)
-from .registration_status import gate_event, gate_not_met_message, registered_message, registration_report
-from .state_types import Decision, Event, Observation, Transition
-from .state_types import condition_of as _condition
-from .status_view import (
-    FINAL_PHASES,
-    Reregister,
-    failed_in_registration,
-    finished_without_registration,
-    gate_not_met,
-    preparation_needed,
-    registration_forced,
-    registration_wanted,
-    rejected_child,
-    reopens,
-    training_succeeded,
-)
-from .training_failures import count_restarts
+from ..observations import POD_TROUBLE, SHOW_TRANSIENT_AFTER, PreparationObservation, shown_trouble
+from ..registration_status import gate_event, gate_not_met_message, registered_message, registration_report
+from ..state_types import Decided, Decision, Event, Transition, Verdicts
+from ..state_types import condition_of as _condition
+from ..training_failures import count_restarts
+from . import chaining
+from .observation import Observation
+from .status_view import FINAL_PHASES, Reregister, reopens
+
+C = ConditionType
 
 CONDITION_TYPES = (
-    ConditionType.READY,
-    ConditionType.CHILDREN_READY,
-    ConditionType.PREPARED,
-    ConditionType.TRAINING,
-    ConditionType.SUSPENDED,
-    ConditionType.REGISTERED,
-    ConditionType.BUDGET_REACHED,
-    ConditionType.PARENT_READY,
+    C.READY,
+    C.CHILDREN_READY,
+    C.PREPARED,
+    C.TRAINING,
+    C.SUSPENDED,
+    C.REGISTERED,
+    C.BUDGET_REACHED,
+    C.PARENT_READY,
 )
-
-__all__ = [
-    "CONDITION_TYPES",
-    "FINAL_PHASES",
-    "ChildError",
-    "Decision",
-    "Event",
-    "Observation",
-    "PodsObservation",
-    "PreparationObservation",
-    "RegistrationObservation",
-    "Reregister",
-    "TrainingObservation",
-    "Transition",
-    "alias_transition",
-    "failed_in_registration",
-    "finished_without_registration",
-    "gate_not_met",
-    "preparation_needed",
-    "registration_forced",
-    "registration_wanted",
-    "rejected_child",
-    "reopens",
-    "training_succeeded",
-]
 
 
 # --- the machine ----------------------------------------------------------------------------------------
 
 
-def advance(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
+def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transition:
+    """The next status (the fields the operator owns) and the events of what changed, from the
+    previous status and what the pass found of the children (``obs``'s folded facts)."""
     prev = previous or FineTuneJobStatus()
     prev_phase = prev.phase or Phase.PENDING
     prev_conditions = {c.type: c for c in prev.conditions or []}
@@ -238,7 +191,7 @@ def _held(
     phase = (
         prev_phase if prev_phase in (Phase.TRAINING, Phase.SUSPENDED, Phase.REGISTERING) else Phase.PENDING
     )
-    reasons: dict[str, Any] = {}
+    reasons = Verdicts()
     forbidden = err.verdict == "forbidden"
     if forbidden or err.attempts >= SHOW_TRANSIENT_AFTER:
         if forbidden:
@@ -252,30 +205,34 @@ def _held(
             msg = f"{err.describe()}. Retrying with backoff ({err.attempts} attempts in a row failed)"
             if err.kind == "PyTorchJob" and err.code == 404:
                 msg += "; is the Kubeflow Training Operator (its PyTorchJob CRD) installed?"
-        reasons["children"] = (False, reason, msg)
+        reasons[C.CHILDREN_READY] = (False, reason, msg)
         if phase == Phase.PENDING:
-            reasons["ready"] = (False, reason, msg)
+            reasons[C.READY] = (False, reason, msg)
     elif ConditionType.CHILDREN_READY not in prev_conditions:
-        reasons["children"] = (
+        reasons[C.CHILDREN_READY] = (
             False,
             Reason.CREATING_CHILDREN,
             "creating the checkpoint volume, trainer config and PyTorchJob",
         )
-        reasons["ready"] = (False, Reason.NOT_READY, "creating the children")
+        reasons[C.READY] = (False, Reason.NOT_READY, "creating the children")
     # Training has not started because of it: say so there too (what `kubectl describe` and Argo CD
     # show first while Pending), unless the Training condition already knows the PyTorchJob.
     training = prev_conditions.get(ConditionType.TRAINING)
     held = (Reason.CREATING_CHILDREN, Reason.CHILD_FORBIDDEN, Reason.CHILD_API_ERROR)
-    if phase == Phase.PENDING and "children" in reasons and (training is None or training.reason in held):
-        reasons["training"] = reasons["children"]
-    conditions = _conditions(str(phase), reasons, obs, prev_conditions)
+    if (
+        phase == Phase.PENDING
+        and C.CHILDREN_READY in reasons
+        and (training is None or training.reason in held)
+    ):
+        reasons[C.TRAINING] = reasons[C.CHILDREN_READY]
+    conditions = _conditions(str(phase), reasons.by_type, obs, prev_conditions)
     status: dict[str, Any] = {
         "phase": str(phase),
         "observedGeneration": obs.generation,
         "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
         "children": obs.children,
     }
-    events = _events(prev_phase, str(phase), reasons, prev_conditions)
+    events = _events(prev_phase, str(phase), reasons.by_type, prev_conditions)
     return Transition(status=status, events=events, phase=str(phase), waiting=True)
 
 
@@ -283,26 +240,26 @@ def decide(obs: Observation) -> Decision:
     """What the observation means for a job that is not final (or was reopened)."""
     # spec.model.fromJob: the parent job holds this one until it has Succeeded (nothing is created)
     held = obs.parent is not None and obs.parent.state != "ready" and not obs.invalid_spec
+    phase: str
     if held and obs.parent is not None:
-        phase, reasons = _parent.held(obs.parent, _registration_pending(obs))
+        phase, reasons = chaining.held(obs.parent, _registration_pending(obs))
     else:
         phase, reasons = _decide(obs)
-    waiting = reasons.pop("waiting", False) is True
-    return Decision(Phase(phase), reasons, waiting)
+    return Decision(Phase(phase), reasons.by_type, reasons.waiting)
 
 
-def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
+def _decide(obs: Observation) -> tuple[str, Verdicts]:
     """The phase and, per condition, (status, reason, message)."""
     tr = obs.training
-    out: dict[str, Any] = {}
+    out = Verdicts()
 
     if obs.invalid_spec:
-        out["children"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
-        out["ready"] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
+        out[C.CHILDREN_READY] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
+        out[C.READY] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
         return Phase.FAILED, out
 
     if obs.parent is not None:  # spec.model.fromJob, the parent Succeeded (``decide`` holds the rest)
-        out["parent"] = (True, obs.parent.reason, obs.parent.message)
+        out[C.PARENT_READY] = (True, obs.parent.reason, obs.parent.message)
 
     if obs.child_error is not None:  # rejected (``advance`` holds the others)
         msg = (
@@ -312,17 +269,17 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
             "When an admission policy refused it, any accepted change of the spec makes the operator try "
             "again once the policy allows the object"
         )
-        out["children"] = (False, Reason.CHILD_REJECTED, msg)
-        out["ready"] = (False, Reason.CHILD_REJECTED, msg)
+        out[C.CHILDREN_READY] = (False, Reason.CHILD_REJECTED, msg)
+        out[C.READY] = (False, Reason.CHILD_REJECTED, msg)
         return Phase.FAILED, out
 
     if obs.conflict:
         msg = obs.conflict
-        out["children"] = (False, Reason.CHILD_CONFLICT, msg)
-        out["ready"] = (False, Reason.CHILD_CONFLICT, msg)
-        out["waiting"] = True
+        out[C.CHILDREN_READY] = (False, Reason.CHILD_CONFLICT, msg)
+        out[C.READY] = (False, Reason.CHILD_CONFLICT, msg)
+        out.waiting = True
         return Phase.PENDING, out
-    out["children"] = (
+    out[C.CHILDREN_READY] = (
         True,
         Reason.CHILDREN_CREATED,
         "checkpoint volume, trainer config and PyTorchJob exist",
@@ -340,15 +297,15 @@ def _decide(obs: Observation) -> tuple[str, dict[str, Any]]:
     return _before_training_ends(obs, out)
 
 
-def _training_failed(obs: Observation, out: dict[str, Any], logs_hint: str) -> tuple[str, dict[str, Any]]:
+def _training_failed(obs: Observation, out: Verdicts, logs_hint: str) -> tuple[str, Verdicts]:
     """The PyTorchJob failed: why (its pods' classified failure, ``obs.failure``), and what to do."""
     if obs.failure is not None:
         f = obs.failure
         msg = f"{f.describe()} See the {logs_hint}."
         if f.reason not in (Failure.DATASET_ERROR, Failure.MODEL_GATED, Failure.MODEL_NOT_FOUND):
             msg += f" Checkpoints stay on PVC {obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
-        out["training"] = (False, f.reason, msg)
-        out["ready"] = (False, f.reason, msg)
+        out[C.TRAINING] = (False, f.reason, msg)
+        out[C.READY] = (False, f.reason, msg)
         return Phase.FAILED, out
     tr = obs.training
     msg = (
@@ -358,12 +315,12 @@ def _training_failed(obs: Observation, out: dict[str, Any], logs_hint: str) -> t
         "retried up to the backoff limit; checkpoints stay on PVC "
         f"{obs.checkpoint_claim} when it is kept (storage.keepOnDelete or storage.existingClaim)."
     )
-    out["training"] = (False, Reason.TRAINING_FAILED, msg)
-    out["ready"] = (False, Reason.TRAINING_FAILED, msg)
+    out[C.TRAINING] = (False, Reason.TRAINING_FAILED, msg)
+    out[C.READY] = (False, Reason.TRAINING_FAILED, msg)
     return Phase.FAILED, out
 
 
-def _restart_limit(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _restart_limit(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:
     """The training pods restarted too often without a new checkpoint: Failed, with the last
     attempt's reason when it is known (the operator then stops the PyTorchJob)."""
     r = obs.restarts
@@ -375,12 +332,12 @@ def _restart_limit(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str
         f" The PyTorchJob {obs.pytorchjob_name} is suspended (its pods stopped); checkpoints stay on PVC "
         f"{obs.checkpoint_claim} when it is kept."
     )
-    out["training"] = (False, reason, msg)
-    out["ready"] = (False, reason, msg)
+    out[C.TRAINING] = (False, reason, msg)
+    out[C.READY] = (False, reason, msg)
     return Phase.FAILED, out
 
 
-def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, Any]) -> Phase | None:
+def _preparation(obs: Observation, prep: PreparationObservation, out: Verdicts) -> Phase | None:
     """The preparation Job decides while it has not succeeded: Preparing, or Failed with its named
     reason (a refusal) or with its log tail (a crash). None: prepared, training decides from here."""
     job = f"preparation Job {obs.preparation_job_name}"
@@ -389,7 +346,7 @@ def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, 
         text = (
             report.summary() if report is not None else f"{job} succeeded (its report is gone with its pod)"
         )
-        out["prepared"] = (True, Reason.PREPARED, text)
+        out[C.PREPARED] = (True, Reason.PREPARED, text)
         return None
     if prep.state == "Failed":
         if prep.refusal is not None:
@@ -402,8 +359,8 @@ def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, 
                 f"job/{obs.preparation_job_name}. Nothing was started on a GPU"
             )
             reason = Reason.PREPARATION_FAILED
-        out["prepared"] = (False, reason, msg)
-        out["ready"] = (False, reason, msg)
+        out[C.PREPARED] = (False, reason, msg)
+        out[C.READY] = (False, reason, msg)
         return Phase.FAILED
     msg = f"{job} is downloading the model and the data, checking, tokenizing and estimating (CPU only)"
     reason = Reason.PREPARING
@@ -412,33 +369,33 @@ def _preparation(obs: Observation, prep: PreparationObservation, out: dict[str, 
         msg = f"the Job controller cannot create the pod of {job}: {prep.message}"
     elif prep.trouble is not None:  # its pod cannot start: the scheduler's or the kubelet's words
         reason, msg = prep.trouble[0], f"the pod of {job} cannot start: {prep.trouble[1]}"
-    out["children"] = (
+    out[C.CHILDREN_READY] = (
         True,
         Reason.CHILDREN_CREATED,
         "checkpoint volume, trainer config and preparation Job exist; the PyTorchJob follows the preparation",
     )
-    out["prepared"] = (False, reason, msg)
-    out["training"] = (False, Reason.PREPARING, "training starts once the preparation has succeeded")
-    out["ready"] = (False, reason, msg)
-    out["registered"] = _registration_pending(obs)
-    out["waiting"] = True  # a pod that cannot be created sends no event: look again soon
+    out[C.PREPARED] = (False, reason, msg)
+    out[C.TRAINING] = (False, Reason.PREPARING, "training starts once the preparation has succeeded")
+    out[C.READY] = (False, reason, msg)
+    out[C.REGISTERED] = _registration_pending(obs)
+    out.waiting = True  # a pod that cannot be created sends no event: look again soon
     return Phase.PREPARING
 
 
-def _registration_pending(obs: Observation) -> tuple[bool, str, str]:
+def _registration_pending(obs: Observation) -> Decided:
     if obs.registration_enabled:
-        return (False, Reason.REGISTRATION_PENDING, "registers after training")
-    return (False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
+        return Decided(False, Reason.REGISTRATION_PENDING, "registers after training")
+    return Decided(False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
 
 
-def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:  # noqa: PLR0912
+def _after_training(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:  # noqa: PLR0912
     """Training succeeded: the registration decides (Registering; Succeeded, with the model or with
     registration off; or Failed, with the remedy)."""
     tr, reg = obs.training, obs.registration
-    out["training"] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
+    out[C.TRAINING] = (False, Reason.TRAINING_SUCCEEDED, tr.message or "training finished")
     if obs.budget is not None:
         b = obs.budget
-        out["budget"] = (
+        out[C.BUDGET_REACHED] = (
             True,
             Reason.BUDGET_REACHED,
             f"training stopped at spec.budget {b.limit}: step {b.step} of {b.total_steps} planned; the final "
@@ -460,8 +417,8 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
     elif reg.state == "Skipped" and not obs.registration_enabled:
         disabled = f"{job} ended without registering: spec.registration.enabled is false"
     if disabled is not None:
-        out["registered"] = (False, Reason.REGISTRATION_DISABLED, disabled)
-        out["ready"] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
+        out[C.REGISTERED] = (False, Reason.REGISTRATION_DISABLED, disabled)
+        out[C.READY] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
         return Phase.SUCCEEDED, out
     if reg.state == "GateNotMet":  # spec.registration.gate: nothing registered, the job still Succeeds
         return _gate_not_met(gate_not_met_message(reg, retry), out)
@@ -483,20 +440,20 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
             f"creates it again): {retry}; {kept}"
         )
     if failed is not None:
-        out["registered"] = (False, Reason.REGISTRATION_FAILED, failed)
-        out["ready"] = (False, Reason.REGISTRATION_FAILED, failed)
+        out[C.REGISTERED] = (False, Reason.REGISTRATION_FAILED, failed)
+        out[C.READY] = (False, Reason.REGISTRATION_FAILED, failed)
         return Phase.FAILED, out
     if reg.state == "Complete" and reg.result is not None:
         msg = registered_message(reg.result)
-        out["registered"] = (True, Reason.MODEL_REGISTERED, msg)
-        out["ready"] = (True, Reason.SUCCEEDED, msg)
+        out[C.REGISTERED] = (True, Reason.MODEL_REGISTERED, msg)
+        out[C.READY] = (True, Reason.SUCCEEDED, msg)
         return Phase.SUCCEEDED, out
     if reg.state == "Complete":
         msg = f"registration Job {obs.registration_job_name} completed; waiting for its result (pod termination message)"
-        out["registered"] = (False, Reason.REGISTRATION_RESULT_PENDING, msg)
-        out["waiting"] = True
+        out[C.REGISTERED] = (False, Reason.REGISTRATION_RESULT_PENDING, msg)
+        out.waiting = True
     elif reg.exists:
-        out["registered"] = (
+        out[C.REGISTERED] = (
             False,
             Reason.REGISTRATION_RUNNING,
             f"registration Job {obs.registration_job_name} is running"
@@ -507,18 +464,18 @@ def _after_training(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[st
             ),
         )
     else:
-        out["registered"] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
-    out["ready"] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
+        out[C.REGISTERED] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
+    out[C.READY] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
     return Phase.REGISTERING, out
 
 
-def _gate_not_met(msg: str, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    out["registered"] = (False, Reason.GATE_NOT_MET, msg)
-    out["ready"] = (True, Reason.SUCCEEDED, f"training finished; {msg}")
+def _gate_not_met(msg: str, out: Verdicts) -> tuple[str, Verdicts]:
+    out[C.REGISTERED] = (False, Reason.GATE_NOT_MET, msg)
+    out[C.READY] = (True, Reason.SUCCEEDED, f"training finished; {msg}")
     return Phase.SUCCEEDED, out
 
 
-def _before_training_ends(obs: Observation, out: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:
     """Training not finished: preparing (or refused), suspended, queued, resuming, running,
     restarting or not started (and why)."""
     tr = obs.training
@@ -527,112 +484,107 @@ def _before_training_ends(obs: Observation, out: dict[str, Any]) -> tuple[str, d
         if held is not None:
             return held, out
     # Training not finished.
-    out["registered"] = _registration_pending(obs)
+    out[C.REGISTERED] = _registration_pending(obs)
     if obs.suspend:
-        out["suspended"] = (
+        out[C.SUSPENDED] = (
             True,
             Reason.SUSPENDED_BY_USER,
             "spec.suspend is true: the PyTorchJob is suspended",
         )
-        out["training"] = (False, Reason.SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
-        out["ready"] = (False, Reason.SUSPENDED_BY_USER, "suspended")
+        out[C.TRAINING] = (False, Reason.SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
+        out[C.READY] = (False, Reason.SUSPENDED_BY_USER, "suspended")
         return Phase.SUSPENDED, out
     if tr.condition == "Suspended":
         if obs.queued_by_kueue:
             msg = "the PyTorchJob waits for Kueue to admit it (spec.resources.queueName)"
-            out["suspended"] = (True, Reason.QUEUED, msg)
-            out["training"] = (False, Reason.QUEUED, msg)
-            out["ready"] = (False, Reason.QUEUED, msg)
+            out[C.SUSPENDED] = (True, Reason.QUEUED, msg)
+            out[C.TRAINING] = (False, Reason.QUEUED, msg)
+            out[C.READY] = (False, Reason.QUEUED, msg)
             return Phase.PENDING, out
         msg = "resuming the PyTorchJob"
-        out["suspended"] = (False, Reason.RESUMING, msg)
-        out["training"] = (False, Reason.RESUMING, msg)
-        out["ready"] = (False, Reason.RESUMING, msg)
+        out[C.SUSPENDED] = (False, Reason.RESUMING, msg)
+        out[C.TRAINING] = (False, Reason.RESUMING, msg)
+        out[C.READY] = (False, Reason.RESUMING, msg)
         return Phase.PENDING, out
-    out["suspended"] = (False, Reason.NOT_SUSPENDED, "")
+    out[C.SUSPENDED] = (False, Reason.NOT_SUSPENDED, "")
     if obs.restarts is not None and obs.restarts.since_progress > obs.restart_limit:
         return _restart_limit(obs, out)
     if tr.condition == "Running":
         phase = Phase.TRAINING
-        out["training"] = (True, Reason.TRAINING_RUNNING, tr.message or "training")
-        out["ready"] = (False, Reason.TRAINING_RUNNING, "training")
+        out[C.TRAINING] = (True, Reason.TRAINING_RUNNING, tr.message or "training")
+        out[C.READY] = (False, Reason.TRAINING_RUNNING, "training")
     elif tr.condition == "Restarting":
         phase = Phase.TRAINING
         msg = (
             f"PyTorchJob {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
             "training resumes from the newest checkpoint"
         )
-        out["training"] = (True, Reason.TRAINING_RESTARTING, msg)
-        out["ready"] = (False, Reason.TRAINING_RESTARTING, msg)
+        out[C.TRAINING] = (True, Reason.TRAINING_RESTARTING, msg)
+        out[C.READY] = (False, Reason.TRAINING_RESTARTING, msg)
     else:
         phase = Phase.PENDING
         if tr.condition == "Created":
             msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
-            out["training"] = (False, Reason.TRAINING_CREATED, msg)
+            out[C.TRAINING] = (False, Reason.TRAINING_CREATED, msg)
         else:
             msg = f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
-            out["training"] = (False, Reason.WAITING_FOR_TRAINING_OPERATOR, msg)
-        out["ready"] = (False, Reason.NOT_READY, msg)
+            out[C.TRAINING] = (False, Reason.WAITING_FOR_TRAINING_OPERATOR, msg)
+        out[C.READY] = (False, Reason.NOT_READY, msg)
     shown = shown_trouble(
         obs.pods, obs.training, now=obs.now, namespace=obs.namespace, pytorchjob_name=obs.pytorchjob_name
     )
     if shown is not None:
         # the phase stays what the PyTorchJob says; Training and Ready say why its pods do not start
-        out["training"] = (False, shown[0], shown[1])
-        out["ready"] = (False, shown[0], shown[1])
+        out[C.TRAINING] = (False, shown[0], shown[1])
+        out[C.READY] = (False, shown[0], shown[1])
     return phase, out
 
 
+# Conditions every status shows, with what they say before anything decided them.
+_DEFAULTS = {
+    C.READY: Decided(False, Reason.NOT_READY, ""),
+    C.CHILDREN_READY: Decided(False, Reason.CHILDREN_CREATED, ""),
+    C.TRAINING: Decided(False, Reason.WAITING_FOR_TRAINING_OPERATOR, ""),
+    C.SUSPENDED: Decided(False, Reason.NOT_SUSPENDED, ""),
+    C.REGISTERED: Decided(False, Reason.REGISTRATION_PENDING, ""),
+}
+
+
 def _conditions(
-    phase: str, reasons: dict[str, Any], obs: Observation, prev: dict[str, Condition]
+    phase: str, reasons: Mapping[ConditionType, Decided], obs: Observation, prev: dict[str, Condition]
 ) -> list[Condition]:
-    defaults = {
-        "ready": (False, Reason.NOT_READY, ""),
-        "children": (False, Reason.CHILDREN_CREATED, ""),
-        "training": (False, Reason.WAITING_FOR_TRAINING_OPERATOR, ""),
-        "suspended": (False, Reason.NOT_SUSPENDED, ""),
-        "registered": (False, Reason.REGISTRATION_PENDING, ""),
-    }
-    keys = {
-        "ready": ConditionType.READY,
-        "children": ConditionType.CHILDREN_READY,
-        "prepared": ConditionType.PREPARED,
-        "training": ConditionType.TRAINING,
-        "suspended": ConditionType.SUSPENDED,
-        "registered": ConditionType.REGISTERED,
-        "budget": ConditionType.BUDGET_REACHED,
-        "parent": ConditionType.PARENT_READY,
-    }
     out = []
-    for key, type_ in keys.items():
+    for type_ in CONDITION_TYPES:
         decided: tuple[bool, str, str]
-        if key in reasons:
-            decided = reasons[key]
-        elif key in ("prepared", "budget", "parent") and type_ not in prev:
+        if type_ in reasons:
+            decided = reasons[type_]
+        elif type_ not in _DEFAULTS and type_ not in prev:
             continue  # a job that never had a preparation step (turned off, or older than it), or a budget
         elif type_ in prev:
             # Not decided this time (e.g. Suspended once training finished): keep what it said.
             old = prev[type_]
-            if key == "suspended" and old.status == "True":
+            if type_ == C.SUSPENDED and old.status == "True":
                 decided = (False, Reason.NOT_SUSPENDED, "")
             else:
                 out.append(old.model_copy(update={"observed_generation": obs.generation}))
                 continue
         else:
-            decided = defaults[key]
+            decided = _DEFAULTS[type_]
         out.append(_condition(prev, type_, decided, now=obs.now, generation=obs.generation))
     return out
 
 
-def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+def _events(
+    prev_phase: str, phase: str, reasons: Mapping[ConditionType, Decided], prev: dict[str, Condition]
+) -> list[Event]:
     events: list[Event] = []
-    children = reasons.get("children")
+    children = reasons.get(C.CHILDREN_READY)
     # a child that cannot be had: once when it starts (ChildRejected is the Failed event below)
     if children and children[1] in (Reason.CHILD_CONFLICT, Reason.CHILD_FORBIDDEN, Reason.CHILD_API_ERROR):
         old = prev.get(ConditionType.CHILDREN_READY)
         if old is None or old.reason != children[1]:
             events.append(Event("Warning", children[1], children[2]))
-    training = reasons.get("training")
+    training = reasons.get(C.TRAINING)
     # restarting, or pods that cannot start: once when it starts
     if training and training[1] in (Reason.TRAINING_RESTARTING, *POD_TROUBLE):
         old = prev.get(ConditionType.TRAINING)
@@ -641,7 +593,7 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     events += _prepared_event(reasons, prev) + _parent_event(reasons, prev) + gate_event(reasons, prev)
     if phase == prev_phase:
         return events
-    ready = reasons.get("ready", (False, "", ""))
+    ready = reasons.get(C.READY) or Decided(False, "", "")
     if phase == Phase.PREPARING:
         events.append(Event("Normal", EventReason.PREPARATION_STARTED, ready[2]))
     elif phase == Phase.TRAINING:
@@ -666,16 +618,16 @@ def _events(prev_phase: str, phase: str, reasons: dict[str, Any], prev: dict[str
     return events
 
 
-def _parent_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+def _parent_event(reasons: Mapping[ConditionType, Decided], prev: dict[str, Condition]) -> list[Event]:
     """Once, when the job starts to wait for its parent job, and when that has Succeeded."""
     old = prev.get(ConditionType.PARENT_READY)
-    news = _parent.news(reasons.get("parent"), old.reason if old else None)
+    news = chaining.news(reasons.get(C.PARENT_READY), old.reason if old else None)
     return [Event("Normal", news[1], news[2])] if news else []
 
 
-def _prepared_event(reasons: dict[str, Any], prev: dict[str, Condition]) -> list[Event]:
+def _prepared_event(reasons: Mapping[ConditionType, Decided], prev: dict[str, Condition]) -> list[Event]:
     """Once, when the preparation succeeds: what it found and estimated."""
-    prepared = reasons.get("prepared")
+    prepared = reasons.get(C.PREPARED)
     old = prev.get(ConditionType.PREPARED)
     if prepared and prepared[0] and (old is None or old.status != "True"):
         return [Event("Normal", EventReason.PREPARED, prepared[2])]

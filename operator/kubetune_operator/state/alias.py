@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from kubetune_api.status import ConditionType, FineTuneJobStatus, Reason
 
-from .observations import JOB_ENDED, RegistrationObservation
-from .state_types import Event, Transition
-from .state_types import condition_of as _condition
+from ..observations import JOB_ENDED, RegistrationObservation
+from ..state_types import Event, Transition
+from ..state_types import condition_of as _condition
 
 
 def alias_transition(
