@@ -73,7 +73,9 @@ def parent_status(parent: api.FineTuneJob, folder: str, *, preparation: bool = T
     return ParentStatus(
         job=parent.metadata.name,
         uid=parent.metadata.uid,
-        run_id=status.mlflow.run_id if status.mlflow else None,
+        # the trainer's run; the registered version's run when the trainer never reported one
+        run_id=(status.mlflow.run_id if status.mlflow else None)
+        or (status.registered_model.run_id if status.registered_model else None),
         model_uri=status.registered_model.uri if status.registered_model else None,
         path=folder,
         claim=claim,

@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kubetune_api import ownership
 from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
@@ -472,6 +473,7 @@ def _write_status(ctx: Context, obj: dict[str, Any], transition: state.Transitio
     changed = {k: v for k, v in transition.status.items() if not _contains(current.get(k), v)}
     if not changed:
         return False
+    ownership.check_patch(changed, ownership.Writer.OPERATOR)  # never a field the trainer owns
     meta = obj["metadata"]
     patch = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": changed}
     try:

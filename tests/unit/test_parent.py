@@ -106,6 +106,16 @@ def test_a_succeeded_lora_parent_gives_its_final_model_and_base() -> None:
     }
 
 
+def test_a_parent_whose_trainer_never_reported_a_run_gives_its_registered_versions_run() -> None:
+    # status.mlflow is the trainer's; the registration's run is kept with the version (registeredModel)
+    status = {**SUCCEEDED, "registeredModel": {**SUCCEEDED["registeredModel"], "runId": "run-r"}}
+    del status["mlflow"]
+    a = manifest("a", {"name": "Qwen/Qwen2-0.5B"}, status=status, method="lora")
+    found = chaining.observe(job_of(from_job("b", "a")), reader(a))
+    assert found is not None and found.status is not None
+    assert found.status.run_id == "run-r"
+
+
 def test_a_full_parent_needs_no_base_and_its_existing_claim_is_read() -> None:
     status = {**SUCCEEDED, "children": {}}
     a = manifest(

@@ -21,6 +21,7 @@ from kubetune_trainer.progress import ProgressState
 # The operator's table tests (tests/unit): each of their transitions is a status patch the operator writes.
 OPERATOR_TABLE_TESTS = (
     "test_state",
+    "test_state_advance",
     "test_state_children",
     "test_state_exits",
     "test_state_failures",
@@ -97,24 +98,30 @@ def _zero_argument_tests(module_name: str) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def operator_patches() -> list[dict[str, Any]]:
-    """Every transition (status patch) of the operator's table tests, run here once more with the
-    state machine's entry points recorded."""
+    """Every status patch of the operator's table tests, run here once more with the state machine's
+    entry points recorded: the status decision (``state.transition``) and the pass's plan
+    (``state.advance``, whose Commit action carries the status the pass writes, alias moves and the
+    other exits of a finished job included)."""
     recorded: list[dict[str, Any]] = []
-    advance, alias_transition = state.advance, state.alias_transition
+    transition, advance = state.transition, state.advance
 
-    def recording_advance(*args: Any, **kwargs: Any) -> state.Transition:
-        t = advance(*args, **kwargs)
+    def recording_transition(*args: Any, **kwargs: Any) -> state.Transition:
+        t = transition(*args, **kwargs)
         recorded.append(t.status)
         return t
 
-    def recording_alias(*args: Any, **kwargs: Any) -> state.Transition:
-        t = alias_transition(*args, **kwargs)
-        recorded.append(t.status)
-        return t
+    def recording_advance(*args: Any, **kwargs: Any) -> state.Plan:
+        plan = advance(*args, **kwargs)
+        recorded.extend(
+            a.transition.status
+            for a in plan.actions
+            if isinstance(a, state.Commit) and a.transition is not None
+        )
+        return plan
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(state, "transition", recording_transition)
         mp.setattr(state, "advance", recording_advance)
-        mp.setattr(state, "alias_transition", recording_alias)
         for module_name in OPERATOR_TABLE_TESTS:
             for test in _zero_argument_tests(module_name):
                 test()
