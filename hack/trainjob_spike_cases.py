@@ -186,7 +186,7 @@ def dump_objects(tj: str) -> None:
     js = get("jobset", tj)
     if js:
         print("--- JobSet spec (as the trainer applied it, webhook defaults included):")
-        print(yaml.safe_dump(js["spec"], width=140))
+        print(yaml.safe_dump(js["spec"], width=140, default_flow_style=None))
         print(
             "--- JobSet metadata:",
             json.dumps(
@@ -229,7 +229,7 @@ def show_trainjob(tj: str) -> None:
     print("--- TrainJob status:", json.dumps(t.get("status"), indent=1) if t else None)
     print("--- kubectl get trainjob:\n" + kubectl("-n", NS, "get", "trainjob", tj, check=False).stdout)
     ev = kubectl("-n", NS, "get", "events", "--sort-by=.lastTimestamp", "-o",
-                 "custom-columns=TYPE:.type,REASON:.reason,OBJ:.involvedObject.kind/.involvedObject.name,MSG:.message",
+                 "custom-columns=TYPE:.type,REASON:.reason,OBJ:.involvedObject.name,MSG:.message",
                  check=False).stdout  # fmt: skip
     print("--- events:\n" + "\n".join(line for line in ev.splitlines() if tj in line or "TYPE" in line))
 
@@ -280,6 +280,78 @@ def evict(tj: str) -> None:
         return
 
 
+def kubelet_failed(tj: str) -> None:
+    """What the kubelet writes for a pod it stopped on deletion (the pod runner does not: it only removes
+    the object, which a Job's pod keeps while the Job controller's finalizer waits for a terminal phase)."""
+    for p in get("pods", selector=f"jobset.sigs.k8s.io/jobset-name={tj}")["items"]:
+        if "deletionTimestamp" not in p["metadata"] or p["status"].get("phase") == "Failed":
+            continue
+        status = {"phase": "Failed", "containerStatuses": [{
+            "name": "node", "image": p["spec"]["containers"][0]["image"], "imageID": "", "ready": False,
+            "restartCount": 0, "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}]}  # fmt: skip
+        out = kubectl("-n", NS, "patch", "pod", p["metadata"]["name"], "--subresource=status", "--type=merge",
+                      "-p", json.dumps({"status": status}), check=False)  # fmt: skip
+        print("    -> kubelet_failed", out.stdout.strip(), out.stderr.strip(), flush=True)
+
+
+def workload(active: bool) -> Any:
+    def act(tj: str) -> None:
+        items = json.loads(kubectl("-n", NS, "get", "workloads", "-o", "json").stdout)["items"]
+        for w in items:
+            if w["metadata"]["name"].startswith(f"trainjob-{tj}-"):
+                out = kubectl("-n", NS, "patch", "workload", w["metadata"]["name"], "--type=merge",
+                              "-p", json.dumps({"spec": {"active": active}}), check=False)  # fmt: skip
+                print("    ->", out.stdout.strip(), out.stderr.strip(), flush=True)
+                conds_ = [
+                    (k["type"], k["status"], k.get("reason"))
+                    for k in w.get("status", {}).get("conditions", [])
+                ]
+                print("    workload conditions before:", conds_, flush=True)
+
+    act.__name__ = f"workload.active={active}"
+    return act
+
+
+def with_pod_metadata() -> None:
+    """The runtime again as kubetune-spike-meta, its pod template with labels (see the deactivate case)."""
+    rt = yaml.safe_load((HERE / "trainjob-spike" / "runtime.yaml").read_text())
+    rt["metadata"]["name"] = "kubetune-spike-meta"
+    pod = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    pod["metadata"] = {"labels": {"app.kubernetes.io/managed-by": "kubetune"}}
+    print(kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(rt)).stdout)
+
+
+def checks() -> None:
+    """Admission and immutability (run after ok1)."""
+    tj = trainjob("petenv", "exit 0")
+    tj["spec"]["trainer"]["env"].append({"name": "PET_NNODES", "value": "3"})
+    create(tj)
+    create(trainjob("1bad", "exit 0"))
+    create(trainjob("b" * 48, "exit 0"))
+    bare = trainjob("notrainer", "exit 0")
+    del bare["spec"]["trainer"]
+    create(bare)
+    for patch in ({"trainer": {"numNodes": 2}}, {"runtimeRef": {"name": "kubetune-spike-meta"}}):
+        out = kubectl(
+            "-n",
+            NS,
+            "patch",
+            "trainjob",
+            "ok1",
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": patch}),
+            check=False,
+        )
+        print("patch ok1", patch, out.returncode, out.stderr.strip())
+    time.sleep(8)
+    for name in ("b" * 48, "notrainer"):
+        print(name, conds(get("trainjob", name)))
+    js = get("jobset", "notrainer")
+    node = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    print("notrainer node container:", json.dumps({k: node.get(k) for k in ("env", "ports", "command")}))
+
+
 PET = "env | grep -E '^(PET_|KUBETUNE_|JOB_COMPLETION_INDEX)' | sort; "
 CASES = {
     "runtime": lambda: print(
@@ -317,8 +389,31 @@ CASES = {
             "f=/tmp/trainjob-spike-evict; if [ ! -e $f ]; then touch $f; sleep 60; fi; sleep 3; exit 0",
         ),
         timeout=150,
-        actions={6: evict},
+        actions={6: evict, 12: kubelet_failed},
     ),
+    "deactivate": lambda: run_case(
+        "Kueue stops a running TrainJob (Workload deactivated), then re-admits it",
+        trainjob(
+            "q3",
+            "trap 'echo got SIGTERM; exit 143' TERM; sleep 20 & wait; exit 0",
+            nodes=2,
+            queue="gpu-training",
+            gpus=8,
+        ),
+        timeout=100,
+        actions={5: workload(False), 14: workload(True)},
+    ),
+    "meta": with_pod_metadata,
+    "deactivate-meta": lambda: run_case(
+        "as deactivate, on a runtime whose pod template has labels",
+        {
+            **(t := trainjob("q5", "sleep 20; exit 0", nodes=1, queue="gpu-training", gpus=8)),
+            "spec": {**t["spec"], "runtimeRef": {"name": "kubetune-spike-meta"}},
+        },
+        timeout=100,
+        actions={5: workload(False), 14: workload(True)},
+    ),
+    "checks": checks,
     "long": lambda: run_case(
         "long name (49 chars)", trainjob("a" * 49, "exit 0"), until=lambda s: False, timeout=15
     ),
