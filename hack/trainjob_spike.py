@@ -15,7 +15,7 @@ kube-scheduler, KWOK with the fake GPU nodes, the pod runner) without the Traini
 * Kueue (optional) with the ``trainer.kubeflow.org/trainjob`` integration only.
 
 What a scenario needs is in ENV_FILE (KUBECONFIG, KUBECTL, the work folder): the scenarios are
-driven with kubectl (``hack/trainjob_spike_cases.sh``). Not part of the test suite.
+driven with kubectl (``hack/trainjob_spike_cases.py``). Not part of the test suite.
 """
 
 from __future__ import annotations
