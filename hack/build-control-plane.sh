@@ -6,6 +6,8 @@
 #   KUBETUNE_K8S_VERSION=v1.36.3 hack/build-control-plane.sh
 #   hack/build-control-plane.sh cluster    # the controllers a real cluster runs (below); prints
 #                                          # their own directory on its last line
+#   hack/build-control-plane.sh trainer-v2 # the Kubeflow Trainer v2 controller manager and the
+#                                          # JobSet controller (below); prints their directory
 #
 # The cluster: kube-controller-manager and kube-scheduler (the same release and wrapper module as
 # the API server, so they share its build cache), KWOK (fake nodes and pod status), the Kubeflow
@@ -14,6 +16,14 @@
 # the release; KWOK's k8s.io/* modules are raised to the control plane's release so the build cache
 # is shared with it. The Training Operator (k8s.io v0.31, controller-runtime v0.19) and Kueue
 # (v0.35, controller-runtime v0.23: tried, it does not compile against client-go v0.37) keep their own.
+#
+# trainer-v2: Kubeflow Trainer v2 (TrainJob, its runtimes; v2.2.0, the release Kueue v0.17.0
+# requires: Kueue v0.17 writes spec.runtimePatches, which older TrainJob CRDs drop) and JobSet (the
+# controller the TrainJob's children run on; v0.11.1, the release both Trainer v2.2.0 and Kueue
+# v0.17.0 require). Each is its own wrapper: JobSet v0.11.1 is written against controller-runtime
+# v0.22, whose webhook builder Trainer v2.2's v0.23 changed. Both raise k8s.io/* to Kueue's
+# v0.35.3 so that the three share their build cache. Their CRDs and webhook configurations are
+# copied from the module cache next to the binaries.
 #
 # Why a wrapper module: k8s.io/kubernetes replaces its k8s.io/* staging modules with
 # ./staging paths, which `go install pkg@version` cannot follow; a wrapper that requires
@@ -26,12 +36,16 @@ HELM_VERSION="${KUBETUNE_HELM_VERSION:-v4.3.1}"
 KWOK_VERSION="${KUBETUNE_KWOK_VERSION:-v0.8.0}"
 TRAINING_OPERATOR_VERSION="${KUBETUNE_TRAINING_OPERATOR_VERSION:-v1.9.3}"
 KUEUE_VERSION="${KUBETUNE_KUEUE_VERSION:-v0.17.0}"
+TRAINER_VERSION="${KUBETUNE_TRAINER_VERSION:-v2.2.0}"
+JOBSET_VERSION="${KUBETUNE_JOBSET_VERSION:-v0.11.1}"
+TRAINER_K8S_VERSION="${KUBETUNE_TRAINER_K8S_VERSION:-v0.35.3}"  # k8s.io/* of the Trainer/JobSet wrappers
 CACHE="${KUBETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubetune}"
 ASSETS="$CACHE/assets/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-helm-${HELM_VERSION}"
 export GOWORK=off CGO_ENABLED=0 GOFLAGS=-mod=mod
 export GOPATH="${GOPATH:-$HOME/go}"
 
 CLUSTER="$CACHE/assets/cluster-k8s-${K8S_VERSION}-kwok-${KWOK_VERSION}-to-${TRAINING_OPERATOR_VERSION}-kueue-${KUEUE_VERSION}"
+TRAINER_V2="$CACHE/assets/trainer-${TRAINER_VERSION}-jobset-${JOBSET_VERSION}-k8s-${TRAINER_K8S_VERSION}"
 GOVERSION_LINE="go $(go env GOVERSION | sed -E 's/^go([0-9]+\.[0-9]+).*/\1/')"
 mkdir -p "$ASSETS"
 log() { echo "[build-control-plane] $*" >&2; }
@@ -87,24 +101,31 @@ GO
   done
 }
 
-# build_wrapper NAME MODULE VERSION PACKAGE [k8s.io modules to raise to the control plane's release]
+# build_wrapper NAME MODULE VERSION PACKAGE [k8s.io modules to raise to the control plane's release,
+# or MODULE@VERSION to require that version]; into $OUT (default: the cluster's folder)
 build_wrapper() {
   local name="$1" module="$2" version="$3" pkg="$4"; shift 4
-  [ -x "$CLUSTER/$name" ] && return
+  local out="${OUT:-$CLUSTER}"
+  [ -x "$out/$name" ] && return
   local work="$CACHE/src/$name-$version"
   mkdir -p "$work"
   cd "$work"
   if [ ! -f go.mod ]; then
     {
       printf 'module kubetune.local/%s\n\n%s\n\nrequire %s %s\n' "$name" "$GOVERSION_LINE" "$module" "$version"
-      for m in "$@"; do printf 'require %s %s\n' "$m" "$staging_minor"; done
+      for m in "$@"; do
+        case "$m" in
+          *@*) printf 'require %s %s\n' "${m%@*}" "${m#*@}" ;;
+          *) printf 'require %s %s\n' "$m" "$staging_minor" ;;
+        esac
+      done
     } > go.mod
     printf '//go:build tools\n\npackage tools\n\nimport _ "%s"\n' "$pkg" > tools.go
     go mod tidy >&2
   fi
   log "building $name $version"
-  go build -trimpath -ldflags "-s -w" -o "$CLUSTER/$name.tmp" "$pkg"
-  mv "$CLUSTER/$name.tmp" "$CLUSTER/$name"
+  go build -trimpath -ldflags "-s -w" -o "$out/$name.tmp" "$pkg"
+  mv "$out/$name.tmp" "$out/$name"
 }
 
 # What the tests take from the modules' own sources: Kueue's CRDs and webhook configurations, and
@@ -134,6 +155,35 @@ build_cluster() {
     github.com/kubeflow/training-operator/cmd/training-operator.v1
   build_wrapper kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
   [ -f "$CLUSTER/kueue-webhooks.yaml" ] || copy_manifests
+}
+
+# Trainer v2 and JobSet, with what their tests read from the modules' sources: the CRDs, and the
+# webhook configurations (JobSet's pod webhooks get their objectSelector from its kustomize patches,
+# copied too: without it they would intercept every pod of the cluster).
+build_trainer_v2() {
+  mkdir -p "$TRAINER_V2"
+  local k8s_mods="" m
+  for m in api apimachinery apiserver client-go component-base apiextensions-apiserver; do
+    k8s_mods="$k8s_mods k8s.io/$m@$TRAINER_K8S_VERSION"
+  done
+  # shellcheck disable=SC2086
+  OUT="$TRAINER_V2" build_wrapper jobset sigs.k8s.io/jobset "$JOBSET_VERSION" sigs.k8s.io/jobset $k8s_mods
+  # shellcheck disable=SC2086
+  OUT="$TRAINER_V2" build_wrapper trainer-controller-manager github.com/kubeflow/trainer/v2 "$TRAINER_VERSION" \
+    github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager $k8s_mods "sigs.k8s.io/jobset@$JOBSET_VERSION"
+  [ -f "$TRAINER_V2/jobset-webhooks.yaml" ] && return
+  local mods trainer jobset
+  mods="$(go env GOMODCACHE)"
+  trainer="$mods/github.com/kubeflow/trainer/v2@$TRAINER_VERSION"
+  jobset="$mods/sigs.k8s.io/jobset@$JOBSET_VERSION"
+  mkdir -p "$TRAINER_V2/trainer-crds" "$TRAINER_V2/jobset-crds" "$TRAINER_V2/jobset-webhook-patches"
+  cp "$trainer"/manifests/base/crds/trainer.kubeflow.org_*.yaml "$TRAINER_V2/trainer-crds/"
+  cp "$trainer/manifests/base/webhook/manifests.yaml" "$TRAINER_V2/trainer-webhooks.yaml"
+  cp "$jobset"/config/components/crd/bases/*.yaml "$TRAINER_V2/jobset-crds/"
+  cp "$jobset"/config/components/webhook/patches/*.yaml "$TRAINER_V2/jobset-webhook-patches/"
+  cp "$jobset/config/components/webhook/manifests.yaml" "$TRAINER_V2/jobset-webhooks.tmp"
+  chmod -R u+w "$TRAINER_V2"
+  mv "$TRAINER_V2/jobset-webhooks.tmp" "$TRAINER_V2/jobset-webhooks.yaml"
 }
 
 build_etcd() {
@@ -176,6 +226,7 @@ what="${*:-all}"
 case "$what" in
   all) build_etcd; build_k8s "$ASSETS" kube-apiserver kubectl; build_helm ;;
   cluster) build_cluster; echo "$CLUSTER"; exit 0 ;;
+  trainer-v2) build_trainer_v2; echo "$TRAINER_V2"; exit 0 ;;
   *) for w in $what; do case "$w" in
        etcd) build_etcd ;; helm) build_helm ;; *) build_k8s "$ASSETS" "$w" ;;
      esac; done ;;
