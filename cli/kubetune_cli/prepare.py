@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from kubetune_api.preparation import EXIT_REFUSED
 from kubetune_api.trainer_config import TrainerConfig
-from kubetune_trainer.data_check import BadInputError
+from kubetune_trainer.sources.data_check import BadInputError
 
 from .report import render_refusal, render_report
 
@@ -51,7 +51,7 @@ def add_parser(sub: Any) -> None:
 def run_preparation(cfg: TrainerConfig, out: TextIO, err: TextIO) -> int:
     """Prepare ``cfg`` into its output folder: the report on ``out`` (0), or the refusal on ``err``
     (EXIT_REFUSED)."""
-    from kubetune_trainer.prepare import Refused, prepare
+    from kubetune_trainer.preparation.prepare import Refused, prepare
 
     try:
         report = prepare(cfg, root=Path(cfg.output_dir))

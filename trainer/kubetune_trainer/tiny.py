@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .chat import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
+from .sources.chat import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
 
 # Small enough to train in minutes on 2 CPU cores, big enough that the loss falls clearly.
 VOCAB_SIZE = 1024

@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from kubetune_api.preparation import (
@@ -47,22 +46,37 @@ from kubetune_api.preparation import (
     MODEL_DIR,
     REPORT_FILE,
     DataStats,
+    PreparationRefusal,
     PreparationReport,
     Refusal,
     termination_message,
 )
+from kubetune_api.spec import DatasetFormat
 from kubetune_api.trainer_config import TrainerConfig, dump_json
 
-from . import chain
-from .data_check import BadInputError, DataCheck
-from .prepare_data import Refused, data_refusal
+from .. import settings
+from ..plan import estimate
+from ..plan.plan import shape_from_config
+from ..process import Dist, load_config, setup_logging
+from ..sources import chain, data_check
+from ..sources.chat import ensure_chat_format
+from ..sources.data import check_raw_data, raw_datasets
+from ..sources.data_check import BadInputError, DataCheck, DataError
+from ..sources.prepared import (
+    DATASET_SOURCE_DIR,
+    LAYOUT_VERSION,
+    data_files_entry,
+    file_sha256,
+    folder_hash,
+    read_manifest,
+    tokenization_key,
+    tokenizer_hash,
+)
 
-__all__ = ["Prepared", "Refused", "prepare", "prepared", "prepared_check"]
+__all__ = ["Refused", "main", "prepare"]
 
 log = logging.getLogger("kubetune_trainer.prepare")
 
-# Bump when the tokenized layout or its meaning changes: older prepared data is then not reused.
-LAYOUT_VERSION = 1
 # The files of a model that are downloaded: config, tokenizer, chat template, weights.
 MODEL_PATTERNS = [
     "*.json",
@@ -73,167 +87,40 @@ MODEL_PATTERNS = [
     "*.tiktoken",
     "*.py",
 ]
-# The files that decide how text becomes tokens (their hashes are part of the key).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
+
+
+class Refused(Exception):  # noqa: N818  a refusal, not an error of kubetune's
+    """The job cannot train as it is; ``refusal`` says why and what to do."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
+        super().__init__(message)
+        self.refusal = PreparationRefusal.of(reason, message)
+
+
+# What a DataError's message says, as a refusal reason (the first that matches; else DatasetSchema).
+_DATA_REFUSALS = (
+    ("the file has no rows", Refusal.DATASET_EMPTY),
+    ("no .jsonl, .json or .parquet files", Refusal.DATASET_EMPTY),
+    ("has no 'assistant' message", Refusal.NO_ASSISTANT_TURNS),
+    ("has no assistant tokens", Refusal.NO_ASSISTANT_TURNS),
+    ("does not exist", Refusal.DATASET_NOT_FOUND),
+    ("has no split", Refusal.DATASET_NOT_FOUND),
+    ("has no eval split", Refusal.DATASET_NOT_FOUND),
 )
-TERMINATION_LOG_ENV = "KUBETUNE_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-_CHUNK = 4 << 20
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """What the trainer loads instead of downloading and tokenizing."""
+def data_refusal(message: str) -> Refusal:
+    """The refusal reason of a data problem's message.
 
-    model_dir: Path | None  # the downloaded Hub model (None: the spec's path is read as it is)
-    train_dir: Path
-    eval_dir: Path | None
-    key: str
-    format: str
-    data_hash: str | None
-    dataset_revision: str | None
-
-
-# --- hashes and the key -----------------------------------------------------------------------------
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def tokenizer_hash(model_dir: Path) -> str:
-    """A hash of the files that decide the tokens, and of the ChatML template kubetune adds to a
-    tokenizer without one."""
-    from .chat import CHATML_TEMPLATE
-
-    digest = hashlib.sha256(CHATML_TEMPLATE.encode())
-    for name in TOKENIZER_FILES:
-        path = model_dir / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + file_sha256(path).encode())
-    return digest.hexdigest()[:16]
-
-
-def tokenization_key(cfg: TrainerConfig, tok_hash: str, data_hash: str | None, fmt: str) -> str:
-    """Everything that changes the tokenized data: a changed spec never reuses stale tokens, an
-    unchanged one (another learning rate, more steps) reuses them."""
-    src, t = cfg.spec.dataset, cfg.spec.training
-    parts = {
-        "layout": LAYOUT_VERSION,
-        "tokenizer": tok_hash,
-        "data": data_hash or f"{src.name}@{src.revision}",
-        "subset": src.subset,
-        "split": src.split,
-        "evalSplit": src.eval_split,
-        "evalFraction": src.eval_fraction,
-        "seed": src.seed,
-        "format": fmt,
-        "assistantOnlyLoss": t.assistant_only_loss,
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def data_files_entry(cfg: TrainerConfig, root: Path) -> dict[str, Any]:
-    """The data's files (a local path, or the Hub data set's downloaded files) with size and sha256."""
-    from .data_check import splits_of
-    from .prepare_data import DATASET_SOURCE_DIR
-
-    src = cfg.spec.dataset
-    where = Path(src.path) if src.path else root / DATASET_SOURCE_DIR / (src.subset or "")
-    try:
-        files = [f for fs in splits_of(where).values() for f in fs]
-    except BadInputError:
-        return {}
-    base = where if where.is_dir() else where.parent
-    return {
-        str(f.relative_to(base)): {"size": f.stat().st_size, "sha256": file_sha256(f)} for f in sorted(files)
-    }
-
-
-def folder_hash(folder: Path) -> str:
-    """A content hash of a saved data set folder (file names and contents)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(folder)).encode() + b"\0" + file_sha256(path).encode())
-    return digest.hexdigest()[:16]
-
-
-# --- the manifest -----------------------------------------------------------------------------------
-
-
-def read_manifest(root: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((root / MANIFEST_FILE).read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def prepared(cfg: TrainerConfig, root: Path | None = None) -> Prepared | None:
-    """The prepared model and data for this config, when the volume holds them (a manifest whose
-    key matches this spec, and its tokenized data); None: load and tokenize as without preparation."""
-    root = Path(root or cfg.output_dir)
-    manifest = read_manifest(root)
-    data = manifest.get("data") or {}
-    model = manifest.get("model") or {}
-    src, dataset = cfg.spec.model, cfg.spec.dataset
-    if not data.get("key") or not data.get("tokenizerHash"):
-        return None
-    if data.get("source") != (dataset.name or dataset.path):
-        return None  # prepared from other data
-    tok_hash = _prepared_tokenizer(cfg, root, model, data["tokenizerHash"])
-    if tok_hash is None:
-        return None
-    key = tokenization_key(cfg, tok_hash, data.get("dataHash"), data.get("format", ""))
-    folder = root / DATA_DIR / key
-    if key != data["key"] or not (folder / "COMPLETE").is_file():
-        return None
-    model_dir = None if src.path or chain.is_chained(cfg) else root / MODEL_DIR
-    return Prepared(
-        model_dir=model_dir,
-        train_dir=folder / "train",
-        eval_dir=folder / "eval" if (folder / "eval").is_dir() else None,
-        key=key,
-        format=data["format"],
-        data_hash=data.get("dataHash"),
-        dataset_revision=data.get("revision"),
-    )
-
-
-def _prepared_tokenizer(cfg: TrainerConfig, root: Path, model: dict[str, Any], recorded: str) -> str | None:
-    """The hash of the tokenizer the prepared data was made with, when the manifest's model is this
-    config's model (None: it is not)."""
-    src = cfg.spec.model
-    if chain.is_chained(cfg):  # the starting model recorded for this parent or version
-        start = chain.read_start(cfg, root)
-        if start is None or model.get("start") != start.source:
-            return None
-        return tokenizer_hash(start.folder)
-    if src.path:  # read where it is: its tokenizer now, not as it was
-        if model.get("path") != str(Path(src.path)) or not Path(src.path).is_dir():
-            return None
-        return tokenizer_hash(Path(src.path))
-    if not model.get("downloaded") or model.get("name") != src.name:
-        return None
-    return recorded
-
-
-def prepared_check(found: Prepared) -> DataCheck:
-    """The data check's result as preparation recorded it (the trainer needs no network for it)."""
-    return DataCheck(format=found.format, data_hash=found.data_hash, revision=found.dataset_revision)
+    >>> data_refusal("data/x.jsonl: the file has no rows; expected one JSON object per line")
+    <Refusal.DATASET_EMPTY: 'DatasetEmpty'>
+    >>> data_refusal("x.jsonl line 2: column 'messages' is missing")
+    <Refusal.DATASET_SCHEMA: 'DatasetSchema'>
+    """
+    for words, reason in _DATA_REFUSALS:
+        if words in message:
+            return reason
+    return Refusal.DATASET_SCHEMA
 
 
 # --- the model --------------------------------------------------------------------------------------
@@ -258,7 +145,7 @@ def _hub_refusal(e: Exception, what: str, name: str, revision: str) -> Refused |
         return Refused(
             gated,
             f"the Hub refused {what} {name} (HTTP {status or 401}: gated or private); the job has "
-            f"{'a' if os.environ.get('HF_TOKEN') else 'no'} token (spec.secrets.huggingFaceToken)",
+            f"{'a' if settings.current().hf_token else 'no'} token (spec.secrets.huggingFaceToken)",
         )
     if isinstance(e, RevisionNotFoundError):
         return Refused(missing, f"{what} {name} has no revision {revision!r} on the Hub")
@@ -283,11 +170,9 @@ def _download_model(
     """The Hub model at its commit in ``prepared/model/`` (downloaded unless verified there)."""
     from huggingface_hub import HfApi, snapshot_download
 
-    from .build import hf_token
-
     src = cfg.spec.model
     assert src.name is not None
-    token = hf_token()
+    token = settings.current().hf_token
     try:
         sha = str(HfApi().model_info(src.name, revision=src.revision, token=token).sha)
     except Exception as e:
@@ -364,12 +249,13 @@ def _starting_model(cfg: TrainerConfig, root: Path) -> tuple[Path, dict[str, Any
 def _tokenizer(cfg: TrainerConfig, model_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    from .chat import ensure_chat_format
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=cfg.spec.model.trust_remote_code)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     ensure_chat_format(None, tokenizer)
     return tokenizer, has_template
+
+
+# --- the data ---------------------------------------------------------------------------------------
 
 
 def hub_data_refusal(cfg: TrainerConfig, e: Exception) -> Refused | None:
@@ -387,6 +273,197 @@ def hub_data_refusal(cfg: TrainerConfig, e: Exception) -> Refused | None:
             return Refused(Refusal.DATASET_NOT_FOUND, f"the Hub has no data set {src.name!r}: {cause}")
         cause = cause.__cause__
     return None
+
+
+DATA_PATTERNS = ["*.jsonl", "*.json", "*.parquet"]
+# JSON files of a data set repository that describe it and hold no rows
+METADATA_FILES = ["dataset_info*.json", "dataset_dict.json", "state.json", "*config*.json"]
+
+
+def download_dataset(cfg: TrainerConfig, root: Path) -> tuple[TrainerConfig, str]:
+    """A Hub data set's files at their commit in ``prepared/dataset/`` (its subset's folder when the
+    spec names one), and the config that reads them from there as local files; the commit."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    src = cfg.spec.dataset
+    assert src.name is not None
+    try:
+        sha = str(
+            HfApi().dataset_info(src.name, revision=src.revision, token=settings.current().hf_token).sha
+        )
+        folder = root / DATASET_SOURCE_DIR
+        _only_files_of(folder, {"name": src.name, "subset": src.subset, "revision": sha})
+        # a subset's files are in its folder at the top or under data/ (both layouts are common)
+        # (fnmatch: "*" also matches "/", so a pattern takes the files of every folder below)
+        places = (f"{src.subset}/", f"data/{src.subset}/") if src.subset else ("",)
+        patterns = [f"{place}{p}" for place in places for p in DATA_PATTERNS]
+        log.info("data set %s: downloading commit %s into %s", src.name, sha, folder)
+        snapshot_download(
+            src.name,
+            repo_type="dataset",
+            revision=sha,
+            local_dir=folder,
+            token=settings.current().hf_token,
+            allow_patterns=patterns,
+            ignore_patterns=METADATA_FILES,
+        )
+    except Exception as e:
+        refused = hub_data_refusal(cfg, e)
+        if refused is not None:
+            raise refused from e
+        raise
+    where = folder
+    if src.subset:
+        where = folder / src.subset if (folder / src.subset).is_dir() else folder / "data" / src.subset
+    local = src.model_copy(update={"name": None, "path": str(where)})
+    return cfg.model_copy(update={"spec": cfg.spec.model_copy(update={"dataset": local})}), sha
+
+
+SOURCE_FILE = ".kubetune-source.json"  # which data set, subset and commit the folder's files are of
+
+
+def _only_files_of(folder: Path, source: dict[str, Any]) -> None:
+    """Empty ``folder`` unless its files are of ``source`` (a download of it may be resumed): every
+    data file in it is read, and a file another commit removed or renamed, or another data set's,
+    would be trained on. The record is written before the download starts."""
+    record = folder / SOURCE_FILE
+    try:
+        same = json.loads(record.read_text()) == source
+    except (OSError, ValueError):
+        same = False
+    if not same and folder.exists():
+        log.info("data set folder %s holds other files than %s: emptied", folder, source)
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(source, sort_keys=True))
+
+
+def load(cfg: TrainerConfig, root: Path) -> tuple[DataCheck, Any, Any, str]:
+    """The data as the trainer loads it: every row checked, splits and eval fraction, the format.
+    A Hub data set is downloaded first and read as local files; its identity stays the Hub commit's
+    (what the trainer records without preparation)."""
+    src, local = cfg.spec.dataset, cfg
+    identity: DataCheck | None = None
+    if src.name:
+        local, sha = download_dataset(cfg, root)
+        identity = data_check.check(src.model_copy(update={"revision": sha}))
+    try:
+        # the data as it is now: never what an earlier preparation recorded
+        checked = check_raw_data(local)
+        train, evaluation, fmt = raw_datasets(local, checked)
+    except DataError as e:
+        raise Refused(data_refusal(str(e)), str(e)) from e
+    if len(train) == 0:
+        where = src.name or src.path
+        raise Refused(Refusal.DATASET_EMPTY, f"{where}: split {src.split!r} has no rows")
+    if identity is not None:
+        checked = DataCheck(
+            format=fmt, data_hash=identity.data_hash, revision=identity.revision, rows=checked.rows
+        )
+    return checked, train, evaluation, fmt
+
+
+def tokenize(cfg: TrainerConfig, tokenizer: Any, dataset: Any, name: str) -> Any:
+    """``input_ids`` and ``labels`` of every row, by TRL's own preparation (see the module docstring)."""
+    from jinja2 import TemplateError
+    from trl import SFTConfig, SFTTrainer
+    from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+
+    t = cfg.spec.training
+    columns = set(dataset.column_names)
+    with tempfile.TemporaryDirectory() as scratch:
+        args = SFTConfig(
+            output_dir=scratch,
+            max_length=None,  # the trainer truncates or packs: lengths are measured here
+            packing=False,
+            shuffle_dataset=False,
+            assistant_only_loss=t.assistant_only_loss,
+            dataset_text_field="text",
+            report_to="none",
+            use_cpu=True,
+        )
+    template = None
+    if t.assistant_only_loss and not has_generation_markers(tokenizer.chat_template):
+        template = get_training_chat_template(tokenizer)
+    # what SFTTrainer.__init__ decides before it prepares a data set (the trainer's own object)
+    decided: Any = SimpleNamespace(
+        _tokenizer=tokenizer,
+        chat_template=template,
+        completion_only_loss="prompt" in columns and "completion" in columns,
+    )
+    try:
+        return SFTTrainer._prepare_dataset(decided, dataset, tokenizer, args, False, None, name)
+    except RuntimeError as e:
+        if "no assistant tokens" in str(e):
+            raise Refused(
+                Refusal.NO_ASSISTANT_TURNS,
+                f"{name}: an example has no assistant tokens under the chat template (it may lack "
+                "{% generation %} markers for assistant-only loss)",
+            ) from e
+        raise
+    except TemplateError as e:  # the template's own raise_exception: a role it does not take, or order
+        raise Refused(
+            Refusal.DATASET_SCHEMA,
+            f"{name}: the model's chat template refuses an example: {e} (rows whose roles the "
+            "template does not accept, e.g. a system turn, or turns that do not alternate user/assistant)",
+        ) from e
+
+
+def _percentile(sorted_values: list[int], q: float) -> int:
+    if not sorted_values:
+        return 0
+    index = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def stats(cfg: TrainerConfig, train: Any, evaluation: Any) -> DataStats:
+    """What training sees: lengths before truncation, tokens and loss tokens after it."""
+    limit = cfg.spec.training.max_length
+    lengths: list[int] = []
+    tokens = loss_tokens = truncated = 0
+    for row in train.select_columns(["input_ids", "labels"]):
+        n = len(row["input_ids"])
+        lengths.append(n)
+        kept = row["labels"][:limit]
+        tokens += len(kept)
+        loss_tokens += sum(1 for label in kept if label != -100)
+        truncated += n > limit
+    lengths.sort()
+    count = len(lengths)
+    return DataStats(
+        train_examples=count,
+        eval_examples=len(evaluation) if evaluation is not None else 0,
+        tokens=tokens,
+        length_p50=_percentile(lengths, 0.5),
+        length_p95=_percentile(lengths, 0.95),
+        length_max=lengths[-1] if lengths else 0,
+        # not rounded: the refusal compares it with the allowed share (1 of 20,001 is above 0)
+        truncated_fraction=truncated / count if count else 0.0,
+        loss_token_fraction=round(loss_tokens / tokens, 4) if tokens else 0.0,
+    )
+
+
+def check_truncation(cfg: TrainerConfig, data: DataStats) -> None:
+
+    allowed = cfg.spec.preparation.max_truncated_fraction
+    if data.truncated_fraction > allowed:
+        raise Refused(
+            Refusal.MOSTLY_TRUNCATED,
+            f"{100 * data.truncated_fraction:.3g}% of the training examples are longer than "
+            f"spec.training.maxLength {cfg.spec.training.max_length} (the allowed share is "
+            f"{100 * allowed:.0f}%; lengths p50 {data.length_p50}, p95 {data.length_p95}, max {data.length_max})",
+        )
+
+
+def check_template(cfg: TrainerConfig, has_template: bool, fmt: str) -> None:
+
+    if fmt == DatasetFormat.MESSAGES and not has_template:
+        where = cfg.spec.model.name or cfg.spec.model.path
+        raise Refused(
+            Refusal.CHAT_TEMPLATE_MISSING,
+            f"the tokenizer of {where} has no chat template, and the data is chat (messages): "
+            "its turns would be rendered in a format the model never saw",
+        )
 
 
 # --- the whole step ---------------------------------------------------------------------------------
@@ -408,8 +485,6 @@ def _tokenized(
 ) -> tuple[Any, Any, bool]:
     """The tokenized splits: from the volume when this key is there (True), else tokenized (False)."""
     from datasets import load_from_disk
-
-    from .prepare_data import tokenize
 
     folder = root / DATA_DIR / key
     if (folder / "COMPLETE").is_file():
@@ -433,8 +508,6 @@ def _save_tokenized(root: Path, key: str, train: Any, evaluation: Any) -> None:
 
 def _estimate(cfg: TrainerConfig, model_dir: Path, data: DataStats) -> Any:
     """The plan's estimate for the job's GPUs (:mod:`.estimate`); refuses a job that does not fit."""
-    from . import estimate
-    from .build import shape_from_config
 
     if cfg.spec.resources.gpus_per_node == 0:
         return None  # CPU training: nothing GPU-sized to estimate
@@ -452,7 +525,6 @@ def _estimate(cfg: TrainerConfig, model_dir: Path, data: DataStats) -> Any:
 
 def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationReport:
     """Download, check, tokenize and estimate as ``cfg`` says; :class:`Refused` for input to fix."""
-    from .prepare_data import check_template, check_truncation, load, stats
 
     started = time.monotonic()
     root = Path(root or cfg.output_dir)
@@ -507,14 +579,12 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
 
 
 def write_termination_log(text: str) -> None:
-    path = Path(os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG)
+    path = Path(settings.current().termination_log or settings.DEFAULT_TERMINATION_LOG)
     with contextlib.suppress(OSError):  # not in a pod
         path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .train import Dist, load_config, setup_logging
-
     parser = argparse.ArgumentParser(
         prog="python -m kubetune_trainer.prepare", description=__doc__.split("\n")[0]
     )
@@ -541,10 +611,3 @@ def main(argv: list[str] | None = None) -> int:
     log.info("prepared: %s", report.summary())
     print(json.dumps(report.wire(), indent=2, sort_keys=True))
     return 0
-
-
-if __name__ == "__main__":
-    # the package's module, not this __main__ copy: Refused and friends are its classes
-    from kubetune_trainer.prepare import main as package_main
-
-    sys.exit(package_main())

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from kubetune_api.preparation import REPORT_FILE, PreparationReport
+from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR, recorded_start
+
+from .. import settings
+from ..volume import checkpoints
 
 log = logging.getLogger(__name__)
 
-IMAGE_ENV = "KUBETUNE_IMAGE"
 TAG_BASE_MODEL_COMMIT = "kubetune.base_model.commit"
 TAG_DATASET_COMMIT = "kubetune.dataset.commit"
 TAG_DATASET_HASH = "kubetune.dataset.hash"
@@ -86,7 +88,7 @@ def provenance_tags(output_dir: str | Path) -> dict[str, str]:
             TAG_TOKENIZED_KEY: report.tokenized_key,
         }
         tags.update({k: v for k, v in found.items() if v})
-    image = os.environ.get(IMAGE_ENV, "").strip()
+    image = settings.current().image
     if image:
         tags[TAG_IMAGE] = image
     tags.update({f"{VERSION_TAG_PREFIX}{name}": v for name, v in library_versions().items()})
@@ -97,8 +99,6 @@ def provenance_tags(output_dir: str | Path) -> dict[str, str]:
 
 def parent_tags(output_dir: Path) -> dict[str, str]:
     """The model a chained job started from, as ``prepared/start.json`` recorded it."""
-    from kubetune_api.trainer_config import recorded_start
-
     start = recorded_start(output_dir) or {}
     parent = start.get("parent") if isinstance(start.get("parent"), dict) else {}
     source = start.get("source") if isinstance(start.get("source"), dict) else {}
@@ -121,10 +121,6 @@ def parent_tags(output_dir: Path) -> dict[str, str]:
 
 def final_tags(output_dir: Path) -> dict[str, str]:
     """The final model's step, the complete checkpoint of that step, and the budget that stopped it."""
-    from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR
-
-    from . import checkpoints
-
     try:
         marker = json.loads((output_dir / FINAL_DIR / COMPLETE_MARKER).read_text())
     except (OSError, ValueError):

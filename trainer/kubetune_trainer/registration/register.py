@@ -53,10 +53,10 @@ are not retried: a failure there is not MLflow's.
 
 What is registered (``spec.registration.select``): ``final`` (the default, ``<output_dir>/final``)
 or ``bestEval``: the checkpoint (or final model) with the lowest eval loss
-(:func:`kubetune_trainer.catalog.select_for_registration`), loaded as the final model is (a
+(:func:`kubetune_trainer.volume.catalog.select_for_registration`), loaded as the final model is (a
 checkpoint without the tokenizer takes final/'s). The version is tagged ``kubetune.selected``
 (``final`` or ``checkpoint-<step>``). With ``spec.registration.gate`` its eval loss must beat the
-threshold (:mod:`kubetune_trainer.gate`): not met, nothing is registered, the gate's numbers are
+threshold (:mod:`kubetune_trainer.registration.gate`): not met, nothing is registered, the gate's numbers are
 logged in the run, and the result says ``GateNotMet`` (exit code 5); ``--force`` (or
 ``KUBETUNE_REGISTER_FORCE=1``) registers it anyway, tagged ``kubetune.gate.forced=true``. A gate
 met tags the version ``kubetune.gate.*`` (threshold, eval_loss, base_eval_loss, passed). A
@@ -89,15 +89,15 @@ from kubetune_api import registration as registration_contract
 from kubetune_api.mlflow_links import model_version_url, run_url
 from kubetune_api.spec import Method
 from kubetune_api.trainer_config import (
+    COMPLETE_MARKER,
+    FINAL_DIR,
     REGISTER_RESULT_FILE,
     TrainerConfig,
     dump_json,
 )
 
-from .catalog import base_eval_loss
-from .gate import REASON_GATE_NOT_MET, TAG_FORCED, GateNotMetError, Verdict, decide, forced_from_env
-from .lineage import provenance_tags
-from .mlflow_client import (
+from .. import settings
+from ..mlflow.client import (
     MlflowError,
     MlflowRefusedError,
     MlflowUnavailableError,
@@ -106,17 +106,18 @@ from .mlflow_client import (
     install_log_redaction,
     redacted_stdio,
 )
-from .mlflow_run import JobRun, identity_tags, redact, resolve_tracking_uri, same_job
-from .register_claim import CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S, ClaimError, RegistrationClaim
-from .register_folders import ModelFolders, NothingToRegisterError, final_dir, selected_folders
+from ..mlflow.run import JobRun, identity_tags, redact, resolve_tracking_uri, same_job
+from ..sources.model import model_source
+from ..volume import checkpoints
+from ..volume.catalog import Selected, base_eval_loss, select_for_registration
+from .claim import ClaimError, RegistrationClaim
+from .gate import REASON_GATE_NOT_MET, TAG_FORCED, GateNotMetError, Verdict, decide
+from .lineage import provenance_tags
 
 log = logging.getLogger("kubetune_trainer.register")
 
 TASK = "llm/v1/chat"
 MODEL_NAME_IN_RUN = "model"
-DEFAULT_RETRY_BUDGET_S = 600.0
-RETRY_BUDGET_ENV = "KUBETUNE_REGISTER_RETRY_BUDGET_S"
-TERMINATION_MESSAGE_ENV = "KUBETUNE_TERMINATION_MESSAGE_PATH"
 DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # The kubelet keeps at most 4096 bytes of a termination message.
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -131,7 +132,7 @@ EXIT_UNAVAILABLE = 4
 EXIT_GATE_NOT_MET = registration_contract.EXIT_GATE_NOT_MET  # 5
 
 # Lineage tags, on the model version, the logged model and the run. The job/config-hash keys are
-# the ones the trainer tags its run with (kubetune_trainer.mlflow_run); they also make
+# the ones the trainer tags its run with (kubetune_trainer.mlflow.run); they also make
 # registration idempotent.
 TAG_BASE_MODEL = "kubetune.base_model"
 TAG_BASE_MODEL_REVISION = "kubetune.base_model.revision"
@@ -172,6 +173,69 @@ def lineage_tags(cfg: TrainerConfig) -> dict[str, str]:
     return tags
 
 
+# --- which folder is registered -------------------------------------------------------------------------
+
+
+class NothingToRegisterError(RuntimeError):
+    """No complete final model, or one that does not match the spec."""
+
+
+def final_dir(cfg: TrainerConfig) -> Path:
+    """``<output_dir>/final``, refused unless training marked it complete and it matches the spec."""
+    final = Path(cfg.output_dir) / FINAL_DIR
+    if not (final / COMPLETE_MARKER).exists():
+        raise NothingToRegisterError(
+            f"{final} has no {COMPLETE_MARKER} marker: training did not finish writing the final model "
+            "(nothing to register)"
+        )
+    written = checkpoints.marked_training(final)
+    if written and written != cfg.training_hash():
+        raise NothingToRegisterError(
+            f"{final} was written by another training (training hash {written}, this job's "
+            f"{cfg.training_hash()}): it is not this job's model (a reused storage claim?)"
+        )
+    _check_weights(cfg, final)
+    return final
+
+
+def _check_weights(cfg: TrainerConfig, folder: Path) -> None:
+    has_adapter = (folder / "adapter_config.json").exists()
+    if cfg.spec.method == Method.LORA and not has_adapter:
+        raise NothingToRegisterError(f"{folder}: method is lora but there is no adapter_config.json")
+    if cfg.spec.method == Method.FULL and not (folder / "config.json").exists():
+        raise NothingToRegisterError(f"{folder}: method is full but there is no config.json")
+
+
+TOKENIZER_FILE = "tokenizer_config.json"
+
+
+@dataclass(frozen=True)
+class ModelFolders:
+    """What to log: the weights (final/ or a checkpoint) and the trained tokenizer's folder."""
+
+    weights: Path
+    tokenizer: Path
+    selected: Selected
+
+
+def selected_folders(cfg: TrainerConfig, final: Path) -> ModelFolders:
+    """What ``spec.registration.select`` picks, checked as final/ is; a checkpoint saved without
+    the tokenizer takes final/'s (the same trained tokenizer: training never changes it after the
+    start)."""
+    selected = select_for_registration(cfg.output_dir, str(cfg.spec.registration.select))
+    folder = Path(selected.path)
+    if folder == final:
+        return ModelFolders(final, final, selected)
+    if not (folder / COMPLETE_MARKER).exists():
+        raise NothingToRegisterError(f"{folder} ({selected.label}) has no {COMPLETE_MARKER} marker")
+    _check_weights(cfg, folder)
+    tokenizer = folder if (folder / TOKENIZER_FILE).exists() else final
+    if tokenizer == final:
+        log.warning("%s has no tokenizer; using the trained tokenizer of %s", folder, final)
+    log.info("registering %s (spec.registration.select %s)", folder, cfg.spec.registration.select)
+    return ModelFolders(folder, tokenizer, selected)
+
+
 # --- the final model ------------------------------------------------------------------------------------
 
 
@@ -210,14 +274,12 @@ def load_final_model(cfg: TrainerConfig, final: Path, tokenizer_dir: Path | None
 
     from peft import PeftModel
 
-    from .build import model_source
-
     # the model the preparation step put on the volume (offline), the spec's path, or the Hub
     where, kwargs = model_source(cfg)
     log.info("loading base model from %s", where)
     base = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, trust_remote_code=trust, **kwargs)
     if len(tokenizer) > base.get_input_embeddings().num_embeddings:
-        # Training added chat tokens and grew the embeddings the same way (kubetune_trainer.chat).
+        # Training added chat tokens and grew the embeddings the same way (kubetune_trainer.sources.chat).
         base.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     model = PeftModel.from_pretrained(base, final)
     merge = spec.registration.merge_lora
@@ -500,7 +562,7 @@ def termination_message(data: dict[str, Any]) -> str:
 def write_termination_message(data: dict[str, Any], path: str | None) -> None:
     """Write to the explicit path, or to /dev/termination-log where the kubelet provides it."""
     if path is None:
-        path = os.environ.get(TERMINATION_MESSAGE_ENV)
+        path = settings.current().termination_message_path
     explicit = path is not None
     target = Path(path or DEFAULT_TERMINATION_MESSAGE_PATH)
     if not explicit and not target.exists():
@@ -513,18 +575,6 @@ def write_termination_message(data: dict[str, Any], path: str | None) -> None:
 
 
 # --- the entry point --------------------------------------------------------------------------------------
-
-
-def _seconds_from_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a number of seconds") from None
-
-
-def _budget_from_env() -> float:
-    return _seconds_from_env(RETRY_BUDGET_ENV, DEFAULT_RETRY_BUDGET_S)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -541,12 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help=f"give up once MLflow has been unreachable this long in total "
-        f"(default: ${RETRY_BUDGET_ENV} or {DEFAULT_RETRY_BUDGET_S:g})",
+        f"(default: ${settings.RETRY_BUDGET_ENV} or {settings.DEFAULT_RETRY_BUDGET_S:g})",
     )
     p.add_argument(
         "--termination-message-path",
         default=None,
-        help=f"where to write the JSON result for the operator (default: ${TERMINATION_MESSAGE_ENV} "
+        help=f"where to write the JSON result for the operator (default: ${settings.TERMINATION_MESSAGE_ENV} "
         f"or {DEFAULT_TERMINATION_MESSAGE_PATH} when it exists)",
     )
     p.add_argument(
@@ -555,7 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help=f"how long to wait while another registration of the same output folder runs "
-        f"(default: ${CLAIM_WAIT_ENV} or {DEFAULT_CLAIM_WAIT_S:g})",
+        f"(default: ${settings.CLAIM_WAIT_ENV} or {settings.DEFAULT_CLAIM_WAIT_S:g})",
     )
     p.add_argument("--tracking-uri", default=None, help="override the config's MLflow tracking URI")
     p.add_argument(
@@ -596,11 +646,11 @@ _FAILURES: tuple[tuple[type[Exception], int, str], ...] = (
 def _register(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
-    budget = args.retry_budget if args.retry_budget is not None else _budget_from_env()
+    budget = (
+        args.retry_budget if args.retry_budget is not None else settings.current().register_retry_budget_s()
+    )
     claim_wait = (
-        args.claim_wait
-        if args.claim_wait is not None
-        else _seconds_from_env(CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S)
+        args.claim_wait if args.claim_wait is not None else settings.current().register_claim_wait_s()
     )
     term_path = args.termination_message_path
 
@@ -620,7 +670,7 @@ def _register(args: argparse.Namespace) -> int:
     # The model's requirements are pinned above; the uv project in the current directory (the
     # image's, or a developer's checkout) says nothing about the model, and MLflow would copy it in.
     os.environ.setdefault("MLFLOW_UV_AUTO_DETECT", "false")
-    force = bool(args.force) or forced_from_env()
+    force = bool(args.force) or settings.current().register_force
     try:
         result = _register_under_claim(cfg, tracking_uri, budget, claim_wait, force=force)
     except GateNotMetError as exc:
@@ -677,7 +727,3 @@ def _failed(exc: Exception, tracking_uri: str, term_path: str | None) -> int:
     log.error("registration failed", exc_info=exc)
     message = f"{type(exc).__name__}: {exc} (tracking URI {redact(tracking_uri)})"
     return _fail(EXIT_ERROR, "RegistrationFailed", message, term_path)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,6 +21,8 @@ import logging
 import os
 from typing import Any
 
+from .. import settings
+
 log = logging.getLogger("kubetune_trainer.fast")
 
 
@@ -108,7 +110,7 @@ def fp8_filter(module: Any, fqn: str) -> bool:
     >>> fp8_filter(torch.nn.Linear(2560, 9728), "mlp.up_proj"), fp8_filter(torch.nn.Linear(2560, 1024), "self_attn.k_proj")
     (True, False)
     """
-    from .plan import FP8_MIN_FEATURES
+    from ..plan.plan import FP8_MIN_FEATURES
 
     return all(n % 16 == 0 and n >= FP8_MIN_FEATURES for n in (module.in_features, module.out_features))
 
@@ -135,9 +137,6 @@ def apply_fp8(model: Any, recipe: str) -> int:
     return swapped
 
 
-CPUS_ENV = "KUBETUNE_CPUS"  # the pod's CPU request (the operator sets it from the Downward API)
-
-
 def compile_workers(local_processes: int, *, cpus: int) -> int:
     """Inductor compile workers for each of ``local_processes`` trainer processes sharing ``cpus``.
 
@@ -158,11 +157,10 @@ def size_compile_workers() -> int:
     """
     import torch._inductor.config as inductor_config
 
-    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-        requested = os.environ.get(CPUS_ENV, "").strip()
-        cpus = int(requested) if requested.isdigit() and int(requested) > 0 else len(os.sched_getaffinity(0))
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        inductor_config.compile_threads = compile_workers(local, cpus=cpus)
+    env = settings.current()
+    if not env.compile_threads_set:
+        cpus = env.cpus_requested or len(os.sched_getaffinity(0))
+        inductor_config.compile_threads = compile_workers(env.local_world_size, cpus=cpus)
     workers = int(inductor_config.compile_threads or 1)
     log.info("torch.compile: %d compile workers", workers)
     return workers

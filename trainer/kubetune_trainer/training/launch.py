@@ -14,7 +14,7 @@ matter when a pod is preempted (the kubelet sends SIGTERM to the container's fir
    ``KUBETUNE_SHUTDOWN_GRACE_S`` seconds (default 300); the pod's ``terminationGracePeriodSeconds``
    should be a bit longer than that.
 3. torchrun exits 1 whatever its workers' failure was. Here the launcher exits with the code of the
-   failure the workers classified (:mod:`kubetune_trainer.failures`, read back from the termination
+   failure the workers classified (:mod:`kubetune_trainer.training.failures`, read back from the termination
    message): retryable ones (a CUDA out-of-memory retry, NCCL) restart the pod.
 
 The second point replaces the timeout default of torch's ``PContext.close`` (torch 2.11, pinned in
@@ -24,7 +24,6 @@ the trainer image); the launcher logs when it cannot.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from typing import Any
@@ -32,20 +31,15 @@ from typing import Any
 from kubetune_api.failures import EXIT_RETRY, parse_failure
 from kubetune_api.trainer_config import EXIT_PREEMPTED
 
+from .. import settings
 from .failures import read_termination_log
 
 log = logging.getLogger("kubetune_trainer.launch")
 
-GRACE_ENV = "KUBETUNE_SHUTDOWN_GRACE_S"
-DEFAULT_GRACE_S = 300
-
 
 def shutdown_grace_s() -> int:
-    raw = os.environ.get(GRACE_ENV, "")
-    try:
-        return max(1, int(raw)) if raw else DEFAULT_GRACE_S
-    except ValueError:
-        raise SystemExit(f"{GRACE_ENV}={raw!r} is not a whole number of seconds") from None
+    """How long the ranks get to save a checkpoint after SIGTERM (``KUBETUNE_SHUTDOWN_GRACE_S``)."""
+    return settings.current().shutdown_grace_s()
 
 
 def extend_worker_grace(grace_s: int) -> bool:
@@ -108,7 +102,3 @@ def exit_code_after_failure(exit_codes: list[int]) -> int:
     if failure is not None:
         return failure.exit_code
     return EXIT_RETRY if EXIT_RETRY in exit_codes else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

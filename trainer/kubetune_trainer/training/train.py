@@ -5,11 +5,11 @@ Launched by ``torchrun`` in each PyTorchJob pod (one process per GPU), or as a p
     torchrun --nproc_per_node 8 -m kubetune_trainer.train --config /etc/kubetune/config.yaml
     python -m kubetune_trainer.train --config runs/tiny/config.yaml     # one process, CPU or GPU
 
-What it does, in order: check the data (:mod:`kubetune_trainer.data_check`: every row of local
+What it does, in order: check the data (:mod:`kubetune_trainer.sources.data_check`: every row of local
 files, and the data's identity), refuse a folder of another training or of other data, clean up
 checkpoints whose save was cut short, load the data (Hub id or JSONL/JSON/Parquet file or folder;
 chat ``messages``, prompt/completion or text), open (or re-open) the job's MLflow run on rank 0,
-decide the plan for this hardware (:mod:`kubetune_trainer.plan`), load the base model and tokenizer
+decide the plan for this hardware (:mod:`kubetune_trainer.plan.plan`), load the base model and tokenizer
 (ChatML template and pad token when missing, as the notebooks do), train with TRL's SFTTrainer from
 the newest complete checkpoint, and write the final model (adapter or full weights + tokenizer) to
 ``<output_dir>/final`` with its COMPLETE marker, and ``train-result.json`` (the whole run, across
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 import traceback
@@ -41,9 +40,17 @@ from kubetune_api.trainer_config import (
     TRAIN_RESULT_FILE,
     TrainerConfig,
 )
-from kubetune_api.tuning import GPU_MEMORY_ENV, TuningConfig
+from kubetune_api.tuning import GPU_MEMORY_ENV
 
-from . import catalog, checkpoints, data_check, evaluation, failures, oom, resume
+from .. import settings
+from ..mlflow.client import install_log_redaction, redacted_stdio
+from ..mlflow.tracking import MlflowTracker
+from ..plan.plan import Hardware, limit_gpu_memory, make_plan
+from ..process import Dist, load_config, setup_logging
+from ..sources.chat import ensure_chat_format
+from ..sources.data_check import EXIT_BAD_INPUT, BadInputError, DataCheck
+from ..volume import catalog, checkpoints, resume
+from . import evaluation, failures, oom
 from .build import (
     build_datasets,
     build_model,
@@ -54,47 +61,12 @@ from .build import (
     check_data,
     model_shape,
 )
-from .data_check import (
-    EXIT_BAD_INPUT,
-    BadInputError,
-    DataCheck,
-)
 from .ledger import Ledger, process_start_time
+from .progress import ProgressReporter, in_cluster_patcher
 from .result import TrainResult, earlier_history, finished_earlier, mean_loss
 from .watchdog import LossWatchdog
 
 log = logging.getLogger("kubetune_trainer.train")
-
-# --- process / distributed environment -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Dist:
-    rank: int
-    local_rank: int
-    world_size: int
-
-    @property
-    def is_rank0(self) -> bool:
-        return self.rank == 0
-
-    @staticmethod
-    def from_env() -> Dist:
-        return Dist(
-            rank=int(os.environ.get("RANK", "0")),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        )
-
-
-def setup_logging(dist: Dist) -> None:
-    level = logging.INFO if dist.is_rank0 else logging.WARNING
-    fmt = f"%(asctime)s [rank{dist.rank}] %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
-    # The libraries' own chatter (weight loading bars, deprecation notes) drowns the run's story.
-    for noisy in ("transformers", "datasets", "accelerate", "peft", "trl", "mlflow", "alembic", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if dist.is_rank0 else logging.ERROR)
-
 
 # --- the run ---------------------------------------------------------------------------------------
 
@@ -185,8 +157,6 @@ def run(
     before it builds anything). Bad data or a folder of another training: status ``refused``, exit
     code 2, the message in ``result["error"]`` (and logged; with its traceback when ``debug``).
     """
-    from .mlflow_client import redacted_stdio
-
     # MLflow prints run URLs (the tracking URI with any user:password@ in it) with print()
     with redacted_stdio():
         return _run(cfg, progress_bar=progress_bar, ctrl_c_saves=ctrl_c_saves, checked=checked, debug=debug)
@@ -203,7 +173,6 @@ def _run(
     """Check the data, decide the attempt (:func:`checkpoints.decide_attempt`), load the data, then
     build and train once (:func:`_train_once`) with the job's MLflow run open on rank 0."""
     from .callbacks import PreemptionGuard
-    from .mlflow_client import install_log_redaction
 
     dist = Dist.from_env()
     setup_logging(dist)
@@ -321,8 +290,6 @@ class _Attempt:
 
     def open_tracker(self) -> Any:
         """The job's MLflow run, opened (or re-opened) on rank 0; None on the other ranks."""
-        from .tracking import MlflowTracker
-
         if not self.dist.is_rank0:
             return None
         tracker = MlflowTracker(self.cfg, self.output_dir)
@@ -334,8 +301,6 @@ class _Attempt:
 
     def progress_reporter(self, tracker: Any) -> Any:
         """Who patches the FineTuneJob's status.progress (rank 0 in a cluster); None: nobody."""
-        from .progress import ProgressReporter, in_cluster_patcher
-
         if not (self.cfg.report_progress and self.dist.is_rank0):
             return None
         try:
@@ -352,9 +317,7 @@ def _plan(cfg: TrainerConfig, retries: list[dict[str, Any]] | None = None) -> An
     """The plan for this process's hardware, with the tuning variables read once, here (a bad one:
     ValueError naming it); the GPU memory cap is applied before anything reaches the GPU; the
     layout of the newest retry after CUDA out of memory (:mod:`oom`), if any."""
-    from .plan import Hardware, limit_gpu_memory, make_plan
-
-    tuning = TuningConfig.from_env()
+    tuning = settings.current().tuning()
     hw = Hardware.detect(tuning)
     fraction = limit_gpu_memory(tuning)
     if fraction is not None:
@@ -468,8 +431,6 @@ def _fit(
     reporter: Any,
     extra_status: Any,
 ) -> Outcome:
-    from .chat import ensure_chat_format
-
     cfg, dist, resume = attempt.cfg, attempt.dist, attempt.resume
     train_ds, eval_ds, fmt = data
     tokenizer = build_tokenizer(cfg)
@@ -637,21 +598,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_config(path: Path) -> TrainerConfig:
-    """The trainer config; :class:`BadInputError` naming the file and the field when it is not one."""
-    import yaml
-    from pydantic import ValidationError
-
-    try:
-        return TrainerConfig.load(path)
-    except OSError as e:
-        raise BadInputError(f"{path}: cannot read the trainer config ({e.strerror or e})") from e
-    except yaml.YAMLError as e:
-        raise BadInputError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
-    except ValidationError as e:
-        raise BadInputError("\n".join(f"{path}: {line}" for line in data_check.validation_lines(e))) from e
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -692,9 +638,3 @@ def close_process_group() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    code = main()
-    # Leave through the normal path on success; a preempted run must not look like one.
-    sys.exit(code)

@@ -29,7 +29,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-NAME = "kubetune_varlen"
+from ..plan.plan import VARLEN
+
+NAME = VARLEN  # the name the plan chooses (kubetune_trainer.plan.plan.VARLEN)
 KERNEL_ENV = "KUBETUNE_VARLEN_KERNEL"
 KERNELS = ("flash", "flash-repeat")
 _registered = False
