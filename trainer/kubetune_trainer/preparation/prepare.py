@@ -10,14 +10,14 @@ reports and why it refuses are the contract of :mod:`kubetune_api.preparation`:
    still have the recorded sizes and hashes; a ``path`` is read where it is; a chained job's
    starting model (``fromJob``: a parent's adapter merged into its base, or its full model;
    ``registered``: the version an alias resolves to, downloaded from MLflow) is put in place by
-   :mod:`.chain` (``prepared/start.json``), and its tokenizer tokenizes the data;
-2. the data: read and checked row by row as the trainer reads it (:mod:`.data_check`,
-   :func:`.build.build_datasets`: format detection, splits, eval fraction), then tokenized with
+   :mod:`..sources.chain` (``prepared/start.json``), and its tokenizer tokenizes the data;
+2. the data: read and checked row by row as the trainer reads it (:mod:`..sources.data_check`,
+   :func:`..sources.data.raw_datasets`: format detection, splits, eval fraction), then tokenized with
    TRL's own dataset preparation (chat template, assistant and completion masks, labels) and saved
    with ``save_to_disk`` under ``prepared/data/<key>/``, ``key`` a hash of everything that changes
    the tokens. The trainer hands these to TRL, which packs or truncates them as it would have
    done after its own tokenization: the same tokens and labels either way;
-3. the statistics and the estimate (:mod:`.estimate`: the trainer's plan for the GPUs the job asks
+3. the statistics and the estimate (:mod:`..plan.estimate`: the trainer's plan for the GPUs the job asks
    for), the manifest (``prepared/manifest.json``) and the report (``prepared/report.json``, and
    the pod's termination message for the operator).
 
@@ -234,7 +234,7 @@ def _model(cfg: TrainerConfig, root: Path, previous: dict[str, Any]) -> tuple[Pa
 
 
 def _starting_model(cfg: TrainerConfig, root: Path) -> tuple[Path, dict[str, Any]]:
-    """A chained job's starting model (:mod:`.chain`), put in place on the volume once; a parent or
+    """A chained job's starting model (:mod:`..sources.chain`), put in place on the volume once; a parent or
     registered model that cannot be had is refused (ModelNotFound), naming the field."""
     try:
         start = chain.ensure_start(cfg, root)
@@ -507,7 +507,7 @@ def _save_tokenized(root: Path, key: str, train: Any, evaluation: Any) -> None:
 
 
 def _estimate(cfg: TrainerConfig, model_dir: Path, data: DataStats) -> Any:
-    """The plan's estimate for the job's GPUs (:mod:`.estimate`); refuses a job that does not fit."""
+    """The plan's estimate for the job's GPUs (:mod:`..plan.estimate`); refuses a job that does not fit."""
 
     if cfg.spec.resources.gpus_per_node == 0:
         return None  # CPU training: nothing GPU-sized to estimate

@@ -8,7 +8,7 @@ registered version (beside the spec's names, :func:`kubetune_trainer.register.li
 - the versions of the libraries that trained it (torch, transformers, trl, peft, datasets, liger);
 - the optimizer step the final model is, the checkpoint of that step on the volume, and the budget
   limit when ``spec.budget`` stopped the run (the final model's COMPLETE marker).
-- a chained job's parent (``prepared/start.json``, :mod:`.chain`): the parent job, its uid, its
+- a chained job's parent (``prepared/start.json``, :mod:`..sources.chain`): the parent job, its uid, its
   MLflow run, which of its models (final or checkpoint-<step>), and the registered version started
   from (``models:/<name>/<version>``, the version also on its own).
 

@@ -21,6 +21,8 @@ from ..sources.data_check import DataCheck
 from ..sources.model import model_source
 from ..sources.prepared import prepared, prepared_check
 from ..volume import checkpoints
+from . import fast, varlen
+from .balance import balanced_sampler
 
 log = logging.getLogger("kubetune_trainer.train")
 
@@ -38,8 +40,6 @@ def build_tokenizer(cfg: TrainerConfig) -> Any:
 def build_model(cfg: TrainerConfig, plan: Any, *, varlen_kernel: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
-
-    from . import varlen
 
     where, kwargs = model_source(cfg)
     dtype = getattr(torch, plan.dtype_name)
@@ -227,7 +227,6 @@ def trainer_class() -> Any:
     """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
     from trl import SFTTrainer
 
-    from .balance import balanced_sampler
     from .callbacks import ScheduledCollection, paused_gc, workers_ignore_sigterm
 
     class KubetuneSFTTrainer(SFTTrainer):
@@ -304,8 +303,6 @@ def build_trainer(
     callbacks: list[Any],
     plan: Any = None,
 ) -> Any:
-    from . import fast
-
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):

@@ -22,6 +22,8 @@ import os
 from typing import Any
 
 from .. import settings
+from ..plan.plan import FP8_MIN_FEATURES
+from . import flce
 
 log = logging.getLogger("kubetune_trainer.fast")
 
@@ -52,8 +54,6 @@ def apply_liger(model: Any, *, layer_kernels: bool = True) -> bool:
         cross_entropy=False,
     )
     # the loss head without Liger's two host syncs per micro-step (same kernel, same result)
-    from . import flce
-
     flce.install()
     return True
 
@@ -110,8 +110,6 @@ def fp8_filter(module: Any, fqn: str) -> bool:
     >>> fp8_filter(torch.nn.Linear(2560, 9728), "mlp.up_proj"), fp8_filter(torch.nn.Linear(2560, 1024), "self_attn.k_proj")
     (True, False)
     """
-    from ..plan.plan import FP8_MIN_FEATURES
-
     return all(n % 16 == 0 and n >= FP8_MIN_FEATURES for n in (module.in_features, module.out_features))
 
 
