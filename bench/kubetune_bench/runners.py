@@ -316,11 +316,11 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
     """kubetune's own functions (plan, model dtype and attention, SFT config, trainer) on the example."""
     import torch
 
-    from kubetune_trainer.plan.plan import Hardware, make_plan
+    from kubetune_trainer.plan.plan import Hardware, make_plan, shape_from_config
     from kubetune_trainer.training import build as trainer_module
 
     tcfg = _kubetune_trainer_config(ctx, dataset, step_rows)
-    shape = trainer_module.shape_from_config(MODEL_CONFIGS[ctx.model])
+    shape = shape_from_config(MODEL_CONFIGS[ctx.model])
     tuning = TuningConfig.from_env()  # the job's own tuning variables (jobs.job_env)
     plan = make_plan(
         tcfg.spec.training, Hardware.detect(tuning), shape=shape, lora=is_lora(ctx.kind), tuning=tuning
