@@ -15,7 +15,8 @@ when it sits inside a function (it runs when the function is called). Printed:
 * for each entry module: its stops (every module it reaches), its longest walk (the longest import
   chain from it without visiting a module twice) and its returns (imports met on the way that lead
   back to a module already on the walk, i.e. circles entered);
-* rooms: when the package has subpackages, the imports between them (room to room, counted).
+* rooms: when the package has subpackages, the imports between them (room to room, counted; a
+  subpackage ends with ``/``, a module at the top is its own room).
 """
 
 from __future__ import annotations
@@ -217,8 +218,8 @@ def reach(edges: Edges, entry: str) -> set[str]:
 def room_of(module: str, package: str, rooms: set[str]) -> str:
     parts = module.split(".")
     if len(parts) > 2 and f"{package}.{parts[1]}" in rooms:
-        return parts[1]
-    return "(top)" if len(parts) > 1 else "(package)"
+        return parts[1] + "/"
+    return parts[1] if len(parts) > 1 else "(package)"
 
 
 def short(module: str, package: str) -> str:
