@@ -45,7 +45,7 @@ from kubetune_api.tuning import GPU_MEMORY_ENV
 from .. import settings
 from ..mlflow.client import install_log_redaction, redacted_stdio
 from ..mlflow.tracking import MlflowTracker
-from ..plan.plan import Hardware, limit_gpu_memory, make_plan
+from ..plan import plan as run_plan
 from ..process import Dist, load_config, setup_logging
 from ..sources.chat import ensure_chat_format
 from ..sources.data_check import EXIT_BAD_INPUT, BadInputError, DataCheck
@@ -318,11 +318,11 @@ def _plan(cfg: TrainerConfig, retries: list[dict[str, Any]] | None = None) -> An
     ValueError naming it); the GPU memory cap is applied before anything reaches the GPU; the
     layout of the newest retry after CUDA out of memory (:mod:`oom`), if any."""
     tuning = settings.current().tuning()
-    hw = Hardware.detect(tuning)
-    fraction = limit_gpu_memory(tuning)
+    hw = run_plan.Hardware.detect(tuning)
+    fraction = run_plan.limit_gpu_memory(tuning)
     if fraction is not None:
         log.info("GPU memory capped at %.0f%% of the GPU (%s)", 100 * fraction, GPU_MEMORY_ENV)
-    plan = make_plan(
+    plan = run_plan.make_plan(
         cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA, tuning=tuning
     )
     plan = oom.apply(plan, retries or [])
