@@ -1,6 +1,6 @@
 """Why training failed, in words a user can act on: the reasons, what each means and what to do.
 
-The trainer classifies its own failure (:mod:`kubetune_trainer.failures`) and leaves a
+The trainer classifies its own failure (:mod:`kubetune_trainer.training.failures`) and leaves a
 :class:`TrainingFailure` as compact JSON in its container's termination message
 (``/dev/termination-log``) and in its log. The operator reads it from the PyTorchJob's pods, beside
 what the kubelet and the controllers say of them (``OOMKilled``, ``Evicted``), and puts the reason,

@@ -3,7 +3,7 @@
 Two processes patch ``finetunejobs/status`` with JSON merge patches: the operator (its state machine,
 :mod:`kubetune_operator.state`, with what the preparation and registration Jobs report in their
 termination messages) and the trainer's rank 0 (its progress reports,
-:mod:`kubetune_trainer.progress`). A merge patch replaces what it names, so a field with two writers
+:mod:`kubetune_trainer.training.progress`). A merge patch replaces what it names, so a field with two writers
 shows whichever wrote last. Each top-level field (by its wire name) has exactly one writer here;
 each writer's patches are checked against this table (:func:`check_patch`; tests build them with
 the writers' own code), and a test holds the table to :class:`~kubetune_api.status.FineTuneJobStatus`.

@@ -159,7 +159,7 @@ def _profile_path(json_path: Path) -> Path:
 
 def _run_one(args: argparse.Namespace) -> int:
     """A case's own process: train it, write its JSON (rank 0), leave the process group cleanly."""
-    from kubetune_trainer.train import close_process_group
+    from kubetune_trainer.training.train import close_process_group
 
     from .runners import CaseOptions, run_case
 

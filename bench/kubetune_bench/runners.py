@@ -149,7 +149,7 @@ def _device(memory_cap_gib: float | None) -> _Device:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if cuda and memory_cap_gib:
         # the plan and PyTorch's allocator, both held to the cap, as the trainer does it
-        from kubetune_trainer.plan import limit_gpu_memory
+        from kubetune_trainer.plan.plan import limit_gpu_memory
 
         os.environ[GPU_MEMORY_ENV] = str(memory_cap_gib)
         limit_gpu_memory()
@@ -174,7 +174,7 @@ def _build_model(model_name: str, dtype: Any, attn: str, device: str) -> Any:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from kubetune_trainer import varlen
+    from kubetune_trainer.training import varlen
 
     if attn == varlen.NAME:
         varlen.register(TuningConfig.from_env().varlen_kernel)
@@ -316,11 +316,11 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
     """kubetune's own functions (plan, model dtype and attention, SFT config, trainer) on the example."""
     import torch
 
-    from kubetune_trainer import build as trainer_module
-    from kubetune_trainer.plan import Hardware, make_plan
+    from kubetune_trainer.plan.plan import Hardware, make_plan, shape_from_config
+    from kubetune_trainer.training import build as trainer_module
 
     tcfg = _kubetune_trainer_config(ctx, dataset, step_rows)
-    shape = trainer_module.shape_from_config(MODEL_CONFIGS[ctx.model])
+    shape = shape_from_config(MODEL_CONFIGS[ctx.model])
     tuning = TuningConfig.from_env()  # the job's own tuning variables (jobs.job_env)
     plan = make_plan(
         tcfg.spec.training, Hardware.detect(tuning), shape=shape, lora=is_lora(ctx.kind), tuning=tuning
@@ -344,7 +344,7 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
     # leaves it to its uncapped row, which checks the same packing)
     options = ctx.options
     if ctx.device.cuda and ctx.device.world == 1 and not options.epoch_tokens and not options.memory_cap_gib:
-        from kubetune_trainer.fast import check_packing_exact
+        from kubetune_trainer.training.fast import check_packing_exact
 
         packing_check = check_packing_exact(trainer.model, dataset[:16]["input_ids"])
     return _Built(trainer, plan.as_dict(), packing_check)

@@ -23,7 +23,7 @@ text of pseudo-words whose tokens per word is measured on the tokenizer) as a JS
 ``scaling``: ``prepare()`` alone (in this process, on this machine's CPU) for 1k/4k/16k
 conversations, with a tiny tokenizer (1,024 tokens) and the realistic one.
 
-``estimate``: :func:`kubetune_trainer.estimate.estimate` for the kubetune cases' own configs (the
+``estimate``: :func:`kubetune_trainer.plan.estimate.estimate` for the kubetune cases' own configs (the
 examples on one GPU of the machine's product) against the case results in ``--out``
 (``kubetune bench --cases qwen2-0.5b:kubetune,qwen3-4b:kubetune`` first, into the same folder).
 """
@@ -198,7 +198,7 @@ def train_tokenizer(texts: list[str], vocab: int) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from kubetune_trainer.chat import CHATML_TEMPLATE
+    from kubetune_trainer.sources.chat import CHATML_TEMPLATE
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -480,7 +480,7 @@ def run_scaling(
 ) -> list[dict[str, Any]]:
     """``prepare()`` in this process on a tiny model with each tokenizer, for each conversation count."""
     from kubetune_api.trainer_config import TrainerConfig
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     rows = []
     for vocab in vocabs:
@@ -534,8 +534,8 @@ def estimate_for(case: str, *, rows: int, steps: int, product: str, examples: Pa
     import tempfile
 
     from kubetune_api.preparation import DataStats
-    from kubetune_trainer import estimate as estimating
-    from kubetune_trainer.build import shape_from_config
+    from kubetune_trainer.plan import estimate as estimating
+    from kubetune_trainer.plan.plan import shape_from_config
 
     from .runners import kubetune_config
 

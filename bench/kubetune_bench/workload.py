@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kubetune_trainer.plan import peak_bf16_flops
+from kubetune_trainer.plan.plan import peak_bf16_flops
 
 from .cases import BASELINE, MAX_LENGTH, NOTEBOOK_A, NOTEBOOK_B
 

@@ -16,7 +16,7 @@ from .report import render_refusal, render_report
 def run_preparation(cfg: TrainerConfig, out: TextIO, err: TextIO) -> int:
     """Prepare ``cfg`` into its output folder: the report on ``out`` (0), or the refusal on ``err``
     (EXIT_REFUSED)."""
-    from kubetune_trainer.prepare import Refused, prepare
+    from kubetune_trainer.preparation.prepare import Refused, prepare
 
     try:
         report = prepare(cfg, root=Path(cfg.output_dir))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetune_api.preparation import EXIT_REFUSED
-from kubetune_trainer.data_check import BadInputError
+from kubetune_trainer.sources.data_check import BadInputError
 
 from .preparation import run_preparation
 

@@ -40,7 +40,7 @@ default store is its own), resolved to a version once and downloaded into ``prep
 Bad input (a manifest that is not a FineTuneJob, a field misspelt, data that cannot train: an
 empty file, a malformed line, a row without the format's column, an unknown chat role) ends the run
 before anything is built or written, with one message naming the file, the line and the field, and
-exit code 2 (``--debug`` adds the traceback). See :mod:`kubetune_trainer.data_check`.
+exit code 2 (``--debug`` adds the traceback). See :mod:`kubetune_trainer.sources.data_check`.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ from kubetune_api.trainer_config import (
     load_manifest,
     resolve,
 )
-from kubetune_trainer.data_check import EXIT_BAD_INPUT, BadInputError, validation_lines
-from kubetune_trainer.mlflow_run import local_store_uri, redact
+from kubetune_trainer.mlflow.run import local_store_uri, redact
+from kubetune_trainer.sources.data_check import EXIT_BAD_INPUT, BadInputError, validation_lines
 
 TINY_ROOT = "/opt/kubetune/tiny"  # kubetune_trainer.tiny.TINY_ROOT (kept import-free here)
 CONFIG_FILE = "config.yaml"
@@ -215,7 +215,8 @@ def local_parent(folder: Path, name: str, checkpoint: str, *, runs: Path) -> Par
     job's own), and in it the folder to start from (``final/``, or for ``bestEval`` the checkpoint
     or final model with the lowest eval loss), its method and, for a LoRA adapter, its base.
     :class:`BadInputError` naming the field and what was looked for when it is not there."""
-    from kubetune_trainer import catalog, chain
+    from kubetune_trainer.sources import chain
+    from kubetune_trainer.volume import catalog
 
     looked = (
         f"{FROM_JOB}.name {name}: kubetune run --local looks for its run folder beside this job's, {folder}"
@@ -284,7 +285,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def register(config_path: Path) -> int:
     """Run the registration entry point in this process (the post-step Job's command in a cluster)."""
-    from kubetune_trainer import register as registration
+    from kubetune_trainer.registration import register as registration
 
     return int(registration.main(["--config", str(config_path), "--retry-budget", "60"]))
 
@@ -304,7 +305,7 @@ def summary(cfg: TrainerConfig, *, registered: bool) -> str:
         lines.append(f"  loss            {first:.3f} -> {final:.3f} in {steps} steps{note}")
     start = _read_json(out / START_FILE)
     if isinstance(start.get("parent"), dict):
-        from kubetune_trainer.chain import describe
+        from kubetune_trainer.sources.chain import describe
 
         lines.append(f"  started from    {describe(ParentModel.model_validate(start['parent']))}")
     lines += [
@@ -359,7 +360,7 @@ def _run(args: argparse.Namespace) -> int:
 def check_raw_data(cfg: TrainerConfig) -> Any:
     """The data check of the data as it is now (not what an earlier preparation recorded in the run
     folder): a data file changed under the same name must be seen before anything is prepared."""
-    from kubetune_trainer.build import check_raw_data as check
+    from kubetune_trainer.sources.data import check_raw_data as check
 
     return check(cfg)
 
@@ -371,7 +372,7 @@ def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> 
     Not over a folder that holds another training (the trainer refuses it as it is, untouched: the
     same check first, here), nor when its final model is complete (nothing left to train).
     """
-    from kubetune_trainer import checkpoints
+    from kubetune_trainer.volume import checkpoints
 
     from .preparation import run_preparation
 
@@ -389,7 +390,7 @@ def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> 
 
 
 def _run_local(args: argparse.Namespace) -> int:
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     cfg, tiny, cache = local_config(
         args.manifest, output_dir=args.output_dir, cache_dir=args.cache_dir, tracking_uri=args.tracking_uri

@@ -21,7 +21,7 @@ import traceback
 import torch
 
 from kubetune_bench import workload
-from kubetune_trainer import varlen
+from kubetune_trainer.training import varlen
 
 SHAPES = {
     # name: (rows of 1,024 tokens, query heads, key/value heads, head dim)

@@ -31,7 +31,8 @@ import torch
 from attn_probe import timed
 
 from kubetune_bench import cases, workload
-from kubetune_trainer import fast, plan, varlen
+from kubetune_trainer.plan import plan
+from kubetune_trainer.training import fast, varlen
 
 LAYERS = 4
 ROWS, ROW = 8, 1024  # notebook B's eight sequences, packed as the trainer packs them

@@ -22,8 +22,8 @@ from pathlib import Path
 from kubetune_api.failures import EXIT_RETRY, parse_failure
 from kubetune_api.trainer_config import load_manifest, resolve
 from kubetune_trainer import tiny_data
-from kubetune_trainer.oom import MEMORY_FILE
 from kubetune_trainer.tiny import TINY_MODEL, ensure_tiny_assets
+from kubetune_trainer.training.oom import MEMORY_FILE
 
 parser = argparse.ArgumentParser()
 parser.add_argument("out", type=Path)

@@ -23,10 +23,9 @@ from tests.e2e.conftest import TINY_DATA, run_trainer, trainer_config
 
 from kubetune_api.failures import Failure, parse_failure
 from kubetune_api.trainer_config import COMPLETE_MARKER, TRAIN_RESULT_FILE
-from kubetune_trainer import catalog, checkpoints, resume
-from kubetune_trainer.callbacks import FAULT_ENV
-from kubetune_trainer.data_check import EXIT_BAD_INPUT
-from kubetune_trainer.failures import TERMINATION_LOG_ENV
+from kubetune_trainer.settings import FAULT_ENV, TERMINATION_LOG_ENV
+from kubetune_trainer.sources.data_check import EXIT_BAD_INPUT
+from kubetune_trainer.volume import catalog, checkpoints, resume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 

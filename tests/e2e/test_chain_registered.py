@@ -31,7 +31,7 @@ def register_tiny(server: Any, model_dir: Path, name: str, alias: str, seed_shif
     from mlflow import MlflowClient
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kubetune_trainer.register import pip_requirements
+    from kubetune_trainer.registration.register import pip_requirements
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     with torch.no_grad():

@@ -22,8 +22,9 @@ from tests.e2e.conftest import REPO, run_trainer, trainer_config, trainer_env
 
 from kubetune_api.failures import EXIT_FAILED, EXIT_RETRY, Failure, parse_failure
 from kubetune_api.trainer_config import COMPLETE_MARKER, TRAIN_RESULT_FILE
-from kubetune_trainer import checkpoints, oom
-from kubetune_trainer.failures import FAULT_ENV, TERMINATION_LOG_ENV
+from kubetune_trainer.settings import FAULT_ENV, TERMINATION_LOG_ENV
+from kubetune_trainer.training import oom
+from kubetune_trainer.volume import checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 

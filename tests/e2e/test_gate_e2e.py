@@ -28,7 +28,7 @@ from tests.support.mlflow_server import MlflowServer
 
 from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV
 from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR
-from kubetune_trainer import catalog
+from kubetune_trainer.volume import catalog
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 

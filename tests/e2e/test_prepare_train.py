@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
 
 def _train(config: Path) -> dict[str, Any]:
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     cfg = TrainerConfig.load(config)
     outcome = train.run(cfg, progress_bar=False)
@@ -49,7 +49,7 @@ CASES = {
 def test_prepared_data_trains_exactly_as_raw_data(
     case: str, tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     dataset_extra, training = CASES[case]
     data = _prompt_completion(tmp_path) if dataset_extra is None else TINY_DATA
@@ -71,7 +71,7 @@ def test_prepared_data_trains_exactly_as_raw_data(
 
 def test_training_reads_the_volume_not_the_raw_data(tmp_path: Path, tiny_model: Path) -> None:
     """Prepared once, the raw data may go: a restarted trainer reads only the volume."""
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     data = tmp_path / "data.jsonl"
     data.write_text(TINY_DATA.read_text())
@@ -83,7 +83,7 @@ def test_training_reads_the_volume_not_the_raw_data(tmp_path: Path, tiny_model: 
 
 
 def test_a_change_that_changes_the_tokens_gets_new_prepared_data(tmp_path: Path, tiny_model: Path) -> None:
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     out = tmp_path / "out"
     dataset = {"path": str(TINY_DATA), "format": "messages", "evalFraction": 0.1}

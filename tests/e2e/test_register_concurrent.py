@@ -40,7 +40,7 @@ LAUNCHER = """
 import sys, time
 from pathlib import Path
 import mlflow, mlflow.transformers, torch, transformers
-from kubetune_trainer import register
+from kubetune_trainer.registration import register
 ready, go = Path(sys.argv[1]), Path(sys.argv[2])
 ready.touch()
 while not go.exists():

@@ -51,7 +51,7 @@ def make_final(output_dir: Path, base: Path, method: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kubetune_trainer.checkpoints import mark_complete
+    from kubetune_trainer.volume.checkpoints import mark_complete
 
     final = output_dir / "final"
     model: Any = AutoModelForCausalLM.from_pretrained(base)
@@ -160,7 +160,7 @@ def assert_no_secrets(*texts: str) -> None:
 def test_lora_merged_registers_into_the_training_run_once(
     tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]
 ) -> None:
-    from kubetune_trainer import register
+    from kubetune_trainer.registration import register
 
     uri = mlflow_server.uri
     config = write_config(
@@ -174,7 +174,7 @@ def test_lora_merged_registers_into_the_training_run_once(
     )
     out = tmp_path / "out"
     make_final(out, tiny_base, "lora")
-    # The run training opened (kubetune_trainer.tracking keeps its id on the volume).
+    # The run training opened (kubetune_trainer.mlflow.tracking keeps its id on the volume).
     mlflow = client(uri)
     experiment = mlflow.get_experiment_by_name("kubetune/team-a")
     exp_id = experiment.experiment_id if experiment else mlflow.create_experiment("kubetune/team-a")
@@ -260,7 +260,7 @@ def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from kubetune_trainer import register
+    from kubetune_trainer.registration import register
 
     uri = mlflow_server.uri
     name = f"{MODEL_NAME}-adapter"
@@ -339,7 +339,7 @@ def test_lora_unmerged_logs_the_adapter_and_survives_a_crash_before_registering(
 def test_full_model_waits_out_an_outage_then_registers(
     tmp_path: Path, tiny_base: Path, mlflow_server: MlflowServer, secret_env: dict[str, str]
 ) -> None:
-    from kubetune_trainer import register
+    from kubetune_trainer.registration import register
 
     uri = mlflow_server.uri
     config = write_config(

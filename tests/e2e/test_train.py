@@ -15,13 +15,13 @@ import pytest
 from tests.e2e.conftest import trainer_config
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE, TrainerConfig
-from kubetune_trainer import checkpoints
+from kubetune_trainer.volume import checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
 
 def _train(config: Path) -> dict[str, Any]:
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     outcome = train.run(TrainerConfig.load(config), progress_bar=False)
     assert outcome.exit_code == 0, outcome
@@ -98,7 +98,7 @@ def test_lora_trains_and_its_loss_falls(
 def test_full_fine_tuning_trains_and_its_loss_falls(
     tmp_path: Path, tiny_model: Path, mlflow_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubetune_trainer import plan
+    from kubetune_trainer.plan import plan
 
     # The run holds the allocator to KUBETUNE_GPU_MEMORY_GIB before anything reaches the GPU (the
     # cap itself is tested with a faked GPU in tests/unit and on a real one in tests/gpu).

@@ -22,7 +22,7 @@ from tests.e2e.conftest import REPO, trainer_config, trainer_env, wait_or_kill
 from tests.support.mlflow_server import free_port
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, EXIT_PREEMPTED, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
-from kubetune_trainer import checkpoints
+from kubetune_trainer.volume import checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 

@@ -66,7 +66,7 @@ def _dataset(kind: str, root: Path) -> dict[str, Any]:
 def test_format_trains(
     tmp_path: Path, tiny_model: Path, mlflow_server: Any, kind: str, expected_format: str
 ) -> None:
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     extra: dict[str, Any] = {"assistantOnlyLoss": True} if kind == "messages-assistant-only" else {}
     out = tmp_path / "run"

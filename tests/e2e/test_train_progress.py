@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kubetune_api.spec import GROUP, PLURAL, VERSION
-from kubetune_trainer.progress import ProgressReporter, status_patcher
+from kubetune_trainer.training.progress import ProgressReporter, status_patcher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

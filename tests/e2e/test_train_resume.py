@@ -18,8 +18,8 @@ import pytest
 from tests.e2e.conftest import run_trainer, start_trainer, trainer_config
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, EXIT_PREEMPTED, MLFLOW_RUN_FILE, TRAIN_RESULT_FILE
-from kubetune_trainer import checkpoints
-from kubetune_trainer.callbacks import FAULT_ENV
+from kubetune_trainer.settings import FAULT_ENV
+from kubetune_trainer.volume import checkpoints
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
 
@@ -138,7 +138,7 @@ def test_a_folder_of_another_training_is_neither_resumed_nor_taken_as_finished(
     reused claim): refused with exit 2 naming the folder, and nothing in it is touched. The same
     config again finds its finished model."""
     from kubetune_api.trainer_config import FINAL_DIR, TrainerConfig
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     out = tmp_path / "run"
     config = trainer_config(out, tiny_model, tracking_uri=mlflow_server.uri, maxSteps=2, saveSteps=1)
@@ -176,7 +176,7 @@ def test_a_folder_of_another_training_is_neither_resumed_nor_taken_as_finished(
 def test_markers_without_a_training_hash_are_trusted_as_before(tmp_path: Path, tiny_model: Path) -> None:
     """Folders written before the check (no ``training_hash`` in the marker) keep working."""
     from kubetune_api.trainer_config import FINAL_DIR, TrainerConfig
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     out = tmp_path / "old"
     (out / FINAL_DIR).mkdir(parents=True)
@@ -189,7 +189,7 @@ def test_markers_without_a_data_hash_are_trusted_as_before(tmp_path: Path, tiny_
     """A final model marked by the same training before kubetune recorded the data's hash is taken
     as finished, whatever the data holds now."""
     from kubetune_api.trainer_config import FINAL_DIR, TrainerConfig
-    from kubetune_trainer import train
+    from kubetune_trainer.training import train
 
     out = tmp_path / "old"
     cfg = TrainerConfig.load(trainer_config(out, tiny_model, maxSteps=2))
@@ -243,7 +243,7 @@ def test_local_run_across_attempts_and_data_changed_under_the_same_path(
     from tests.e2e.conftest import REPO, TINY_DATA, trainer_env
 
     from kubetune_api.trainer_config import FINAL_DIR
-    from kubetune_trainer.data_check import content_hash
+    from kubetune_trainer.sources.data_check import content_hash
 
     rows = TINY_DATA.read_text().splitlines()
     data = tmp_path / "chat.jsonl"

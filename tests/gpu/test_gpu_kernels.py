@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (run on the device machine)", allow_module_level=True)
 transformers = pytest.importorskip("transformers")
 
-from kubetune_trainer import fast, varlen  # noqa: E402
+from kubetune_trainer.training import fast, varlen  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -107,7 +107,7 @@ def test_larger_loss_chunks_give_the_same_loss_and_gradients() -> None:
 def test_sync_free_loss_head_matches_liger_and_never_waits_for_the_gpu(
     reduction: str, frozen_head: bool
 ) -> None:
-    from kubetune_trainer import flce
+    from kubetune_trainer.training import flce
 
     assert flce.install()
     torch.manual_seed(0)
@@ -183,7 +183,7 @@ def test_fp8_layers_train_like_bf16() -> None:
 def test_the_gpu_memory_cap_holds_the_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     """KUBETUNE_GPU_MEMORY_GIB: past the cap an allocation fails in this process."""
     from kubetune_api.tuning import GPU_MEMORY_ENV
-    from kubetune_trainer.plan import limit_gpu_memory
+    from kubetune_trainer.plan.plan import limit_gpu_memory
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "4")
     torch.cuda.empty_cache()

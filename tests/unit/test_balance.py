@@ -14,7 +14,7 @@ from torch.utils.data import BatchSampler, RandomSampler  # noqa: E402
 from trl.data_utils import pack_dataset  # noqa: E402
 
 from kubetune_bench.workload import synthetic_dataset  # noqa: E402
-from kubetune_trainer.balance import RankBalancedSampler, balanced_sampler, row_cost  # noqa: E402
+from kubetune_trainer.training.balance import RankBalancedSampler, balanced_sampler, row_cost  # noqa: E402
 
 RANKS, ROWS = 2, 8
 

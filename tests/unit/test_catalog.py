@@ -8,9 +8,9 @@ from pathlib import Path
 
 from kubetune_api.status import CheckpointStatus
 from kubetune_api.trainer_config import COMPLETE_MARKER
-from kubetune_trainer import catalog
-from kubetune_trainer import checkpoints as ck
-from kubetune_trainer.progress import ProgressState
+from kubetune_trainer.training.progress import ProgressState
+from kubetune_trainer.volume import catalog
+from kubetune_trainer.volume import checkpoints as ck
 
 
 def save(

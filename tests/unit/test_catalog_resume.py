@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from kubetune_trainer import checkpoints as ck
-from kubetune_trainer import resume
-from kubetune_trainer.checkpoints import AttemptKind
+from kubetune_trainer.volume import checkpoints as ck
+from kubetune_trainer.volume import resume
+from kubetune_trainer.volume.checkpoints import AttemptKind
 
 
 def save(out: Path, step: int, eval_loss: float | None = None, training_hash: str = "ours") -> Path:
@@ -187,7 +187,7 @@ def test_every_rank_takes_rank_0s_decision_whenever_rank_0_moves_the_folders(
     """Rank 1 looks at the folders, then rank 0 runs its whole decision (moving folders aside) before
     rank 1 is done: rank 1 still resumes from the checkpoint rank 0 does, not from a moved one (and
     never finds the moved final model 'already complete' while rank 0 trains)."""
-    from kubetune_trainer import checkpoints, resume
+    from kubetune_trainer.volume import checkpoints, resume
 
     for step in steps:
         folder = tmp_path / "checkpoints" / f"checkpoint-{step}"

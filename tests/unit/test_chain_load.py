@@ -1,4 +1,4 @@
-"""Chained jobs, trainer side: which starting model a job loads (:mod:`kubetune_trainer.chain`),
+"""Chained jobs, trainer side: which starting model a job loads (:mod:`kubetune_trainer.sources.chain`),
 the training hash that keeps another parent's checkpoints from being resumed, and where the local
 runner looks for a parent's run folder.
 
@@ -17,7 +17,7 @@ import pytest
 from tests.e2e.conftest import TINY_DATA, trainer_config
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR, START_FILE, ParentModel, TrainerConfig
-from kubetune_trainer.data_check import BadInputError
+from kubetune_trainer.sources.data_check import BadInputError
 
 TEMPLATE = "{%- for m in messages -%}PARENT {{ m['content'] }}{%- endfor -%}"
 
@@ -75,8 +75,8 @@ def test_lora_parent_is_merged_into_its_base_with_the_parents_tokenizer(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kubetune_trainer import chain
-    from kubetune_trainer.build import model_source
+    from kubetune_trainer.sources import chain
+    from kubetune_trainer.sources.model import model_source
 
     adapter = tmp_path / "parent" / FINAL_DIR
     save_adapter(tiny_model, adapter)
@@ -103,7 +103,7 @@ def test_lora_parent_is_merged_into_its_base_with_the_parents_tokenizer(
 
 
 def test_adapter_base_falls_back_to_the_adapters_own_record(tmp_path: Path, tiny_model: Path) -> None:
-    from kubetune_trainer import chain
+    from kubetune_trainer.sources import chain
 
     adapter = tmp_path / "parent" / FINAL_DIR
     save_adapter(tiny_model, adapter)
@@ -112,7 +112,7 @@ def test_adapter_base_falls_back_to_the_adapters_own_record(tmp_path: Path, tiny
 
 
 def test_full_parent_loads_in_place_for_full_and_is_copied_for_lora(tmp_path: Path, tiny_model: Path) -> None:
-    from kubetune_trainer import chain
+    from kubetune_trainer.sources import chain
 
     folder = tmp_path / "parent" / "checkpoints" / "checkpoint-8"
     full_parent(tiny_model, folder)
@@ -129,7 +129,7 @@ def test_full_parent_loads_in_place_for_full_and_is_copied_for_lora(tmp_path: Pa
 
 
 def test_another_parent_makes_the_starting_model_again(tmp_path: Path, tiny_model: Path) -> None:
-    from kubetune_trainer import chain
+    from kubetune_trainer.sources import chain
 
     one, two = tmp_path / "p1", tmp_path / "p2"
     full_parent(tiny_model, one)
@@ -143,7 +143,7 @@ def test_another_parent_makes_the_starting_model_again(tmp_path: Path, tiny_mode
 
 
 def test_incomplete_or_missing_parent_is_refused_naming_the_field(tmp_path: Path, tiny_model: Path) -> None:
-    from kubetune_trainer import chain
+    from kubetune_trainer.sources import chain
 
     with pytest.raises(
         chain.ChainError, match=r"spec.model.fromJob: the parent's model folder .* does not exist"
@@ -243,7 +243,8 @@ def test_preparation_tokenizes_with_the_parents_tokenizer(tmp_path: Path, tiny_m
     from datasets import load_from_disk
     from transformers import AutoTokenizer
 
-    from kubetune_trainer.prepare import prepare, prepared, read_manifest
+    from kubetune_trainer.preparation.prepare import prepare
+    from kubetune_trainer.sources.prepared import prepared, read_manifest
 
     adapter = tmp_path / "parent" / FINAL_DIR
     save_adapter(tiny_model, adapter)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kubetune_api.trainer_config import COMPLETE_MARKER
-from kubetune_trainer import checkpoints as ck
+from kubetune_trainer.volume import checkpoints as ck
 
 
 def _save(root: Path, step: int, *, complete: bool) -> Path:

@@ -10,8 +10,7 @@ import pytest
 
 from kubetune_api.spec import DatasetSource
 from kubetune_api.trainer_config import COMPLETE_MARKER, TrainerConfig
-from kubetune_trainer import checkpoints
-from kubetune_trainer.data_check import (
+from kubetune_trainer.sources.data_check import (
     DataError,
     check,
     check_files,
@@ -19,6 +18,7 @@ from kubetune_trainer.data_check import (
     problem_in_row,
     validation_lines,
 )
+from kubetune_trainer.volume import checkpoints
 
 ROLES = "'system', 'user', 'assistant', 'tool'"
 
@@ -229,7 +229,7 @@ def _cfg(tmp_path: Path) -> TrainerConfig:
 
 
 def test_another_data_hash_is_another_training_and_old_markers_are_trusted(tmp_path: Path) -> None:
-    from kubetune_trainer.train import other_training
+    from kubetune_trainer.training.train import other_training
 
     cfg = _cfg(tmp_path)
     folder = tmp_path / "out" / "final"
@@ -248,7 +248,7 @@ def test_another_data_hash_is_another_training_and_old_markers_are_trusted(tmp_p
 
 
 def test_the_history_of_earlier_attempts_comes_from_the_resumed_checkpoint(tmp_path: Path) -> None:
-    from kubetune_trainer.train import earlier_history, mean_loss
+    from kubetune_trainer.training.train import earlier_history, mean_loss
 
     ckpt = tmp_path / "checkpoints" / "checkpoint-4"
     ckpt.mkdir(parents=True)
@@ -276,7 +276,7 @@ def test_the_history_of_earlier_attempts_comes_from_the_resumed_checkpoint(tmp_p
 def test_a_hub_data_sets_rows_are_checked_as_loaded() -> None:
     from datasets import Dataset
 
-    from kubetune_trainer.data_check import check_loaded
+    from kubetune_trainer.sources.data_check import check_loaded
 
     good = [CHAT, CHAT]
     src = DatasetSource(name="org/chat", evalSplit="test")

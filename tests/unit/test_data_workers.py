@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kubetune_trainer.callbacks import workers_ignore_sigterm  # noqa: E402
+from kubetune_trainer.training.callbacks import workers_ignore_sigterm  # noqa: E402
 
 
 def _loader() -> object:
@@ -64,7 +64,7 @@ class _GcState(torch.utils.data.Dataset):  # type: ignore[misc]
 
 
 def test_workers_collect_garbage_while_the_trainer_has_collection_paused() -> None:
-    from kubetune_trainer.callbacks import paused_gc
+    from kubetune_trainer.training.callbacks import paused_gc
 
     def states(wrap: bool) -> list[int]:
         loader = torch.utils.data.DataLoader(_GcState(), batch_size=2, num_workers=1)

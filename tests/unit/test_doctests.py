@@ -21,9 +21,11 @@ PACKAGES = {
 def _modules_with_examples() -> list[str]:
     found = []
     for folder, package in PACKAGES.items():
-        for path in sorted((REPO / folder / package).glob("*.py")):
+        root = REPO / folder / package
+        for path in sorted(root.rglob("*.py")):
             if path.stem != "__main__" and ">>>" in path.read_text():
-                found.append(f"{package}.{path.stem}" if path.stem != "__init__" else package)
+                parts = [package, *path.relative_to(root).with_suffix("").parts]
+                found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
     return found
 
 
@@ -31,7 +33,7 @@ MODULES = _modules_with_examples()
 
 
 def test_examples_are_found() -> None:
-    assert "kubetune_trainer.plan" in MODULES and "kubetune_trainer.varlen" in MODULES
+    assert "kubetune_trainer.plan.plan" in MODULES and "kubetune_trainer.training.varlen" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,4 +1,4 @@
-"""The preflight estimate (kubetune_trainer.estimate) against the trainer's own plan: the two
+"""The preflight estimate (kubetune_trainer.plan.estimate) against the trainer's own plan: the two
 examples' manifests as the operator resolves them, the public config numbers of their models, and a
 job that cannot fit its GPU, whose refusal names what would."""
 
@@ -12,15 +12,15 @@ import pytest
 from kubetune_api.preparation import DataStats
 from kubetune_api.spec import TrainingSpec
 from kubetune_api.trainer_config import TrainerConfig, load_manifest, resolve
-from kubetune_trainer.build import shape_from_config
-from kubetune_trainer.estimate import does_not_fit, estimate, gpu_hardware, largest_tokens_per_step
-from kubetune_trainer.plan import (
+from kubetune_trainer.plan.estimate import does_not_fit, estimate, gpu_hardware, largest_tokens_per_step
+from kubetune_trainer.plan.plan import (
     MEMORY_HEADROOM,
     Hardware,
     ModelShape,
     estimate_step_seconds,
     estimate_training_bytes,
     make_plan,
+    shape_from_config,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -218,7 +218,7 @@ def test_cpu_training_has_no_gpu_estimate() -> None:
     ],
 )
 def test_gpu_memory_by_product_and_what_is_assumed(product: str | None, gib: int, assumed: bool) -> None:
-    from kubetune_trainer.estimate import gpu_hardware
+    from kubetune_trainer.plan.estimate import gpu_hardware
 
     hw, _name, was_assumed = gpu_hardware(product, 8)
     assert (hw.gpu_memory_bytes // 2**30, was_assumed) == (gib, assumed)

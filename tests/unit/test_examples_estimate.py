@@ -60,8 +60,8 @@ def capybara_like(cfg: TrainerConfig) -> DataStats:
 
 
 def example_estimate(name: str) -> tuple[TrainerConfig, DataStats, Estimate]:
-    from kubetune_trainer.build import shape_from_config
-    from kubetune_trainer.estimate import estimate
+    from kubetune_trainer.plan.estimate import estimate
+    from kubetune_trainer.plan.plan import shape_from_config
 
     cfg = resolve(load_manifest(REPO / "examples" / name))
     assert cfg.spec.model.name is not None
@@ -86,9 +86,13 @@ EXAMPLES = ["qwen2-0.5b-lora-8gpu.yaml", "qwen3-4b-full.yaml"]
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_the_estimate_is_the_plans_own(name: str) -> None:
-    from kubetune_trainer.build import shape_from_config
-    from kubetune_trainer.estimate import gpu_hardware
-    from kubetune_trainer.plan import estimate_step_seconds, estimate_training_bytes, make_plan
+    from kubetune_trainer.plan.estimate import gpu_hardware
+    from kubetune_trainer.plan.plan import (
+        estimate_step_seconds,
+        estimate_training_bytes,
+        make_plan,
+        shape_from_config,
+    )
 
     cfg, data, e = example_estimate(name)
     res, t = cfg.spec.resources, cfg.spec.training

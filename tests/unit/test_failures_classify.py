@@ -19,7 +19,7 @@ from kubetune_api.failures import (
     TrainingFailure,
     parse_failure,
 )
-from kubetune_trainer.failures import RunContext, classify
+from kubetune_trainer.training.failures import RunContext, classify
 
 
 def _chained(outer: BaseException, cause: BaseException) -> BaseException:
@@ -159,7 +159,7 @@ def test_credentials_never_reach_the_failure(monkeypatch: pytest.MonkeyPatch, tm
         OSError("GET https://hub.example.com/x?token=hf_other_value&b=1 as hf_SECRETsecretSECRET123"),
     )
     got = classify(exc, RunContext())
-    from kubetune_trainer import failures
+    from kubetune_trainer.training import failures
 
     failures.report(got)
     for text in (got.message, term.read_text()):
@@ -173,7 +173,7 @@ def test_credentials_never_reach_the_failure(monkeypatch: pytest.MonkeyPatch, tm
 
 def test_a_row_that_quotes_an_error_is_a_dataset_error() -> None:
     """The trainer's own check names the row; the row's text does not decide the reason."""
-    from kubetune_trainer.data_check import BadInputError
+    from kubetune_trainer.sources.data_check import BadInputError
 
     for words in ("CUDA out of memory", "No space left on device", "NCCL timeout"):
         got = classify(BadInputError(f"row 12: the assistant turn is empty: '{words}'"), RunContext())
@@ -183,7 +183,7 @@ def test_a_row_that_quotes_an_error_is_a_dataset_error() -> None:
 
 
 def test_outside_a_pod_no_termination_file_is_made(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from kubetune_trainer import failures
+    from kubetune_trainer.training import failures
 
     missing = tmp_path / "dev" / "termination-log"
     monkeypatch.delenv("KUBETUNE_TERMINATION_LOG", raising=False)

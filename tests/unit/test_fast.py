@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kubetune_trainer import fast, varlen  # noqa: E402
+from kubetune_trainer.training import fast, varlen  # noqa: E402
 
 
 def _tiny_varlen_model() -> object:

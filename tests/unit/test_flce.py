@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kubetune_trainer import flce  # noqa: E402
+from kubetune_trainer.training import flce  # noqa: E402
 
 
 def _reference(x, weight, target, bias, reduction, softcap):  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ import pytest
 from kubetune_api.spec import TrainingSpec
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_api.tuning import FP8_ENV, TuningConfig
-from kubetune_trainer.plan import Hardware, ModelShape, Plan, make_plan
+from kubetune_trainer.plan.plan import Hardware, ModelShape, Plan, make_plan
 
 H200 = Hardware(cuda=True, bf16=True, gpu_memory_bytes=141 * 2**30, varlen=True, fp8=True)
 A100 = replace(H200, gpu_memory_bytes=80 * 2**30, fp8=False)
@@ -74,8 +74,8 @@ def test_the_trainer_converts_the_layers_to_fp8_before_compiling_them(
 ) -> None:
     """build_trainer, as a pod and the benchmark run it: float8 first, then compilation (inductor
     must see the float8 layers to fuse their casts); neither without the plan asking."""
-    from kubetune_trainer import build as builders
-    from kubetune_trainer import fast
+    from kubetune_trainer.training import build as builders
+    from kubetune_trainer.training import fast
 
     calls: list[str] = []
 
@@ -111,7 +111,7 @@ def test_an_unknown_recipe_is_refused_naming_the_variable(monkeypatch: pytest.Mo
 def test_fp8_micro_steps_are_padded_to_multiples_of_16(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from kubetune_trainer.train import build_sft_config
+    from kubetune_trainer.training.train import build_sft_config
 
     cfg = TrainerConfig.model_validate(
         {
@@ -141,7 +141,7 @@ def test_conversion_swaps_the_large_layer_products_and_keeps_weights_and_loss() 
     from tests.support.models import fp8_sized_llama
     from torchao.float8.float8_linear import Float8Linear
 
-    from kubetune_trainer import fast
+    from kubetune_trainer.training import fast
 
     model = fp8_sized_llama()
     ids = torch.randint(0, 4096, (2, 64))

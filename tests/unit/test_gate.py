@@ -21,7 +21,8 @@ from kubetune_api.status import ConditionType, FineTuneJobStatus, Phase, Reason
 from kubetune_cli import watch
 from kubetune_operator import builders, observations, state
 from kubetune_operator.settings import Settings
-from kubetune_trainer import gate
+from kubetune_trainer import settings
+from kubetune_trainer.registration import gate
 
 # --- links ----------------------------------------------------------------------------------------
 
@@ -140,7 +141,7 @@ def test_a_gate_not_met_says_both_numbers_and_forcing_tags_it() -> None:
 @pytest.mark.parametrize(("value", "forced"), [("1", True), ("true", True), ("0", False), ("", False)])
 def test_forced_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, forced: bool) -> None:
     monkeypatch.setenv(FORCE_ENV, value)
-    assert gate.forced_from_env() is forced
+    assert settings.current().register_force is forced
 
 
 # --- the operator ------------------------------------------------------------------------------------
@@ -309,7 +310,7 @@ def _folder(path: Any, marker: dict[str, Any], *, tokenizer: bool) -> None:
 def test_best_eval_picks_the_checkpoint_and_a_checkpoint_without_tokenizer_takes_finals(
     tmp_path: Any,
 ) -> None:
-    from kubetune_trainer.register_folders import final_dir, selected_folders
+    from kubetune_trainer.registration.register import final_dir, selected_folders
 
     cfg = _cfg(tmp_path, "bestEval")
     out = tmp_path / "out"

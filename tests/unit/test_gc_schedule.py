@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from kubetune_trainer.callbacks import ScheduledCollection, paused_gc
+from kubetune_trainer.training.callbacks import ScheduledCollection, paused_gc
 
 
 def test_collection_is_paused_during_training_and_restored_after() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from kubetune_api.preparation import REPORT_FILE, DataStats, PreparationReport
-from kubetune_trainer import lineage
+from kubetune_trainer import settings
+from kubetune_trainer.registration import lineage
 
 
 def test_tags_from_the_report_the_image_and_the_libraries(
@@ -32,7 +33,7 @@ def test_tags_from_the_report_the_image_and_the_libraries(
     )
     (tmp_path / REPORT_FILE).parent.mkdir(parents=True)
     (tmp_path / REPORT_FILE).write_text(report.model_dump_json(by_alias=True))
-    monkeypatch.setenv(lineage.IMAGE_ENV, "ghcr.io/kubetune/trainer:1.2.3")
+    monkeypatch.setenv(settings.IMAGE_ENV, "ghcr.io/kubetune/trainer:1.2.3")
     tags = lineage.provenance_tags(tmp_path)
     assert tags[lineage.TAG_BASE_MODEL_COMMIT] == "a" * 40
     assert tags[lineage.TAG_DATASET_COMMIT] == "b" * 40
@@ -52,7 +53,7 @@ def test_tags_from_the_report_the_image_and_the_libraries(
 
 
 def test_no_report_no_preparation_tags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(lineage.IMAGE_ENV, raising=False)
+    monkeypatch.delenv(settings.IMAGE_ENV, raising=False)
     tags = lineage.provenance_tags(tmp_path)
     assert lineage.TAG_BASE_MODEL_COMMIT not in tags and lineage.TAG_IMAGE not in tags
     assert "kubetune.version.peft" in tags

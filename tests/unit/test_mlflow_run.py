@@ -1,4 +1,4 @@
-"""The MLflow run of a job (kubetune_trainer.mlflow_run): redaction, the tracking URI, the run file,
+"""The MLflow run of a job (kubetune_trainer.mlflow.run): redaction, the tracking URI, the run file,
 "same server", and finding or making the run, against a fake client (no MLflow server)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
 from kubetune_api.spec import FineTuneJob
 from kubetune_api.trainer_config import MLFLOW_RUN_FILE, TrainerConfig, resolve
-from kubetune_trainer.mlflow_run import (
+from kubetune_trainer.mlflow.run import (
     TAG_CONFIG_HASH,
     TAG_JOB_UID,
     JobRun,

@@ -13,7 +13,7 @@ from kubetune_api.registration import FORCE_ENV
 from kubetune_operator import builders
 from kubetune_operator.pod_env import TABLE, Context, Pod, SpecEnv, Var, env, names_set
 from kubetune_operator.settings import Settings
-from kubetune_trainer import fast, launch, lineage
+from kubetune_trainer import settings as trainer_settings
 
 REPO = Path(__file__).resolve().parents[2]
 # Set by the operator but not refused in spec.env: a job may name its own Hub mirror, and a forced
@@ -47,9 +47,11 @@ def test_every_variable_is_one_row_and_its_name_is_declared_in_the_api() -> None
 
 
 def test_the_trainer_reads_the_names_the_operator_sets() -> None:
-    assert lineage.IMAGE_ENV == names.IMAGE_ENV
-    assert fast.CPUS_ENV == names.CPUS_ENV
-    assert launch.GRACE_ENV == names.SHUTDOWN_GRACE_ENV
+    # kubetune_trainer.settings is where the trainer reads its environment
+    read = trainer_settings.from_environ(
+        {names.IMAGE_ENV: "img:1", names.CPUS_ENV: "6", names.SHUTDOWN_GRACE_ENV: "42"}
+    )
+    assert (read.image, read.cpus_requested, read.shutdown_grace_s()) == ("img:1", 6, 42)
 
 
 def test_each_pod_gets_its_rows_in_table_order_with_the_jobs_own_entries_in_place() -> None:

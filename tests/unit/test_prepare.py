@@ -37,7 +37,7 @@ def config(tmp_path: Path, model: Path, data: Path | None = None, **training: An
 
 
 def refused(cfg: TrainerConfig) -> PreparationRefusal:
-    from kubetune_trainer.prepare import Refused, prepare
+    from kubetune_trainer.preparation.prepare import Refused, prepare
 
     with pytest.raises(Refused) as info:
         prepare(cfg)
@@ -92,7 +92,7 @@ def test_mostly_truncated_with_the_threshold_the_spec_sets(tmp_path: Path, tiny_
     assert r.reason == Refusal.MOSTLY_TRUNCATED
     assert "maxLength 32" in r.message and "50%" in r.message
     # the user's threshold: allowed
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     cfg = config(tmp_path, tiny_model, maxLength=32)
     cfg.spec.preparation.max_truncated_fraction = 0.9
@@ -127,7 +127,7 @@ def test_a_job_that_does_not_fit_its_gpu(tmp_path: Path, tiny_model: Path) -> No
 
 
 def test_the_report_counts_what_training_sees(tmp_path: Path, tiny_model: Path) -> None:
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     cfg = config(tmp_path, tiny_model, maxLength=64)
     report = prepare(cfg)
@@ -153,7 +153,7 @@ def test_the_report_counts_what_training_sees(tmp_path: Path, tiny_model: Path) 
 def test_the_command_exit_codes_and_termination_messages(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kubetune_trainer.prepare import main
+    from kubetune_trainer.preparation.prepare import main
 
     term = tmp_path / "termination-log"
     monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(term))
@@ -214,9 +214,10 @@ def test_prepared_tokens_and_labels_equal_the_trainers_own(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from kubetune_trainer.build import keep_columns
-    from kubetune_trainer.chat import ensure_chat_format
-    from kubetune_trainer.prepare import prepare, prepared
+    from kubetune_trainer.preparation.prepare import prepare
+    from kubetune_trainer.sources.chat import ensure_chat_format
+    from kubetune_trainer.sources.data import keep_columns
+    from kubetune_trainer.sources.prepared import prepared
 
     fmt, assistant_only = TOKEN_CASES[case]
     data = {"messages": TINY_DATA, "promptCompletion": _pc_rows(tmp_path), "text": _text_rows(tmp_path)}[fmt]
@@ -267,7 +268,8 @@ def test_prepared_tokens_and_labels_equal_the_trainers_own(
 
 def test_the_trainer_uses_prepared_data_only_for_what_was_prepared(tmp_path: Path, tiny_model: Path) -> None:
     """Another data path, or a model folder whose tokenizer changed since: not this preparation's data."""
-    from kubetune_trainer.prepare import prepare, prepared
+    from kubetune_trainer.preparation.prepare import prepare
+    from kubetune_trainer.sources.prepared import prepared
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model, model)
@@ -293,7 +295,7 @@ def test_the_trainer_uses_prepared_data_only_for_what_was_prepared(tmp_path: Pat
 
 def test_a_data_file_changed_in_place_is_prepared_again(tmp_path: Path, tiny_model: Path) -> None:
     """The same path, other rows: the data as it is now is tokenized, never what was recorded."""
-    from kubetune_trainer.prepare import prepare
+    from kubetune_trainer.preparation.prepare import prepare
 
     rows = [line for line in TINY_DATA.read_text().splitlines() if line.strip()]
     data = tmp_path / "chat.jsonl"

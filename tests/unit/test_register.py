@@ -26,8 +26,8 @@ from mlflow.exceptions import MlflowException, RestException
 
 from kubetune_api.spec import FineTuneJob
 from kubetune_api.trainer_config import TrainerConfig, resolve
-from kubetune_trainer import register, register_claim
-from kubetune_trainer.mlflow_client import (
+from kubetune_trainer import settings
+from kubetune_trainer.mlflow.client import (
     MlflowRefusedError,
     MlflowUnavailableError,
     RedactingFilter,
@@ -36,6 +36,8 @@ from kubetune_trainer.mlflow_client import (
     classify,
     redact,
 )
+from kubetune_trainer.registration import claim as register_claim
+from kubetune_trainer.registration import register
 
 SECRET = "kt-unit-secret-value-991"
 
@@ -251,7 +253,7 @@ def test_termination_message_fits_the_kubelet_limit() -> None:
 def test_termination_message_is_not_created_outside_a_container(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(register.TERMINATION_MESSAGE_ENV, raising=False)
+    monkeypatch.delenv(settings.TERMINATION_MESSAGE_ENV, raising=False)
     absent = tmp_path / "termination-log"
     monkeypatch.setattr(register, "DEFAULT_TERMINATION_MESSAGE_PATH", str(absent))
     register.write_termination_message({"name": "m"}, None)
@@ -308,7 +310,7 @@ def test_disabled_registration_does_nothing(tmp_path: Path) -> None:
 HOLD_CLAIM = """
 import sys, time
 from pathlib import Path
-from kubetune_trainer.register import RegistrationClaim
+from kubetune_trainer.registration.register import RegistrationClaim
 claim = RegistrationClaim(Path(sys.argv[1]), 0)
 claim.acquire()
 Path(sys.argv[2]).touch()

@@ -16,7 +16,7 @@ from kubetune_api.status import FineTuneJobStatus
 from kubetune_operator import state
 from kubetune_operator.observations import RegistrationObservation
 from kubetune_operator.registration_status import registration_report
-from kubetune_trainer.progress import ProgressState
+from kubetune_trainer.training.progress import ProgressState
 
 # The operator's table tests (tests/unit): each of their transitions is a status patch the operator writes.
 OPERATOR_TABLE_TESTS = (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kubetune_api.trainer_config import EXIT_PREEMPTED
-from kubetune_trainer import launch
+from kubetune_trainer import settings
+from kubetune_trainer.training import launch
 
 
 def test_preempted_workers_give_a_retryable_exit_code() -> None:
@@ -17,11 +18,11 @@ def test_preempted_workers_give_a_retryable_exit_code() -> None:
 
 
 def test_shutdown_grace_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(launch.GRACE_ENV, raising=False)
-    assert launch.shutdown_grace_s() == launch.DEFAULT_GRACE_S
-    monkeypatch.setenv(launch.GRACE_ENV, "900")
+    monkeypatch.delenv(settings.GRACE_ENV, raising=False)
+    assert launch.shutdown_grace_s() == settings.DEFAULT_GRACE_S
+    monkeypatch.setenv(settings.GRACE_ENV, "900")
     assert launch.shutdown_grace_s() == 900
-    monkeypatch.setenv(launch.GRACE_ENV, "soon")
+    monkeypatch.setenv(settings.GRACE_ENV, "soon")
     with pytest.raises(SystemExit, match="whole number"):
         launch.shutdown_grace_s()
 

@@ -11,7 +11,7 @@ from kubetune_api.spec import TrainingSpec
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_api.tuning import TuningConfig
 from kubetune_trainer import tiny_data
-from kubetune_trainer.plan import Hardware, ModelShape, estimate_training_bytes, make_plan
+from kubetune_trainer.plan.plan import Hardware, ModelShape, estimate_training_bytes, make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = Hardware(cuda=False, bf16=False)
@@ -122,7 +122,7 @@ def test_memory_estimate_grows_with_full_fine_tuning_and_shrinks_with_checkpoint
 
 
 def test_detect_format_from_columns_and_declared_formats() -> None:
-    from kubetune_trainer.data_check import detect_format
+    from kubetune_trainer.sources.data_check import detect_format
 
     assert detect_format(["messages", "source"], "auto") == "messages"
     assert detect_format(["prompt", "completion"], "auto") == "promptCompletion"
@@ -135,7 +135,7 @@ def test_detect_format_from_columns_and_declared_formats() -> None:
 
 
 def test_data_files_for_a_file_and_a_folder_of_splits(tmp_path: Path) -> None:
-    from kubetune_trainer.data_check import data_files as _data_files
+    from kubetune_trainer.sources.data_check import data_files as _data_files
 
     (tmp_path / "train.jsonl").write_text("{}\n")
     (tmp_path / "test.jsonl").write_text("{}\n")
@@ -165,7 +165,7 @@ def _cfg(**spec_extra: object) -> TrainerConfig:
 
 
 def test_mlflow_params_are_the_spec_without_secret_references_or_env() -> None:
-    from kubetune_trainer.tracking import spec_params
+    from kubetune_trainer.mlflow.tracking import spec_params
 
     params = spec_params(_cfg())
     assert params["model.name"] == "Qwen/Qwen2-0.5B"
@@ -176,7 +176,7 @@ def test_mlflow_params_are_the_spec_without_secret_references_or_env() -> None:
 
 
 def test_redact_drops_credentials_from_uris() -> None:
-    from kubetune_trainer.mlflow_run import redact
+    from kubetune_trainer.mlflow.run import redact
 
     assert (
         redact("https://user:pw@mlflow.example:443/x", drop_userinfo=True) == "https://mlflow.example:443/x"
@@ -225,7 +225,7 @@ def test_local_run_maps_the_tiny_assets_and_relative_paths(
     "scheduler", ["linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr"]
 )
 def test_every_scheduler_the_spec_allows_makes_a_valid_sft_config(tmp_path: Path, scheduler: str) -> None:
-    from kubetune_trainer.train import build_sft_config
+    from kubetune_trainer.training.train import build_sft_config
 
     cfg = _cfg(training={"maxSteps": 10, "lrScheduler": scheduler, "warmupRatio": 0.1})
     cfg = cfg.model_copy(update={"output_dir": str(tmp_path)})
@@ -302,7 +302,7 @@ def test_multi_process_cpu_full_fine_tuning_is_ddp_and_says_why(monkeypatch: pyt
 def test_an_fsdp2_plan_makes_accelerate_shard_with_fsdp2(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from kubetune_trainer.train import build_sft_config
+    from kubetune_trainer.training.train import build_sft_config
 
     cfg = _cfg(training={"maxSteps": 10}).model_copy(update={"output_dir": str(tmp_path)})
     h100x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=80 * 2**30, varlen=True)
@@ -325,7 +325,7 @@ def test_an_fsdp2_plan_makes_accelerate_shard_with_fsdp2(tmp_path: Path) -> None
 
 def test_gpu_plans_load_data_in_workers_and_size_the_loss_chunks() -> None:
     """On a GPU: data-loader workers overlap collation with training; the fused loss head gets ~1 GiB chunks."""
-    from kubetune_trainer.plan import LOSS_CHUNK_ELEMENTS
+    from kubetune_trainer.plan.plan import LOSS_CHUNK_ELEMENTS
 
     spec = TrainingSpec(max_steps=1, batch_size=1, gradient_accumulation_steps=8, max_length=1024)
     plan = make_plan(spec, H200, shape=QWEN3_4B, lora=False)
@@ -344,7 +344,7 @@ def test_gpu_plans_load_data_in_workers_and_size_the_loss_chunks() -> None:
 def test_the_plan_reaches_the_trainer_arguments(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from kubetune_trainer.train import build_sft_config
+    from kubetune_trainer.training.train import build_sft_config
 
     cfg = _cfg(training={"maxSteps": 10}).model_copy(update={"output_dir": str(tmp_path)})
     plan = make_plan(cfg.spec.training, H200, shape=QWEN2_05B)
@@ -380,7 +380,7 @@ def test_sharding_overrides_reach_the_trainer_arguments(
 ) -> None:
     from dataclasses import replace
 
-    from kubetune_trainer.train import build_sft_config
+    from kubetune_trainer.training.train import build_sft_config
 
     cfg = _cfg(training={"maxSteps": 10}).model_copy(update={"output_dir": str(tmp_path)})
     h100x8 = Hardware(cuda=True, bf16=True, world_size=8, gpu_memory_bytes=80 * 2**30, varlen=True)
@@ -405,7 +405,7 @@ def test_a_gpu_memory_cap_is_validated_and_shrinks_the_plan(monkeypatch: pytest.
     import torch
 
     from kubetune_api.tuning import GPU_MEMORY_ENV
-    from kubetune_trainer.plan import limit_gpu_memory
+    from kubetune_trainer.plan.plan import limit_gpu_memory
 
     monkeypatch.setenv(GPU_MEMORY_ENV, "40 GiB")
     with pytest.raises(
@@ -500,7 +500,7 @@ def test_a_budget_too_small_for_one_row_says_so_and_takes_the_leanest_layout() -
 
 
 def test_the_step_time_model_ranks_what_was_measured() -> None:
-    from kubetune_trainer.plan import estimate_step_seconds
+    from kubetune_trainer.plan.plan import estimate_step_seconds
 
     def t(shape: ModelShape, rows: int, micro: int, rc: bool, peak: float | None = 989.4e12) -> float:
         return estimate_step_seconds(

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetune_api.status import Progress
-from kubetune_trainer.progress import ProgressReporter, ProgressState
+from kubetune_trainer.training.progress import ProgressReporter, ProgressState
 
 
 def test_status_payload_uses_the_api_field_names() -> None:
@@ -65,11 +65,11 @@ def test_without_a_patcher_it_is_a_no_op() -> None:
 def test_the_mlflow_run_goes_into_the_status_once_it_exists(tmp_path: Path, monkeypatch: Any) -> None:
     from kubetune_api.status import MlflowStatus
     from kubetune_api.trainer_config import load_manifest, resolve
-    from kubetune_trainer.tracking import MlflowTracker
+    from kubetune_trainer.mlflow.tracking import MlflowTracker
 
     repo = Path(__file__).resolve().parents[2]
     cfg = resolve(load_manifest(repo / "examples" / "tiny-local.yaml"), output_dir=str(tmp_path))
-    from kubetune_trainer import tracking
+    from kubetune_trainer.mlflow import tracking
 
     for name in tracking._FAST_FAIL_ENV:  # the tracker sets these; put back after the test
         monkeypatch.delenv(name, raising=False)

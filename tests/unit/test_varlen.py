@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kubetune_trainer import varlen  # noqa: E402
+from kubetune_trainer.training import varlen  # noqa: E402
 
 
 def _tiny(kv_heads: int, attn: str):  # type: ignore[no-untyped-def]

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from kubetune_api.spec import LossWatchdog as LossWatchdogSpec
-from kubetune_trainer import checkpoints
-from kubetune_trainer.callbacks import PreemptionGuard, RunCallback
-from kubetune_trainer.watchdog import LossDivergedError, LossWatchdog
+from kubetune_trainer.training.callbacks import PreemptionGuard, RunCallback
+from kubetune_trainer.training.watchdog import LossDivergedError, LossWatchdog
+from kubetune_trainer.volume import checkpoints
 
 
 def _callback(root: Path, steps: list[int]) -> RunCallback:

@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .chat import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
+from . import tiny_data
+from .sources.chat import CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START
 
 # Small enough to train in minutes on 2 CPU cores, big enough that the loss falls clearly.
 VOCAB_SIZE = 1024
@@ -98,8 +99,6 @@ def build_tiny_model(output_dir: Path, data_path: Path | None = None, *, seed: i
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from . import tiny_data
-
     if data_path is None:
         texts = [m["content"] for row in tiny_data.conversations() for m in row["messages"]]
     else:
@@ -156,8 +155,6 @@ def ensure_tiny_model(output_dir: Path, data_path: Path | None = None, *, seed: 
 
 def ensure_tiny_assets(root: Path) -> Path:
     """Make ``root`` hold the tiny assets: ``model/`` (built if missing) and ``data/tiny-chat.jsonl``."""
-    from . import tiny_data
-
     root = Path(root)
     data = root / TINY_DATA / tiny_data.FILE_NAME
     if not data.exists():

@@ -32,7 +32,7 @@ No torch here.
 >>> plan_resume(out, "25", "uid-1")
 Traceback (most recent call last):
 ...
-kubetune_trainer.resume.CheckpointNotFoundError: spec.resume "25": the volume has no complete checkpoint of step 25; it has steps 10, 20, 30
+kubetune_trainer.volume.resume.CheckpointNotFoundError: spec.resume "25": the volume has no complete checkpoint of step 25; it has steps 10, 20, 30
 """
 
 from __future__ import annotations

@@ -27,11 +27,10 @@ True
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from kubetune_api.registration import FORCE_ENV, GATE_NOT_MET
+from kubetune_api.registration import GATE_NOT_MET
 from kubetune_api.spec import GateSpec
 
 REASON_GATE_NOT_MET = GATE_NOT_MET
@@ -48,11 +47,6 @@ METRIC_THRESHOLD = "kubetune.gate.threshold"
 METRIC_EVAL_LOSS = "kubetune.gate.eval_loss"
 METRIC_BASE_EVAL_LOSS = "kubetune.gate.base_eval_loss"
 METRIC_PASSED = "kubetune.gate.passed"
-
-
-def forced_from_env() -> bool:
-    """``KUBETUNE_REGISTER_FORCE`` set to 1/true/yes."""
-    return os.environ.get(FORCE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _finite(value: float | None) -> float | None:

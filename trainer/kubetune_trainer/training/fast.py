@@ -21,7 +21,9 @@ import logging
 import os
 from typing import Any
 
-from kubetune_api.pod_env import CPUS_ENV  # the pod's CPU request (the operator sets it: Downward API)
+from .. import settings
+from ..plan.plan import FP8_MIN_FEATURES
+from . import flce
 
 log = logging.getLogger("kubetune_trainer.fast")
 
@@ -52,8 +54,6 @@ def apply_liger(model: Any, *, layer_kernels: bool = True) -> bool:
         cross_entropy=False,
     )
     # the loss head without Liger's two host syncs per micro-step (same kernel, same result)
-    from . import flce
-
     flce.install()
     return True
 
@@ -110,8 +110,6 @@ def fp8_filter(module: Any, fqn: str) -> bool:
     >>> fp8_filter(torch.nn.Linear(2560, 9728), "mlp.up_proj"), fp8_filter(torch.nn.Linear(2560, 1024), "self_attn.k_proj")
     (True, False)
     """
-    from .plan import FP8_MIN_FEATURES
-
     return all(n % 16 == 0 and n >= FP8_MIN_FEATURES for n in (module.in_features, module.out_features))
 
 
@@ -157,11 +155,10 @@ def size_compile_workers() -> int:
     """
     import torch._inductor.config as inductor_config
 
-    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
-        requested = os.environ.get(CPUS_ENV, "").strip()
-        cpus = int(requested) if requested.isdigit() and int(requested) > 0 else len(os.sched_getaffinity(0))
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        inductor_config.compile_threads = compile_workers(local, cpus=cpus)
+    env = settings.current()
+    if not env.compile_threads_set:
+        cpus = env.cpus_requested or len(os.sched_getaffinity(0))
+        inductor_config.compile_threads = compile_workers(env.local_world_size, cpus=cpus)
     workers = int(inductor_config.compile_threads or 1)
     log.info("torch.compile: %d compile workers", workers)
     return workers

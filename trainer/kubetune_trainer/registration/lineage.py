@@ -8,7 +8,7 @@ registered version (beside the spec's names, :func:`kubetune_trainer.register.li
 - the versions of the libraries that trained it (torch, transformers, trl, peft, datasets, liger);
 - the optimizer step the final model is, the checkpoint of that step on the volume, and the budget
   limit when ``spec.budget`` stopped the run (the final model's COMPLETE marker).
-- a chained job's parent (``prepared/start.json``, :mod:`.chain`): the parent job, its uid, its
+- a chained job's parent (``prepared/start.json``, :mod:`..sources.chain`): the parent job, its uid, its
   MLflow run, which of its models (final or checkpoint-<step>), and the registered version started
   from (``models:/<name>/<version>``, the version also on its own).
 
@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from kubetune_api.pod_env import IMAGE_ENV  # the name the operator sets it by (kubetune_operator.pod_env)
 from kubetune_api.preparation import REPORT_FILE, PreparationReport
+from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR, recorded_start
+
+from .. import settings
+from ..volume import checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ def provenance_tags(output_dir: str | Path) -> dict[str, str]:
             TAG_TOKENIZED_KEY: report.tokenized_key,
         }
         tags.update({k: v for k, v in found.items() if v})
-    image = os.environ.get(IMAGE_ENV, "").strip()
+    image = settings.current().image
     if image:
         tags[TAG_IMAGE] = image
     tags.update({f"{VERSION_TAG_PREFIX}{name}": v for name, v in library_versions().items()})
@@ -97,8 +99,6 @@ def provenance_tags(output_dir: str | Path) -> dict[str, str]:
 
 def parent_tags(output_dir: Path) -> dict[str, str]:
     """The model a chained job started from, as ``prepared/start.json`` recorded it."""
-    from kubetune_api.trainer_config import recorded_start
-
     start = recorded_start(output_dir) or {}
     parent = start.get("parent") if isinstance(start.get("parent"), dict) else {}
     source = start.get("source") if isinstance(start.get("source"), dict) else {}
@@ -121,10 +121,6 @@ def parent_tags(output_dir: Path) -> dict[str, str]:
 
 def final_tags(output_dir: Path) -> dict[str, str]:
     """The final model's step, the complete checkpoint of that step, and the budget that stopped it."""
-    from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR
-
-    from . import checkpoints
-
     try:
         marker = json.loads((output_dir / FINAL_DIR / COMPLETE_MARKER).read_text())
     except (OSError, ValueError):

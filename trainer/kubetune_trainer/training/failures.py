@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import shutil
 import traceback
 from dataclasses import dataclass
@@ -25,11 +24,13 @@ from pathlib import Path
 
 from kubetune_api.failures import Failure, TrainingFailure
 
+from .. import settings
+from ..mlflow.run import redact
+from ..settings import FAULT_ENV
+
 log = logging.getLogger(__name__)
 
-TERMINATION_LOG_ENV = "KUBETUNE_TERMINATION_LOG"
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
-FAULT_ENV = "KUBETUNE_FAULT_INJECT"
+DEFAULT_TERMINATION_LOG = settings.DEFAULT_TERMINATION_LOG
 # A volume with less free space than this, when a save failed with torch's stream errors, is full.
 FULL_BELOW_BYTES = 64 * 2**20
 LOG_TAIL_LINES = 12
@@ -53,14 +54,14 @@ context = RunContext()
 
 
 def termination_log_path() -> Path:
-    return Path(os.environ.get(TERMINATION_LOG_ENV) or DEFAULT_TERMINATION_LOG)
+    return Path(settings.current().termination_log or DEFAULT_TERMINATION_LOG)
 
 
 def write_termination_log(text: str, *, first_only: bool = False) -> None:
     """Write the termination message (not in a pod: nothing). ``first_only``: keep one already there
     (another process of the pod failed first: its cause is the one that matters)."""
     path = termination_log_path()
-    if not os.environ.get(TERMINATION_LOG_ENV) and not path.exists():
+    if not settings.current().termination_log and not path.exists():
         return  # not in a Kubernetes container (the kubelet makes the file): nothing under /dev here
     try:
         if first_only and path.exists() and path.stat().st_size > 0:
@@ -93,8 +94,6 @@ def redacted(failure: TrainingFailure) -> TrainingFailure:
     """The failure without credentials in its message (an exception's text may quote a tracking URI
     with its password, or a token): the termination message becomes a condition, an Event and
     Argo CD's health message."""
-    from .mlflow_run import redact
-
     return failure.model_copy(update={"message": redact(failure.message)})
 
 
@@ -218,8 +217,8 @@ def _classify(exc: BaseException, ctx: RunContext) -> TrainingFailure:  # noqa: 
 
 
 def _gpu_cap() -> str:
-    cap = os.environ.get("KUBETUNE_GPU_MEMORY_GIB")
-    return f"cap KUBETUNE_GPU_MEMORY_GIB={cap}" if cap else ""
+    cap = settings.current().gpu_memory_gib
+    return f"cap {settings.GPU_MEMORY_ENV}={cap}" if cap else ""
 
 
 def _disk_full(chain: list[BaseException], lower: str, ctx: RunContext) -> bool:
@@ -263,7 +262,7 @@ def _tail(exc: BaseException) -> str:
 
 def injected(step: int, micro_rows: int) -> None:
     """Raise the error a test hook asks for at the start of optimizer step ``step``, if any."""
-    fault = os.environ.get(FAULT_ENV, "")
+    fault = settings.current().fault
     kind, _, rest = fault.partition(":")
     if kind == "cuda-oom":
         at, _, rows = rest.partition(":")

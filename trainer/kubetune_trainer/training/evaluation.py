@@ -4,7 +4,7 @@ after it.
 - Base: when ``spec.registration.gate.minImprovement`` is set and there is eval data, the model as
   loaded (for LoRA, the base with its adapter still at zero: the base's outputs) is evaluated on the
   eval set before the first step of the job's first attempt, and the loss kept in
-  ``<output_dir>/base-eval.json`` (:func:`kubetune_trainer.catalog.base_eval_loss` reads it). It is
+  ``<output_dir>/base-eval.json`` (:func:`kubetune_trainer.volume.catalog.base_eval_loss` reads it). It is
   measured once: a restart, or a later job on the same volume with the same training hash, reuses it.
 - Final: when there is eval data and the last evaluation was not at the final step, the final model
   is evaluated, so that ``final/COMPLETE`` carries its eval loss.
@@ -23,7 +23,7 @@ from typing import Any
 
 from kubetune_api.trainer_config import TrainerConfig, dump_json
 
-from .catalog import BASE_EVAL_FILE
+from ..volume.catalog import BASE_EVAL_FILE
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..settings import CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S
+
 log = logging.getLogger("kubetune_trainer.register")
 
 CLAIM_FILE = "register.lock"
-DEFAULT_CLAIM_WAIT_S = 3600.0
-CLAIM_WAIT_ENV = "KUBETUNE_REGISTER_CLAIM_WAIT_S"
 CLAIM_POLL_S = 1.0
 # flock(2) errors that mean "this file system keeps no locks", not "someone else holds it"
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS})

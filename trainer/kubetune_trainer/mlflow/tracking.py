@@ -1,7 +1,7 @@
 """MLflow tracking for a training run: one MLflow run per FineTuneJob, the same one across restarts.
 
 Only rank 0 creates an :class:`MlflowTracker`. The run is found or made, and kept on the checkpoint
-volume in ``mlflow-run.json``, by :class:`kubetune_trainer.mlflow_run.JobRun` (as the registration
+volume in ``mlflow-run.json``, by :class:`kubetune_trainer.mlflow.run.JobRun` (as the registration
 step finds it), so a restarted pod (after a preemption, a node loss, a kill -9) logs into the same
 run, and the registration step logs the model there too. When that file is missing, a run tagged
 with the job's identity is looked up first, so a crash between creating the run and writing the file
@@ -13,7 +13,7 @@ result says ``ok = False`` with the reason (it goes into ``train-result.json``).
 
 Params are the resolved spec, flattened, without ``secrets`` and ``env`` (only references there,
 but nothing credential-shaped is ever logged); the whole trainer config (which holds no secret)
-is logged as an artifact. Both go through :func:`kubetune_trainer.mlflow_run.redact` first
+is logged as an artifact. Both go through :func:`kubetune_trainer.mlflow.run.redact` first
 (``user:password@`` in URIs, the values of the credential variables in the environment).
 
 >>> flatten_params({"training": {"learningRate": 0.001, "seed": 1}, "method": "lora"})
@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from kubetune_api.mlflow_links import run_url
 from kubetune_api.trainer_config import TrainerConfig
 
-from .mlflow_run import JobRun, redact, resolve_tracking_uri
+from .run import JobRun, redact, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 

@@ -1,64 +1,33 @@
 """What one training is built from: the base model and tokenizer, the data, TRL's arguments and the
-trainer, as the plan (:mod:`kubetune_trainer.plan`) says. :mod:`kubetune_trainer.train` runs them;
-the benchmark (``kubetune_bench``) builds its kubetune cases from the same functions.
+trainer, as the plan (:mod:`kubetune_trainer.plan.plan`) says. :mod:`kubetune_trainer.training.train`
+runs them; the benchmark (``kubetune_bench``) builds its kubetune cases from the same functions.
+The model and the data come from :mod:`kubetune_trainer.sources` (prepared on the volume, or as the
+spec names them).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import DatasetFormat, DatasetSource, Method
-from kubetune_api.trainer_config import (
-    TrainerConfig,
-)
+from kubetune_api.spec import Method
+from kubetune_api.trainer_config import TrainerConfig
 from kubetune_api.tuning import TuningConfig
 
-from . import checkpoints, data_check
-from .data_check import (
-    COLUMNS,
-    DataCheck,
-    DataError,
-)
-from .data_check import data_files as _data_files
+from ..plan.plan import ModelShape, shape_from_config
+from ..sources.data import check_raw_data, raw_datasets
+from ..sources.data_check import DataCheck
+from ..sources.model import model_source
+from ..sources.prepared import prepared, prepared_check
+from ..volume import checkpoints
+from . import fast, varlen
+from .balance import balanced_sampler
 
 log = logging.getLogger("kubetune_trainer.train")
 
 
-def hf_token() -> str | None:
-    """The Hugging Face token from the environment (a secretKeyRef in a pod); never logged."""
-    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
-
-
 # --- model and tokenizer ---------------------------------------------------------------------------
-
-
-def prepared_data(cfg: TrainerConfig) -> Any:
-    """What the preparation step left on the volume for this config (:mod:`.prepare`), or None."""
-    from .prepare import prepared
-
-    return prepared(cfg)
-
-
-def model_source(cfg: TrainerConfig) -> tuple[str, dict[str, Any]]:
-    """Where to load the base model from, and the loading arguments that depend on the source: the
-    model the preparation step downloaded onto the volume, the spec's path, or the Hub. A chained
-    job (spec.model.fromJob or registered): its starting model (:mod:`.chain`: a parent's full model,
-    a parent's adapter merged into its base, a registered version), with its tokenizer."""
-    from . import chain
-
-    src = cfg.spec.model
-    if chain.is_chained(cfg):
-        return str(chain.ensure_start(cfg).folder), {}
-    found = prepared_data(cfg)
-    if found is not None and found.model_dir is not None:
-        return str(found.model_dir), {}
-    if src.path:
-        return src.path, {}
-    assert src.name is not None  # the spec guarantees exactly one of name/path
-    return src.name, {"revision": src.revision, "token": hf_token()}
 
 
 def build_tokenizer(cfg: TrainerConfig) -> Any:
@@ -71,8 +40,6 @@ def build_tokenizer(cfg: TrainerConfig) -> Any:
 def build_model(cfg: TrainerConfig, plan: Any, *, varlen_kernel: str | None = None) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
-
-    from . import varlen
 
     where, kwargs = model_source(cfg)
     dtype = getattr(torch, plan.dtype_name)
@@ -91,7 +58,7 @@ def build_model(cfg: TrainerConfig, plan: Any, *, varlen_kernel: str | None = No
     return model
 
 
-def model_shape(cfg: TrainerConfig) -> Any:
+def model_shape(cfg: TrainerConfig) -> ModelShape:
     """Parameter count and sizes from the model config alone (no weights loaded) for the plan."""
     from transformers import AutoConfig
 
@@ -99,19 +66,6 @@ def model_shape(cfg: TrainerConfig) -> Any:
     conf = AutoConfig.from_pretrained(where, trust_remote_code=cfg.spec.model.trust_remote_code, **kwargs)
     text = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
     return shape_from_config(text.to_dict())
-
-
-def shape_from_config(conf: dict[str, Any]) -> Any:
-    """The plan's model shape from a (text) model config as a dict."""
-    from .plan import ModelShape
-
-    hidden = int(conf.get("hidden_size") or 0)
-    layers = int(conf.get("num_hidden_layers") or 0)
-    vocab = int(conf.get("vocab_size") or 0)
-    inter = int(conf.get("intermediate_size") or 4 * hidden)
-    # Attention (4 h^2) + gated MLP (3 h i) per layer, plus embeddings: close enough for a plan.
-    params = layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
-    return ModelShape(params=params, hidden_size=hidden, num_layers=layers, vocab_size=vocab)
 
 
 def build_peft_config(cfg: TrainerConfig) -> Any:
@@ -136,72 +90,21 @@ def build_peft_config(cfg: TrainerConfig) -> Any:
 # --- data ------------------------------------------------------------------------------------------
 
 
-def load_splits(src: DatasetSource, *, revision: str | None = None) -> tuple[Any, Any]:
-    """(train, eval or None) as the spec says: a split, an eval split, or an eval fraction.
-
-    ``revision``: the Hub commit the data check resolved (what is hashed is what trains).
-    """
-    from datasets import load_dataset
-
-    if src.path:
-        builder, files = _data_files(Path(src.path))
-        try:
-            data = load_dataset(builder, data_files=files)
-        except Exception as e:  # the check read every row; what is left is the library's own verdict
-            cause = e.__cause__ or e
-            raise DataError(
-                f"{src.path}: the datasets library could not read it: {type(cause).__name__}: "
-                + " ".join(str(cause).split())[:500]
-            ) from e
-    else:
-        data = load_dataset(src.name, src.subset, revision=revision or src.revision, token=hf_token())
-    if src.split not in data:
-        raise DataError(f"dataset has no split {src.split!r} (it has {sorted(data)})")
-    train = data[src.split]
-    evaluation = None
-    if src.eval_split:
-        if src.eval_split not in data:
-            raise DataError(f"dataset has no eval split {src.eval_split!r} (it has {sorted(data)})")
-        evaluation = data[src.eval_split]
-    elif src.eval_fraction:
-        # The fixed seed makes every rank and every restart hold out the same rows.
-        parts = train.train_test_split(test_size=src.eval_fraction, seed=src.seed)
-        train, evaluation = parts["train"], parts["test"]
-    return train, evaluation
-
-
-def keep_columns(dataset: Any, fmt: str) -> Any:
-    """Only the columns TRL should see: extra ones confuse its format detection."""
-    if dataset is None:
-        return None
-    wanted = set(COLUMNS[DatasetFormat(fmt)])
-    extra = [c for c in dataset.column_names if c not in wanted]
-    return dataset.remove_columns(extra) if extra else dataset
-
-
 def check_data(cfg: TrainerConfig) -> DataCheck:
-    """The data pre-check (:mod:`kubetune_trainer.data_check`): before anything is loaded. Prepared
-    data was checked by the preparation step: its recorded result (no network, no second read)."""
-    from .prepare import prepared_check
-
-    found = prepared_data(cfg)
+    """The data pre-check (:mod:`kubetune_trainer.sources.data_check`): before anything is loaded.
+    Prepared data was checked by the preparation step: its recorded result (no network, no second
+    read)."""
+    found = prepared(cfg)
     if found is not None:
         return prepared_check(found)
     return check_raw_data(cfg)
-
-
-def check_raw_data(cfg: TrainerConfig) -> DataCheck:
-    """The data pre-check of the data as it is now (never what a preparation recorded)."""
-    return data_check.check(
-        cfg.spec.dataset, assistant_only_loss=cfg.spec.training.assistant_only_loss, token=hf_token()
-    )
 
 
 def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tuple[Any, Any, str]:
     """The training and eval splits, with only their format's columns, and the format; prepared
     data: its tokenized splits from the volume (``input_ids``, ``labels``), which TRL packs or
     truncates without tokenizing again."""
-    found = prepared_data(cfg)
+    found = prepared(cfg)
     if found is not None:
         from datasets import load_from_disk
 
@@ -209,19 +112,6 @@ def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tupl
         evaluation = load_from_disk(str(found.eval_dir)) if found.eval_dir is not None else None
         return load_from_disk(str(found.train_dir)), evaluation, found.format
     return raw_datasets(cfg, checked or check_data(cfg))
-
-
-def raw_datasets(cfg: TrainerConfig, checked: DataCheck) -> tuple[Any, Any, str]:
-    """The splits as the spec's source holds them now (what preparation tokenizes)."""
-    src = cfg.spec.dataset
-    train, evaluation = load_splits(src, revision=checked.revision)
-    if checked.format is not None:
-        fmt = checked.format  # every row was read and checked already
-    else:
-        fmt = data_check.check_loaded(
-            train, evaluation, src, assistant_only_loss=cfg.spec.training.assistant_only_loss
-        )
-    return keep_columns(train, fmt), keep_columns(evaluation, fmt), fmt
 
 
 # --- trainer ---------------------------------------------------------------------------------------
@@ -258,10 +148,10 @@ def build_sft_config(
         # transformers refuses this schedule without a floor; 10% of the peak is the usual one.
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": 0.1}
     # No NaN filter: it reads every micro-step's loss back to the host, and it hides a NaN loss
-    # from the logs, which the loss watchdog (kubetune_trainer.watchdog) must see.
+    # from the logs, which the loss watchdog (kubetune_trainer.training.watchdog) must see.
     kwargs["logging_nan_inf_filter"] = False
     if plan.liger:
-        # The fast path (kubetune_trainer.fast): Liger is applied to the model by build_trainer,
+        # The fast path (kubetune_trainer.training.fast): Liger is applied to the model by build_trainer,
         # fused linear cross-entropy included, and the loss never syncs with the host per
         # micro-step; so no TRL use_liger_kernel (it keeps TRL's chunked head).
         kwargs["prediction_loss_only"] = True
@@ -307,7 +197,7 @@ def build_sft_config(
         # one-token sequence with no label
         pad_to_multiple_of=16 if plan.fp8 != "off" else None,
         # prepared data carries its labels (the assistant mask applied): TRL must not look for chat rows
-        assistant_only_loss=t.assistant_only_loss and prepared_data(cfg) is None,
+        assistant_only_loss=t.assistant_only_loss and prepared(cfg) is None,
         dataset_text_field="text",
         logging_steps=t.logging_steps,
         logging_first_step=True,
@@ -337,7 +227,6 @@ def trainer_class() -> Any:
     """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
     from trl import SFTTrainer
 
-    from .balance import balanced_sampler
     from .callbacks import ScheduledCollection, paused_gc, workers_ignore_sigterm
 
     class KubetuneSFTTrainer(SFTTrainer):
@@ -414,8 +303,6 @@ def build_trainer(
     callbacks: list[Any],
     plan: Any = None,
 ) -> Any:
-    from . import fast
-
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):

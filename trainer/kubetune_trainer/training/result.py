@@ -15,7 +15,7 @@ from typing import Any
 
 from kubetune_api.trainer_config import dump_json
 
-from . import checkpoints
+from ..volume import checkpoints
 
 Losses = list[tuple[int, float]]
 

@@ -51,6 +51,8 @@ from kubetune_api.trainer_config import (
     recorded_start,
 )
 
+from .. import settings
+from ..mlflow.run import local_store_uri, redact, resolve_tracking_uri
 from .data_check import BadInputError
 
 log = logging.getLogger("kubetune_trainer.chain")
@@ -280,8 +282,6 @@ def _merge_adapter(cfg: TrainerConfig, folder: Path, parent: ParentModel, dest: 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .build import hf_token
-
     base = adapter_base(folder, parent)
     trust = cfg.spec.model.trust_remote_code
     if not Path(base).is_dir() and base.startswith("/"):
@@ -290,10 +290,10 @@ def _merge_adapter(cfg: TrainerConfig, folder: Path, parent: ParentModel, dest: 
     # the trained tokenizer: its chat template and any tokens the parent added
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)
     model: Any = AutoModelForCausalLM.from_pretrained(
-        base, dtype="auto", trust_remote_code=trust, token=hf_token()
+        base, dtype="auto", trust_remote_code=trust, token=settings.current().hf_token
     )
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
-        # the parent grew the embeddings the same way when it added chat tokens (kubetune_trainer.chat)
+        # the parent grew the embeddings the same way when it added chat tokens (kubetune_trainer.sources.chat)
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     merged = PeftModel.from_pretrained(model, folder).merge_and_unload()
     tmp = _fresh(dest)
@@ -322,8 +322,6 @@ def parse_registered(uri: str) -> tuple[str, str | None, str | None]:
 
 
 def _tracking_uri(cfg: TrainerConfig) -> str:
-    from .mlflow_run import resolve_tracking_uri
-
     return resolve_tracking_uri(cfg)
 
 
@@ -331,8 +329,6 @@ def resolve_registered(cfg: TrainerConfig) -> Any:
     """The model version ``spec.model.registered`` names (an alias looked up now)."""
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
-
-    from .mlflow_run import local_store_uri, redact
 
     uri = str(cfg.spec.model.registered)
     tracking = _tracking_uri(cfg)

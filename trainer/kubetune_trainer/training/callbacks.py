@@ -28,10 +28,12 @@ from transformers import TrainerCallback
 
 from kubetune_api.spec import BudgetSpec
 
-from . import catalog, checkpoints, failures, resume
+from .. import settings
+from ..mlflow.tracking import MlflowTracker
+from ..volume import catalog, checkpoints, resume
+from . import failures
 from .ledger import Ledger, budget_reached
 from .progress import ProgressReporter
-from .tracking import MlflowTracker
 from .watchdog import LossDivergedError, LossWatchdog
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,6 @@ log = logging.getLogger(__name__)
 # checkpoint of <step> is written and before it is marked COMPLETE, i.e. a save cut short;
 # "kill-after-mark:<step>" right after the marker (a crash between a save and the next step, or,
 # at the last step, before the final model is written).
-FAULT_ENV = "KUBETUNE_FAULT_INJECT"
 
 
 def _dist() -> Any:
@@ -294,7 +295,7 @@ class RunCallback(TrainerCallback):
         # only then may the checkpoint be declared complete.
         barrier()
         if self.is_rank0:
-            fault = os.environ.get(FAULT_ENV, "")
+            fault = settings.current().fault
             if fault == f"kill-before-mark:{step}":
                 log.error("fault injection: SIGKILL before marking %s complete", path)
                 os.kill(os.getpid(), signal.SIGKILL)

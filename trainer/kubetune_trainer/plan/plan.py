@@ -15,7 +15,6 @@ this module, not the training loop.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,11 @@ from kubetune_api.tuning import (
     TuningConfig,
 )
 
-from .varlen import NAME as VARLEN
+from .. import settings
+
+# The attention implementation of packed rows without padding (the name that
+# kubetune_trainer.training.varlen registers its kernel under in transformers).
+VARLEN = "kubetune_varlen"
 
 # Data-loader worker processes per GPU process (each keeps prefetch_factor=2 micro-steps ready).
 DATALOADER_WORKERS = 2
@@ -103,12 +106,12 @@ class Hardware:
         """This process's hardware; a GPU memory cap in ``tuning`` (default: from the environment) counts."""
         import torch
 
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = settings.current().world_size
         if torch.cuda.is_available():
             total = torch.cuda.get_device_properties(0).total_memory
             # A GPU shared or capped (KUBETUNE_GPU_MEMORY_GIB, which limit_gpu_memory enforces; or
             # an 80 GiB plan rehearsed on a bigger card) plans with what it may use.
-            cap = (tuning or TuningConfig.from_env()).gpu_memory_cap_bytes
+            cap = (tuning or settings.current().tuning()).gpu_memory_cap_bytes
             if cap:
                 total = min(total, cap)
             return Hardware(
@@ -132,14 +135,14 @@ def limit_gpu_memory(tuning: TuningConfig | None = None) -> float | None:
     allocation past it fails with an out-of-memory error in this process instead of taking memory
     from whatever shares the GPU). None: no cap, or no GPU.
     """
-    cap = (tuning or TuningConfig.from_env()).gpu_memory_cap_bytes
+    cap = (tuning or settings.current().tuning()).gpu_memory_cap_bytes
     if cap is None:
         return None
     import torch
 
     if not torch.cuda.is_available():
         return None
-    device = int(os.environ.get("LOCAL_RANK", "0"))
+    device = settings.current().local_rank
     fraction = min(1.0, cap / torch.cuda.get_device_properties(device).total_memory)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
     return fraction
@@ -168,6 +171,17 @@ class ModelShape:
     hidden_size: int
     num_layers: int
     vocab_size: int
+
+
+def shape_from_config(conf: dict[str, Any]) -> ModelShape:
+    """The plan's model shape from a (text) model config as a dict."""
+    hidden = int(conf.get("hidden_size") or 0)
+    layers = int(conf.get("num_hidden_layers") or 0)
+    vocab = int(conf.get("vocab_size") or 0)
+    inter = int(conf.get("intermediate_size") or 4 * hidden)
+    # Attention (4 h^2) + gated MLP (3 h i) per layer, plus embeddings: close enough for a plan.
+    params = layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
+    return ModelShape(params=params, hidden_size=hidden, num_layers=layers, vocab_size=vocab)
 
 
 @dataclass
@@ -522,7 +536,7 @@ def _checkpointing(
 
 
 def _compile(training: TrainingSpec, hw: Hardware, attn: str, reasons: dict[str, str]) -> bool:
-    """torch.compile, per decoder layer (kubetune_trainer.fast.compile_layers): inductor fuses the
+    """torch.compile, per decoder layer (kubetune_trainer.training.fast.compile_layers): inductor fuses the
     norms, rotary embedding, SwiGLU, residual adds and LoRA adapters that otherwise run as many
     small kernels. Auto: on a GPU with the varlen kernel and no recomputation (the pair measured)."""
     toggle = str(training.torch_compile)

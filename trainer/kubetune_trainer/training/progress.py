@@ -10,7 +10,7 @@ The status fields (camelCase, as in :class:`kubetune_api.status.Progress`)::
 
     progress:    step, totalSteps, percent, epoch, loss, evalLoss, baseEvalLoss, tokensPerSecond,
                  etaSeconds, updatedAt
-    checkpoints: latest, latestStep, count, bestStep, items (the catalog: kubetune_trainer.catalog)
+    checkpoints: latest, latestStep, count, bestStep, items (the catalog: kubetune_trainer.volume.catalog)
     mlflow:      trackingUri, experimentId, runId (the run this training logs to, once it exists)
 
 and goodput, budget, memoryRetries beside them: only the fields :mod:`kubetune_api.ownership` gives
@@ -208,7 +208,7 @@ class ProgressReporter:
 
     def on_checkpoint(self, path: Path, step: int, count: int, listed: dict[str, Any] | None = None) -> None:
         """A checkpoint is complete: report it now, with the catalog (``listed``:
-        :func:`kubetune_trainer.catalog.status_of`) when given."""
+        :func:`kubetune_trainer.volume.catalog.status_of`) when given."""
         self.state.checkpoint_latest = str(path)
         self.state.checkpoint_step = step
         self.state.checkpoint_count = count

@@ -15,7 +15,7 @@ environment already sets it, so that one documented budget bounds the wait.
 
 Credentials reach the process only as environment variables (``MLFLOW_TRACKING_TOKEN``,
 ``MLFLOW_TRACKING_USERNAME``, ``MLFLOW_TRACKING_PASSWORD``, ``HF_TOKEN``);
-:func:`kubetune_trainer.mlflow_run.redact` removes their values (and ``user:password@`` in URIs)
+:func:`kubetune_trainer.mlflow.run.redact` removes their values (and ``user:password@`` in URIs)
 from any text, and :func:`install_log_redaction` applies it to every log handler and
 :func:`redacted_stdio` to what is printed.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from .mlflow_run import redact
+from .run import redact
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class MlflowUnavailableError(MlflowError):
     """MLflow stayed unreachable for the whole retry budget."""
 
 
-# --- credentials out of logs and prints (kubetune_trainer.mlflow_run.redact) ---------------------
+# --- credentials out of logs and prints (kubetune_trainer.mlflow.run.redact) ---------------------
 
 
 class RedactingFilter(logging.Filter):

@@ -35,6 +35,8 @@ from typing import Any
 
 from kubetune_api.spec import BudgetSpec
 
+from .. import settings
+
 LEDGER_FILE = ".kubetune/attempts.json"
 # rank 0 writes the ledger at most this often between checkpoints and logs
 SAVE_EVERY_S = 30.0
@@ -166,7 +168,7 @@ def budget_reached(budget: BudgetSpec | None, ledger: Ledger, now: float | None 
 def process_start_time() -> float:
     """When this attempt's process started (epoch seconds): under torchrun its agent, the pod's first
     process; else this process. From /proc; now when it cannot be read."""
-    pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
+    pid = os.getppid() if settings.current().under_torchrun else os.getpid()
     try:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
         boot = next(

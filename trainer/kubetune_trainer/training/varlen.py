@@ -19,7 +19,7 @@ ragged attention (``aten._cudnn_attention_forward`` with sequence offsets, torch
 was measured as a third choice and left out: about 70 ms a layer's forward against FlashAttention's
 0.4 ms, and wrong gradients.
 
-    >>> from kubetune_trainer import varlen
+    >>> from kubetune_trainer.training import varlen
     >>> varlen.register()
     'kubetune_varlen'
 """
@@ -29,7 +29,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-NAME = "kubetune_varlen"
+from ..plan.plan import VARLEN
+
+NAME = VARLEN  # the name the plan chooses (kubetune_trainer.plan.plan.VARLEN)
 KERNEL_ENV = "KUBETUNE_VARLEN_KERNEL"
 KERNELS = ("flash", "flash-repeat")
 _registered = False

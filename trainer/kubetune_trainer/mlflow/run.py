@@ -1,6 +1,6 @@
 """The MLflow run of a FineTuneJob: one run per job, which training and registration both use.
 
-Training (:class:`kubetune_trainer.tracking.MlflowTracker`) opens the run and logs into it; the
+Training (:class:`kubetune_trainer.mlflow.tracking.MlflowTracker`) opens the run and logs into it; the
 registration step (:mod:`kubetune_trainer.register`) logs the model into the same run. Both find it
 the same way, here:
 
@@ -14,7 +14,7 @@ the same way, here:
 
 The calls to MLflow go through a ``call(what, fn, *args)`` of the caller's: training calls once and
 lets its tracker guard the failure; registration retries through a
-:class:`~kubetune_trainer.mlflow_client.Retrier`.
+:class:`~kubetune_trainer.mlflow.client.Retrier`.
 
 >>> redact("https://bob:p@ss@mlflow.example.com/x?owner=a@b.com", drop_userinfo=True)
 'https://mlflow.example.com/x?owner=a@b.com'
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,17 +33,12 @@ from typing import Any, Protocol
 from kubetune_api.failures import USERINFO
 from kubetune_api.trainer_config import MLFLOW_RUN_FILE, TrainerConfig, dump_json
 
+from .. import settings
+
 log = logging.getLogger(__name__)
 
 # --- credentials ------------------------------------------------------------------------------------
 
-SECRET_ENV_VARS = (
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "HF_TOKEN",
-    "HUGGING_FACE_HUB_TOKEN",
-)
 # Shorter values are not redacted: replacing every "ab" in a log line would hide more than it protects,
 # and a credential that short protects nothing anyway.
 MIN_REDACTED_LENGTH = 4
@@ -54,7 +48,7 @@ REDACTED = "***"
 def secret_values() -> list[str]:
     """The values of the credential variables in the environment, longest first (so that a secret
     containing another is replaced whole)."""
-    values = {os.environ.get(name, "") for name in SECRET_ENV_VARS}
+    values = set(settings.current().secrets)
     return sorted((v for v in values if len(v) >= MIN_REDACTED_LENGTH), key=len, reverse=True)
 
 

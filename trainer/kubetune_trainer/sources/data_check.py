@@ -37,6 +37,8 @@ from typing import Any
 
 from kubetune_api.spec import DatasetFormat, DatasetSource
 
+from ..mlflow.run import redact
+
 log = logging.getLogger(__name__)
 
 # Input the user has to fix (data, manifest, trainer config): a message, exit code 2, no traceback.
@@ -87,8 +89,6 @@ def validation_lines(error: Any) -> list[str]:
     training.learningRat: unknown field
     """
     from kubetune_api.schema import field_path
-
-    from .mlflow_client import redact
 
     lines: dict[str, str] = {}
     for err in error.errors(include_url=False):

@@ -1,0 +1,56 @@
+"""The process every step runs as: its place in the job (:class:`Dist`: rank, local rank, world
+size), its logging, and the trainer config it reads (:func:`load_config`). The preparation,
+training and registration steps start with these.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kubetune_api.trainer_config import TrainerConfig
+
+from . import settings
+from .sources.data_check import BadInputError, validation_lines
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+    @staticmethod
+    def from_env() -> Dist:
+        env = settings.current()
+        return Dist(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size)
+
+
+def setup_logging(dist: Dist) -> None:
+    level = logging.INFO if dist.is_rank0 else logging.WARNING
+    fmt = f"%(asctime)s [rank{dist.rank}] %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
+    # The libraries' own chatter (weight loading bars, deprecation notes) drowns the run's story.
+    for noisy in ("transformers", "datasets", "accelerate", "peft", "trl", "mlflow", "alembic", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if dist.is_rank0 else logging.ERROR)
+
+
+def load_config(path: Path) -> TrainerConfig:
+    """The trainer config; :class:`BadInputError` naming the file and the field when it is not one."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        return TrainerConfig.load(path)
+    except OSError as e:
+        raise BadInputError(f"{path}: cannot read the trainer config ({e.strerror or e})") from e
+    except yaml.YAMLError as e:
+        raise BadInputError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from e
+    except ValidationError as e:
+        raise BadInputError("\n".join(f"{path}: {line}" for line in validation_lines(e))) from e
