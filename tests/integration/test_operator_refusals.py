@@ -363,7 +363,8 @@ def test_a_throttling_webhook_is_retried_shown_after_a_few_tries_and_never_fails
         assert "too many requests, slow down" in message
         assert obj["status"]["phase"] == "Pending"
         assert condition(obj, "Ready")["reason"] == "ChildApiError"
-        assert _warnings(kube, namespace, name, "ChildApiError")
+        # kopf posts events from a queue, after the status write the test saw
+        wait_for(lambda: _warnings(kube, namespace, name, "ChildApiError"), ONE_PASS, "the event")
 
         # The webhook recovers: the next try goes through, and the job was never failed.
         hook.answer = {"allowed": True}
