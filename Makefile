@@ -1,8 +1,11 @@
-.PHONY: run test lint crd docs
+.PHONY: run test test-fast lint crd docs
 run:  ## fine-tune the tiny model locally (the main job)
 	bash hack/local-run.sh
 test: ## set up, build the test control plane, lint, type-check, run all tests
 	bash hack/test.sh
+test-fast: ## the inner loop (~1 min): tests that need no server, subprocess or heavy import
+	bash hack/setup.sh
+	.venv/bin/pytest tests --fast -q -p no:cacheprovider "-n$${KUBETUNE_TEST_WORKERS:-2}"
 crd:  ## regenerate crds/, the chart's copy and docs/api.md from the typed API models
 	.venv/bin/python -m kubetune_api.crd --write crds/kubetune.io_finetunejobs.yaml
 	cp crds/kubetune.io_finetunejobs.yaml charts/kubetune/files/crds/kubetune.io_finetunejobs.yaml

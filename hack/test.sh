@@ -10,15 +10,20 @@ export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$assets}"
 # kube-scheduler, KWOK, the Kubeflow Training Operator, Kueue
 cluster=$(hack/build-control-plane.sh cluster | tail -n 1)
 export KUBETUNE_CLUSTER_ASSETS="${KUBETUNE_CLUSTER_ASSETS:-$cluster}"
+# the Argo CD health check's Lua VM, built once here rather than by the first test that needs it
+hack/build-lua.sh >/dev/null
 export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff check . && ruff format --check .
 echo "== mypy"; mypy
 echo "== import contracts"; lint-imports
 echo "== CRD drift"; python -m kubetune_api.crd --check crds/kubetune.io_finetunejobs.yaml
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp -d)"
-echo "== pytest"
+# The suite in parallel workers, each with its own servers (tests/support/lanes.py says how tests
+# are split); KUBETUNE_TEST_WORKERS=0 runs it in this one process. The 30 slowest tests are printed.
+workers="${KUBETUNE_TEST_WORKERS:-4}"
+echo "== pytest ($workers workers)"
 set +e
-pytest "$@"
+pytest -n "$workers" --dist loadgroup --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

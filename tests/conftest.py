@@ -1,4 +1,11 @@
-"""Shared fixtures: the real control plane (session-wide) and API clients for it."""
+"""Shared fixtures: the real control plane (session-wide) and API clients for it; the suite's lanes.
+
+The fast lane (``make test-fast``, ``pytest --fast``) runs the tests that need no server, no
+subprocess and no heavy library: while collecting and running it, importing torch, transformers,
+TRL, MLflow or datasets skips the module or test that asked (it runs in the whole suite), tests whose
+fixtures start a server are left out, and so are the ones marked ``slow`` (a training run, a
+subprocess). How the whole suite is split over parallel workers: :mod:`tests.support.lanes`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,34 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import lanes
 from tests.support.controlplane import REPO, ControlPlane, running_control_plane
+
+# pytester: the tests of the lanes themselves (tests/unit/test_lanes.py) collect suites of their own
+pytest_plugins = ["pytester"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        default=False,
+        help="the fast lane: no servers, no subprocesses, no heavy imports (see tests/conftest.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--fast"):
+        lanes.block_heavy_imports()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--fast"):
+        kept, left = lanes.fast_lane(items)
+        if left:
+            config.hook.pytest_deselected(items=left)
+        items[:] = kept
+    lanes.group_for_workers(items)
 
 
 @pytest.fixture(scope="session")
