@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV_VERSION=0.13.8
-if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | awk '{print $2}')" != "$UV_VERSION" ]; then
-  python3 -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION"
-fi
+# uv of that version: the one on PATH (or pipx's), else one fetched once from PyPI into
+# ~/.cache/kubetune/uv-$UV_VERSION (sha256-checked). No pip: a Python that refuses system-wide
+# installs (PEP 668, Debian 12, Ubuntu 24.04) and has no venv module is enough.
+uv=$(python3 hack/bootstrap_uv.py "$UV_VERSION")
 # Everything from uv.lock, exactly (the one lock for what CI installs).
-uv sync --frozen --all-extras --quiet
+"$uv" sync --frozen --all-extras --quiet

@@ -6,6 +6,7 @@ python -m kubetune_api.docs --check docs/api.md    # exit 1 when stale (a test r
 
 from __future__ import annotations
 
+import html
 import json
 import sys
 from typing import Any
@@ -25,8 +26,12 @@ def _type(node: dict[str, Any]) -> str:
     return t
 
 
-def _cell(text: str) -> str:
-    return text.replace("\n", " ").replace("|", "\\|")
+def markdown_cell(text: str) -> str:
+    """Text as one table cell of Markdown: one line, `|` escaped, and `&`, `<`, `>` written as HTML
+    entities outside code spans (else a renderer reads `<name>` as an HTML tag and drops it)."""
+    parts = text.replace("\n", " ").split("`")
+    parts[::2] = [html.escape(part, quote=False) for part in parts[::2]]  # the text between code spans
+    return "`".join(parts).replace("|", "\\|")
 
 
 def _limits(node: dict[str, Any]) -> str:
@@ -45,7 +50,7 @@ def _limits(node: dict[str, Any]) -> str:
     extra = node.get("additionalProperties")
     if isinstance(extra, dict) and "pattern" in extra:
         parts.append(f"values match `{extra['pattern']}`")
-    return _cell(", ".join(parts))
+    return markdown_cell(", ".join(parts))
 
 
 def _rows(node: dict[str, Any], path: str, required: set[str]) -> list[str]:
@@ -53,12 +58,12 @@ def _rows(node: dict[str, Any], path: str, required: set[str]) -> list[str]:
     for name, sub in node.get("properties", {}).items():
         p = f"{path}.{name}" if path else name
         default = json.dumps(sub["default"]) if "default" in sub and sub["default"] != {} else ""
-        desc = sub.get("description", "").replace("\n", " ").replace("|", "\\|")
+        desc = markdown_cell(sub.get("description", ""))
         rule_notes = [
             v["message"] for v in sub.get("x-kubernetes-validations", []) if "immutable" not in v["message"]
         ]
         if rule_notes:
-            desc += " *Rules:* " + "; ".join(rule_notes).replace("|", "\\|") + "."
+            desc += " *Rules:* " + markdown_cell("; ".join(rule_notes)) + "."
         req = "yes" if name in required else ""
         rows.append(
             f"| `{p}` | {_type(sub)} | {req} | {default and f'`{default}`'} | {_limits(sub)} | {desc} |"
@@ -96,7 +101,7 @@ def rules_table() -> list[str]:
         for place in rule.places:
             where = f"{place}{rule.field or ''}" or "metadata.name"
             kind = "CEL on update (oldSelf)" if rule.old else "CEL"
-            lines.append(f"| `{where}` | {kind} | {_cell(rule.message)} |")
+            lines.append(f"| `{where}` | {kind} | {markdown_cell(rule.message)} |")
     lines += _list_types(openapi_schema()["properties"]["spec"], "spec")
     return lines
 

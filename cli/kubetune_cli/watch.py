@@ -415,6 +415,10 @@ def follow(versions: Iterable[dict[str, Any] | None], out: TextIO, *, tty: bool 
 # --- the cluster -------------------------------------------------------------------------------------------
 
 
+class NoClusterError(Exception):
+    """No kubeconfig to load, or not the context asked for."""
+
+
 def _load(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
     """An ApiClient and the default namespace of the chosen context."""
     import os
@@ -434,7 +438,10 @@ def _load(kubeconfig: str | None, context: str | None) -> tuple[Any, str]:
         if ns_file.exists():
             namespace = ns_file.read_text().strip() or namespace
     else:
-        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        try:
+            config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        except config.ConfigException as e:  # no kubeconfig, none of its contexts, no such context
+            raise NoClusterError(str(e)) from e
         _, active = config.list_kube_config_contexts(config_file=kubeconfig)
         if context:
             contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
@@ -494,6 +501,11 @@ def _run(args: argparse.Namespace) -> int:
         api_client, default_namespace = _load(args.kubeconfig, args.context)
     except ModuleNotFoundError:
         sys.stderr.write("kubetune watch needs the Kubernetes client: pip install 'kubetune[operator]'\n")
+        return EXIT_MISSING
+    except NoClusterError as e:
+        sys.stderr.write(
+            f"kubetune watch: no cluster to follow the job in: {e} (--kubeconfig, --context or KUBECONFIG)\n"
+        )
         return EXIT_MISSING
     namespace = args.namespace or default_namespace
     deadline = None if args.timeout is None else time.monotonic() + args.timeout

@@ -127,7 +127,7 @@ for step in "$@"; do
       # Qwen3-4B full on both GPUs under tuning variants, each "name|environment|extra bench flags":
       # NCCL limited to few SMs (CTAs), bigger DDP buckets, FSDP2 keeping the gathered weights for
       # the backward. NCCL_DEBUG shows the channels it chose. Measured 2026-11-30: none beat the
-      # default by more than the spread (36.4k-37.1k tokens/s against 37.0k; docs/benchmarks.md).
+      # default by more than the spread (36.4k-37.1k tokens/s against 37.0k; docs/benchmarks-history.md).
       B="python3 -m kubetune_bench --warmup 4 --steps 8 --cases qwen3-4b:kubetune --gpus 2"
       V=("ctas4|NCCL_MAX_CTAS=4 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING|" "ctas8|NCCL_MAX_CTAS=8|"
          "ctas4b200|NCCL_MAX_CTAS=4 KUBETUNE_DDP_BUCKET_MB=200|" "fsdp2keep8|NCCL_MAX_CTAS=8 KUBETUNE_FSDP_RESHARD=0|--sharding fsdp2")

@@ -1,7 +1,7 @@
 """KUBETUNE_FP8: when the plan turns float8 products on, and what the conversion does to a model.
 
 The conversion runs here on the CPU (PyTorch emulates float8 products there); its speed is a GPU
-matter, measured by ``hack/gpu/run.sh fp8`` (docs/benchmarks.md), and its GPU numerics are checked
+matter, measured by ``hack/gpu/run.sh fp8`` (docs/benchmarks-history.md), and its GPU numerics are checked
 by tests/gpu.
 """
 

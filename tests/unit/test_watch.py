@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,6 +166,27 @@ def test_the_subcommand_is_wired() -> None:
     args = build_parser().parse_args(["watch", "my-job", "-n", "team", "--timeout", "2h"])
     assert (args.name, args.namespace, args.timeout) == ("my-job", "team", 7200.0)
     assert args.func is watch._run
+
+
+def test_no_kubeconfig_is_one_line_and_exit_2_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("kubernetes")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(["watch", "my-job"])
+    assert args.func(args) == watch.EXIT_MISSING
+    err = capsys.readouterr().err
+    assert err.startswith("kubetune watch: no cluster to follow the job in: ") and err.count("\n") == 1, err
+    assert "(--kubeconfig, --context or KUBECONFIG)" in err
+
+    (tmp_path / "config").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    args = build_parser().parse_args(
+        ["watch", "my-job", "--kubeconfig", str(tmp_path / "config"), "--context", "gpu"]
+    )
+    assert args.func(args) == watch.EXIT_MISSING
+    assert "no cluster to follow the job in" in capsys.readouterr().err
 
 
 # --- why training failed, the budget, memory retries and goodput ------------------------------------------

@@ -48,7 +48,7 @@ MIN_LOSS_CHUNK_ELEMENTS = 2**26
 MEMORY_HEADROOM = 0.85
 
 # The step-time model that picks micro-steps and recomputation when the whole step does not fit
-# (measured on an H200, docs/benchmarks.md "Small memory budgets"): every micro-step costs at least
+# (measured on an H200, docs/benchmarks-history.md "small memory budgets"): every micro-step costs at least
 # MICRO_STEP_SECONDS of host work (the training loop and the launch of its kernels; 0.12 s for
 # Qwen2-0.5B LoRA with 1-row micro-steps and for Qwen3-4B full with 2-row ones, compiled), and
 # otherwise 6 x parameters x tokens FLOPs at SUSTAINED_FRACTION of the GPU's dense bf16 peak
@@ -550,7 +550,7 @@ def _compile(training: TrainingSpec, hw: Hardware, attn: str, reasons: dict[str,
         compiled, why = False, "auto: off (measured only with the varlen kernel)"
     else:
         # with recomputation too: measured working on an H200 (Qwen2-0.5B LoRA held to 3.6 GiB,
-        # Qwen3-4B full at 32.7 and 48 GiB; docs/benchmarks.md), where its fused element-wise
+        # Qwen3-4B full at 32.7 and 48 GiB; docs/benchmarks-history.md), where its fused element-wise
         # kernels run twice; not yet timed side by side against uncompiled recomputation
         compiled, why = True, "auto: decoder layers compiled (GPU, varlen attention)"
     reasons["torch_compile"] = why
@@ -612,7 +612,7 @@ def _fp8(
 
     Off by default: float8 rounds each product's inputs to 3 mantissa bits and its gradients to 2
     (e4m3 and e5m2, one dynamic scale per tensor), a numerical change a user opts into. Measured on
-    an H200, side by side (docs/benchmarks.md): Qwen3-4B full 22.2k tokens/s and 50 GiB against
+    an H200, side by side (docs/benchmarks-history.md): Qwen3-4B full 22.2k tokens/s and 50 GiB against
     bf16's 20.5k and 56 GiB; torchao's rowwise recipe ran at 4.7k and is not offered.
 
     Only where it can pay: full fine-tuning (a LoRA base is frozen and its adapters' products are
