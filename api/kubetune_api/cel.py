@@ -76,14 +76,6 @@ URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
 QUERY_CREDENTIAL = (
     "[?&][^=&#]*(?i:token|secret|passw|pwd|api_?key|access_?key|credential|signature|auth)[^=&#]*="
 )
-# Variables that change how every process of the pod starts: the dynamic loader's (libraries loaded
-# into every process, where they are looked up), the shells' startup files, the command search path,
-# and Python's (modules found or run before kubetune's own, another interpreter). Refused: a
-# container image is the place for such changes, where they are built and scanned with the rest.
-PROCESS_START_ENV = (
-    "^(LD_[A-Za-z0-9_]*|PATH|BASH_ENV|ENV|GCONV_PATH|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|"
-    "PYTHONUSERBASE|PYTHONPLATLIBDIR|PYTHONINSPECT|PYTHONEXECUTABLE)$"
-)
 
 
 def _search(pattern: str, value: str) -> bool:

@@ -330,6 +330,7 @@ def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
             mounts |= {m["mountPath"] for m in container.get("volumeMounts", [])}
     known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(pod_env.DEFAULTED_ENV)
     assert names <= known, names - known
+    assert not [n for n in names if pod_env.reserved(n) is None]  # and spec.env may set none of them
     assert mounts <= set(rules.KUBETUNE_MOUNTS), mounts
 
 
@@ -363,9 +364,10 @@ def test_cel_patterns_fit_in_single_quoted_cel_strings() -> None:
         "URI_USERINFO",
         "URI_CREDENTIALS",
         "QUERY_CREDENTIAL",
-        "PROCESS_START_ENV",
     ):
         assert not set("'\\") & set(getattr(cel, name)), name
+    for reserved in pod_env.RESERVED_ENV:
+        assert not set("'\\") & set(reserved.pattern + (reserved.allowed or "")), reserved.what
     assert not set("'\\") & set(spec.NAME_PATTERN + cel.SECRET_LIKE_ENV)
 
 
