@@ -59,7 +59,7 @@ from .pod_env import (
     RESERVED_ENV,
     TRAINING_OPERATOR_ENV,  # noqa: F401 (kubetune_api.rules.TRAINING_OPERATOR_ENV, as before pod_env)
 )
-from .rules_lineage import lineage_rules, model_source_rule, registration_rules
+from .rules_lineage import lineage_rules, model_source_rule, name_rules, registration_rules
 from .schema import list_type_problems
 from .tuning import TUNING_ENV
 
@@ -448,6 +448,7 @@ def object_rules() -> tuple[Rule, ...]:
             field=".maxDuration",
         ),
         *registration_rules(),
+        *name_rules(),
         *_env_rules(),
         *_spec_rules(),
         *lineage_rules(),

@@ -372,6 +372,103 @@ INVALID: list[Case] = [
     _C("image-leading-dash", {"spec.image": "-trainer"}, "spec.image"),
     _C("image-two-tags", {"spec.image": "trainer:1:2"}, "spec.image"),
     _C("alias-latest", {"spec.registration.alias": "latest"}, "spec.registration.alias"),
+    # --- names that reach MLflow: as strict as MLflow, and no character that hides or reorders ---
+    _C("alias-latest-upper", {"spec.registration.alias": "LATEST"}, "spec.registration.alias"),
+    _C("alias-version-upper", {"spec.registration.alias": "V3"}, "spec.registration.alias"),
+    _C("alias-version-zero", {"spec.registration.alias": "v0"}, "spec.registration.alias"),
+    _C("alias-zero-width", {"spec.registration.alias": "champion\u200b"}, "spec.registration.alias"),
+    _C("model-name-dot", {"spec.registration.modelName": "."}, "spec.registration.modelName"),
+    _C("model-name-dot-dot", {"spec.registration.modelName": ".."}, "spec.registration.modelName"),
+    _C(
+        "model-name-leading-dot-dot",
+        {"spec.registration.modelName": "..hidden"},
+        "spec.registration.modelName",
+    ),
+    _C("model-name-inner-dot-dot", {"spec.registration.modelName": "a..b"}, "spec.registration.modelName"),
+    _C("model-name-backslash", {"spec.registration.modelName": "team\\other"}, "spec.registration.modelName"),
+    _C("model-name-slash", {"spec.registration.modelName": "team/other"}, "spec.registration.modelName"),
+    _C("model-name-leading-space", {"spec.registration.modelName": " qwen"}, "spec.registration.modelName"),
+    _C(
+        "model-name-trailing-nbsp",
+        {"spec.registration.modelName": "qwen\u00a0"},
+        "spec.registration.modelName",
+    ),
+    _C("model-name-blank", {"spec.registration.modelName": "   "}, "spec.registration.modelName"),
+    _C("model-name-zero-width", {"spec.registration.modelName": "qw\u200ben"}, "spec.registration.modelName"),
+    _C(
+        "model-name-rtl-override",
+        {"spec.registration.modelName": "qwen\u202egpj"},
+        "spec.registration.modelName",
+    ),
+    _C("model-name-isolate", {"spec.registration.modelName": "qwen\u2066x"}, "spec.registration.modelName"),
+    _C("model-name-bom", {"spec.registration.modelName": "\ufeffqwen"}, "spec.registration.modelName"),
+    _C("model-name-c1", {"spec.registration.modelName": "qwen\u0085x"}, "spec.registration.modelName"),
+    _C("model-name-lrm", {"spec.registration.modelName": "qwen\u200e"}, "spec.registration.modelName"),
+    _C(
+        "experiment-climbs",
+        {"spec.registration.experiment": "/Users/me/../other"},
+        "spec.registration.experiment",
+    ),
+    _C(
+        "experiment-dot-part", {"spec.registration.experiment": "/Users/./me"}, "spec.registration.experiment"
+    ),
+    _C(
+        "experiment-double-slash",
+        {"spec.registration.experiment": "/Users//me"},
+        "spec.registration.experiment",
+    ),
+    _C("experiment-backslash", {"spec.registration.experiment": "team\\x"}, "spec.registration.experiment"),
+    _C(
+        "experiment-trailing-space", {"spec.registration.experiment": "team "}, "spec.registration.experiment"
+    ),
+    _C("experiment-bidi", {"spec.registration.experiment": "team\u202ax"}, "spec.registration.experiment"),
+    _C(
+        "registered-latest",
+        {"spec.model": {"registered": "models:/assistant@latest"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-latest-mixed",
+        {"spec.model": {"registered": "models:/assistant@Latest"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-version-alias",
+        {"spec.model": {"registered": "models:/assistant@v3"}},
+        "spec.model.registered",
+    ),
+    _C("registered-dot", {"spec.model": {"registered": "models:/./3"}}, "spec.model.registered"),
+    _C("registered-dot-dot", {"spec.model": {"registered": "models:/..@champion"}}, "spec.model.registered"),
+    _C(
+        "registered-backslash",
+        {"spec.model": {"registered": "models:/a\\b@champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-space-end",
+        {"spec.model": {"registered": "models:/assistant @champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-space-start",
+        {"spec.model": {"registered": "models:/ assistant/2"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-zero-width",
+        {"spec.model": {"registered": "models:/assis\u200dtant@champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-rtl",
+        {"spec.model": {"registered": "models:/assistant\u202e@champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-version-zero",
+        {"spec.model": {"registered": "models:/assistant/0"}},
+        "spec.model.registered",
+    ),
     # --- rules across fields that were there before ---
     _C("epochs-and-max-steps", {"spec.training.epochs": 1}, "spec.training"),
     _C("neither-epochs-nor-max-steps", {"spec.training.maxSteps": DELETE}, "spec.training"),
@@ -600,6 +697,12 @@ VALID: list[Case] = [
     _C("image-digest", {"spec.image": f"ghcr.io/org/trainer@{DIGEST}"}, ""),
     _C("image-tag-and-digest", {"spec.image": f"localhost/trainer:latest@{DIGEST}"}, ""),
     _C("alias-v1beta", {"spec.registration.alias": "v1beta"}, ""),
+    _C("alias-latest-suffix", {"spec.registration.alias": "latest_good"}, ""),
+    _C("model-name-dots-apart", {"spec.registration.modelName": "qwen3.5-final.v2"}, ""),
+    _C("model-name-unicode-letters", {"spec.registration.modelName": "modèle-助手"}, ""),
+    _C("experiment-workspace-path", {"spec.registration.experiment": "/Shared/team-a/qwen3"}, ""),
+    _C("registered-dotted-name", {"spec.model": {"registered": "models:/team.assistant@champion_v2"}}, ""),
+    _C("registered-name-inner-space", {"spec.model": {"registered": "models:/team assistant/3"}}, ""),
 ]
 
 
