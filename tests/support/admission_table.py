@@ -595,6 +595,7 @@ INVALID: list[Case] = [
     _C("budget-zero-seconds", {"spec.budget": {"maxDuration": "0s"}}, "spec.budget.maxDuration"),
     _C("budget-zero-hours", {"spec.budget": {"maxDuration": "0h00m"}}, "spec.budget.maxDuration"),
     _C("budget-gpu-hours-zero", {"spec.budget": {"maxGpuHours": 0}}, "spec.budget.maxGpuHours"),
+    _C("model-null", {"spec.model": None}, "spec.model"),
     _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
     _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
 ]
@@ -704,6 +705,45 @@ VALID: list[Case] = [
     _C("registered-dotted-name", {"spec.model": {"registered": "models:/team.assistant@champion_v2"}}, ""),
     _C("registered-name-inner-space", {"spec.model": {"registered": "models:/team assistant/3"}}, ""),
 ]
+
+
+# Fields given as null: each admitted by kubectl create, by server-side apply and by the Python check,
+# and stored as the same spec as with the field left out (tests/integration/test_admission_table.py).
+NULLS: list[Case] = [
+    _C("null-budget", {"spec.budget": None}, ""),
+    _C("null-lora-with-full", {"spec.lora": None}, ""),
+    _C("null-from-job", {"spec.model.fromJob": None}, ""),
+    _C("null-registered", {"spec.model.registered": None}, ""),
+    _C("null-model-volume", {"spec.model.volume": None}, ""),
+    _C("null-gate", {"spec.registration.gate": None}, ""),
+    _C("null-alias", {"spec.registration.alias": None}, ""),
+    _C("null-secrets", {"spec.secrets": None}, ""),
+    _C("null-secret-ref", {"spec.secrets": {"huggingFaceToken": None}}, ""),
+    _C("null-env", {"spec.env": None}, ""),
+    _C("null-env-value-from", _env({"name": "NCCL_DEBUG", "value": "INFO", "valueFrom": None}), ""),
+    _C("null-tolerations", _resources(tolerations=None), ""),
+    _C("null-node-selector", _resources(nodeSelector=None), ""),
+    _C("null-cpu", _resources(cpu=None), ""),
+    _C("null-eval-data", {"spec.dataset.evalFraction": None, "spec.training.evalSteps": None}, ""),
+    # fields with a default: the default, as when left out
+    _C("null-registration", {"spec.registration": None}, ""),
+    _C("null-storage", {"spec.storage": None}, ""),
+    _C("null-loss-watchdog", {"spec.training.lossWatchdog": None}, ""),
+    _C("null-method", {"spec.method": None}, ""),
+]
+
+
+def left_out(case: Case) -> Case:
+    """``case`` with each field it sets to null left out instead."""
+
+    def drop(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [drop(v) for v in value]
+        return value
+
+    return Case(case.id, {k: DELETE if v is None else drop(v) for k, v in case.change.items()}, "")
 
 
 def named(cases: list[Case], prefix: str) -> dict[str, Case]:
