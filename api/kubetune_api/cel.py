@@ -76,14 +76,86 @@ URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
 QUERY_CREDENTIAL = (
     "[?&][^=&#]*(?i:token|secret|passw|pwd|api_?key|access_?key|credential|signature|auth)[^=&#]*="
 )
-# Variables that change how every process of the pod starts: the dynamic loader's (libraries loaded
-# into every process, where they are looked up), the shells' startup files, the command search path,
-# and Python's (modules found or run before kubetune's own, another interpreter). Refused: a
-# container image is the place for such changes, where they are built and scanned with the rest.
-PROCESS_START_ENV = (
-    "^(LD_[A-Za-z0-9_]*|PATH|BASH_ENV|ENV|GCONV_PATH|PYTHONPATH|PYTHONHOME|PYTHONSTARTUP|"
-    "PYTHONUSERBASE|PYTHONPLATLIBDIR|PYTHONINSPECT|PYTHONEXECUTABLE)$"
+
+
+# --- names that reach MLflow (and people): what each engine writes from one table ---------------------
+#
+# Code points no name may hold: C0 and C1 controls and DEL, the zero-width space, joiners and the
+# left-to-right/right-to-left marks (U+200B-U+200F), the bidirectional embeddings and overrides
+# (U+202A-U+202E) and isolates (U+2066-U+2069), the byte-order mark (U+FEFF): drawn as nothing, or
+# reordering what is drawn, they make two names that read alike name two models. And the spaces a
+# name may not start or end with (MLflow refuses a blank name; "assistant " is not "assistant").
+UNSEEN_RANGES = (
+    (0x00, 0x1F),
+    (0x7F, 0x9F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2066, 0x2069),
+    (0xFEFF, 0xFEFF),
 )
+SPACE_RANGES = (
+    (0x20, 0x20),
+    (0xA0, 0xA0),
+    (0x1680, 0x1680),
+    (0x2000, 0x200A),
+    (0x2028, 0x2029),
+    (0x202F, 0x202F),
+    (0x205F, 0x205F),
+    (0x3000, 0x3000),
+)
+UNSEEN_MESSAGE = (
+    "control, zero-width or bidirectional characters (U+0000-U+001F, U+007F-U+009F, U+200B-U+200F, "
+    "U+202A-U+202E, U+2066-U+2069, U+FEFF)"
+)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A regular expression in both engines' spellings, from one declaration: RE2's (``\\x{200B}``,
+    in a raw CEL string ``r'...'``) and Python's (``\\U0000200B``). ``{unseen}`` and ``{space}`` in
+    ``template`` stand for the character classes of :data:`UNSEEN_RANGES` and :data:`SPACE_RANGES`;
+    the rest of it is written the same in both (ASCII, escapes of two hex digits)."""
+
+    template: str
+
+    @staticmethod
+    def _class(ranges: tuple[tuple[int, int], ...], escape: Callable[[int], str]) -> str:
+        return "[" + "".join(escape(a) if a == b else f"{escape(a)}-{escape(b)}" for a, b in ranges) + "]"
+
+    def _spelled(self, escape: Callable[[int], str]) -> str:
+        return self.template.format(
+            unseen=self._class(UNSEEN_RANGES, escape), space=self._class(SPACE_RANGES, escape)
+        )
+
+    @property
+    def re2(self) -> str:
+        return self._spelled(lambda c: f"\\x{{{c:04X}}}")
+
+    @property
+    def python(self) -> str:
+        return self._spelled(lambda c: f"\\U{c:08X}")
+
+    def cel_matches(self, var: str) -> str:
+        """``var.matches(r'...')``: a raw CEL string, so RE2 reads the backslashes."""
+        return f"{var}.matches(r'{self.re2}')"
+
+    def search(self, value: str) -> bool:
+        return re.search(self.python, value) is not None
+
+
+UNSEEN = Pattern("{unseen}")
+EDGE_SPACE = Pattern("^{space}|{space}$")
+# MLflow's model names: no '/' or ':' (the field's pattern), and not a path that resolves to another
+# name (mlflow.utils.validation.path_not_unique: '.', a leading '..'); kubetune refuses '..' anywhere
+# and '\\' (a separator on Windows) too.
+PATH_LIKE_NAME = Pattern("[\\x5C]|[.][.]|^[.]$")
+# An experiment may be a workspace path (/Users/me/x): '/' is fine, a '.' or '..' part or '\\' is not
+EXPERIMENT_PATH_LIKE = Pattern("[\\x5C]|//|(^|/)[.][.]?(/|$)")
+# models:/<name>@<alias> or models:/<name>/<version> (spec.REGISTERED_MODEL_PATTERN): the name, as
+# PATH_LIKE_NAME and EDGE_SPACE say, and the alias, not one MLflow reserves
+REGISTERED_PATH_LIKE = Pattern("^models:/([.][@/]|[^@/]*([.][.]|[\\x5C]))")
+REGISTERED_EDGE_SPACE = Pattern("^models:/{space}|{space}[@/]")
+REGISTERED_RESERVED_ALIAS = Pattern("@([lL][aA][tT][eE][sS][tT]|[vV][0-9]+)$")
 
 
 def _search(pattern: str, value: str) -> bool:

@@ -1,12 +1,20 @@
-"""The environment variables kubetune sets in the pods it creates, by name, declared once.
+"""The environment variables kubetune sets in the pods it creates, by name, and what ``spec.env``
+may not set (:data:`RESERVED_ENV`), declared once.
 
 The operator's table (:mod:`kubetune_operator.pod_env`: one row per variable, which pods get it, where
 its value comes from) sets them; the trainer reads its own by these names; the rules
-(:mod:`kubetune_api.rules`) refuse them in ``spec.env``, where a second definition would either hide
-kubetune's or be hidden by it. A test holds the operator's table and these names together.
+(:mod:`kubetune_api.rules`) refuse every reserved name in ``spec.env`` (one CEL rule and its Python
+twin per class of :data:`RESERVED_ENV`), and the operator's table drops any that a job admitted
+before a rule existed still carries. A test holds the operator's table, the trainer's reads and
+these names together.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .tuning import TUNING_ENV
 
 # --- read by the trainer (the operator sets them; refused in spec.env by a rule of their own) -------
 
@@ -19,11 +27,14 @@ IMAGE_ENV = "KUBETUNE_IMAGE"  # the trainer image (lineage: the registered versi
 # config) and silently lose to the other two (set after it); refused, so what the spec says runs.
 OPERATOR_ENV = (CONFIG_ENV, CPUS_ENV, SHUTDOWN_GRACE_ENV, IMAGE_ENV)
 # (and kubetune_api.registration.FORCE_ENV: a registration retried past its gate)
+# The trainer's test hook (tests inject a CUDA out-of-memory error, a kill, an NCCL timeout into real
+# training processes; tests/cluster sets it through spec.env). Left to spec.env: it makes the job that
+# sets it fail or restart, and decides nothing about what is registered or where.
+FAULT_INJECT_ENV = "KUBETUNE_FAULT_INJECT"
 
 # --- read by the libraries in the pods --------------------------------------------------------------
 
-# Set by kubetune on the trainer pods after the preparation step (they read the volume only), unless
-# spec.env names them: then the spec's value is the only one.
+# Set by kubetune on the trainer pods after the preparation step (they read the volume only).
 DEFAULTED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 HF_ENDPOINT_ENV = "HF_ENDPOINT"  # the operator's Hub mirror (KUBETUNE_HF_ENDPOINT), when it has one
 # The caches and scratch space (the root filesystem is read-only)
@@ -62,3 +73,168 @@ POD_ENV = (
     *SECRET_ENV.values(),
     *TRAINING_OPERATOR_ENV,  # PYTHONUNBUFFERED: kubetune sets it in the preparation and registration pods
 )
+
+
+# --- what spec.env may not set ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """One class of names ``spec.env`` may not set: ``pattern`` (RE2 and Python's ``re`` agree on it;
+    no quotes or backslashes: it goes into a single-quoted CEL string) less ``allowed`` (the names of
+    that class the spec may still set, matched exactly). ``what`` and ``why`` make the rule's message.
+
+    Matched without regard to case: Linux keeps ``kubetune_register_force`` apart from
+    ``KUBETUNE_REGISTER_FORCE`` and nothing reads the lowercase one, but a lowercase twin of a control
+    name is a typo that would silently do nothing, or a bet on a reader that folds case (Windows'
+    environment, tools that upper-case names): refused either way. The allowed names are exact.
+    """
+
+    what: str
+    pattern: str
+    why: str
+    allowed: str | None = None
+
+    def refuses(self, name: str) -> bool:
+        return re.search(self.pattern, name) is not None and not (
+            self.allowed and re.search(self.allowed, name) is not None
+        )
+
+    def cel(self, var: str = "self.name") -> str:
+        """The CEL that holds when ``var`` is not refused by this class."""
+        allowed = f" || {var}.matches('{self.allowed}')" if self.allowed else ""
+        return f"!{var}.matches('{self.pattern}'){allowed}"
+
+
+def _names(*names: str) -> str:
+    return "(?i)^(" + "|".join(names) + ")$"
+
+
+# kubetune's own: the operator sets them (KUBETUNE_CONFIG, _CPUS, _SHUTDOWN_GRACE_S, _IMAGE, and
+# KUBETUNE_REGISTER_FORCE only on a registration that kubetune.io/retry-registration asked for), or the
+# trainer and the registration read them for control (where failures are reported, the registration's
+# retry budget and claim wait). Every KUBETUNE_* name, now and later, is reserved, less the tuning
+# variables (kubetune_api.tuning: how fast, checked value by value) and the test hook.
+USER_KUBETUNE_ENV = (*TUNING_ENV, FAULT_INJECT_ENV)
+KUBETUNE_CONTROL = Reserved(
+    "a kubetune control variable (KUBETUNE_*)",
+    "(?i)^KUBETUNE_",
+    "kubetune sets these or decides with them (KUBETUNE_CONFIG, KUBETUNE_REGISTER_FORCE, ...); only its "
+    f"tuning variables ({', '.join(TUNING_ENV)}) and {FAULT_INJECT_ENV} may be set",
+    "^(" + "|".join(USER_KUBETUNE_ENV) + ")$",
+)
+# The Hub: where it is (the operator's trainer.hfEndpoint), whether the pods reach it after the
+# preparation step (offline), where its files and the token are (the cache mount, spec.secrets).
+# The Hub's other variables (HF_HUB_DOWNLOAD_TIMEOUT, HF_HUB_ENABLE_HF_TRANSFER, HF_HUB_VERBOSITY...)
+# tune a download and stay the spec's.
+HUB_CONTROL = Reserved(
+    "a Hugging Face Hub location, mode, cache or token variable",
+    _names(
+        "HF_ENDPOINT",
+        "HF_HUB_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_DATASETS_CACHE",
+        "HF_ASSETS_CACHE",
+        "HF_XET_CACHE",
+        "TRANSFORMERS_CACHE",
+        "HF_TOKEN",
+        "HF_TOKEN_PATH",
+        "HUGGING_FACE_HUB_TOKEN",
+    ),
+    "the operator sets the Hub mirror (trainer.hfEndpoint), the offline mode after preparation and the "
+    "caches; the token goes in spec.secrets.huggingFaceToken",
+)
+# MLflow: every MLFLOW_* but the HTTP client's timeouts and retries. The others say where runs and
+# models go (MLFLOW_TRACKING_URI, MLFLOW_REGISTRY_URI, MLFLOW_S3_ENDPOINT_URL...), which run or
+# experiment is written (MLFLOW_RUN_ID, MLFLOW_EXPERIMENT_NAME), or who kubetune is and how it is
+# checked (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_AUTH, MLFLOW_TRACKING_INSECURE_TLS): the spec says
+# these in spec.registration and spec.secrets, where the rules and the status see them.
+MLFLOW_CONTROL = Reserved(
+    "an MLflow variable (MLFLOW_*)",
+    "(?i)^MLFLOW_",
+    "where runs and models are tracked and registered is spec.registration, credentials go in "
+    "spec.secrets; only MLFLOW_HTTP_REQUEST_TIMEOUT, _MAX_RETRIES, _BACKOFF_FACTOR and _BACKOFF_JITTER "
+    "may be set",
+    "^MLFLOW_HTTP_REQUEST_(TIMEOUT|MAX_RETRIES|BACKOFF_FACTOR|BACKOFF_JITTER)$",
+)
+# Who a process is and what it reaches: ranks and the rendezvous (the Training Operator and torchrun
+# set them; PET_* are torchrun's arguments, TORCHELASTIC_* its agent's), the GPUs a process sees
+# (CUDA_VISIBLE_DEVICES; NVIDIA_VISIBLE_DEVICES is read by the NVIDIA container runtime, and "all"
+# there would hand the pod the node's other GPUs, past the device plugin), and the API server
+# (KUBERNETES_SERVICE_HOST/PORT: the pod's service account token goes there). NCCL_* and TORCH_* stay
+# the spec's: the network and collective tuning only the cluster's admins know (NCCL_SOCKET_IFNAME,
+# NCCL_IB_HCA, NCCL_DEBUG, TORCH_NCCL_ASYNC_ERROR_HANDLING); they change how fast and how loud, not
+# who a rank is or what it may reach.
+ENGINE_CONTROL = Reserved(
+    "a rank, rendezvous, device or cluster variable",
+    _names(
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PET_[A-Za-z0-9_]*",
+        "TORCHELASTIC_[A-Za-z0-9_]*",
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_[A-Za-z0-9_]*",
+        "KUBERNETES_[A-Za-z0-9_]*",
+    ),
+    "the Training Operator, torchrun, the device plugin and the kubelet set them (NCCL_* and TORCH_* "
+    "may be set)",
+)
+# Variables that change how every process of the pod starts: the dynamic loader's (libraries loaded
+# into every process, where they are looked up), the shells' startup files, the command search path,
+# and Python's (modules found or run before kubetune's own, another interpreter). Refused: a
+# container image is the place for such changes, where they are built and scanned with the rest.
+PROCESS_START = Reserved(
+    "a variable that changes how every process starts",
+    _names(
+        "LD_[A-Za-z0-9_]*",
+        "PATH",
+        "BASH_ENV",
+        "ENV",
+        "GCONV_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONPLATLIBDIR",
+        "PYTHONINSPECT",
+        "PYTHONEXECUTABLE",
+        "PYTHONBREAKPOINT",
+    ),
+    "LD_*, PATH, BASH_ENV, ENV, GCONV_PATH, PYTHONPATH, PYTHONHOME, PYTHONSTARTUP... load code into "
+    "every process; build such changes into the trainer image (spec.image)",
+)
+_CONTROL = (KUBETUNE_CONTROL, HUB_CONTROL, MLFLOW_CONTROL, ENGINE_CONTROL, PROCESS_START)
+# The rest of what kubetune or the Training Operator set on the pods (the caches and scratch space,
+# PYTHONUNBUFFERED): a second definition would hide kubetune's or be hidden by it.
+SET_ON_PODS = Reserved(
+    "a variable kubetune or the Training Operator sets on the pods",
+    _names(*(n for n in POD_ENV if not any(r.refuses(n) for r in _CONTROL))),
+    "it would be defined twice (caches and scratch space are kubetune's mounts)",
+)
+# Every name spec.env may not set, by class; one rule each (kubetune_api.rules).
+RESERVED_ENV: tuple[Reserved, ...] = (*_CONTROL, SET_ON_PODS)
+
+
+def reserved(name: str) -> Reserved | None:
+    """The class that reserves ``name`` (None: spec.env may set it).
+
+    >>> [reserved(n).what.split()[1] for n in ("KUBETUNE_REGISTER_FORCE", "kubetune_config", "HOME")]
+    ['kubetune', 'kubetune', 'variable']
+    >>> [reserved(n) for n in ("KUBETUNE_SHARDING", "NCCL_DEBUG", "MLFLOW_HTTP_REQUEST_TIMEOUT")]
+    [None, None, None]
+    """
+    return next((r for r in RESERVED_ENV if r.refuses(name)), None)

@@ -40,7 +40,6 @@ from .cel import (
     CLIMBS_OUT,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
-    PROCESS_START_ENV,
     QUERY_CREDENTIAL,
     SECRET_LIKE_ENV,
     UNCLEAN_PATH,
@@ -56,11 +55,11 @@ from .cel import (
     positive_quantity,
 )
 from .pod_env import (
-    OPERATOR_ENV,
-    POD_ENV,
+    POD_ENV,  # noqa: F401 (kubetune_api.rules.POD_ENV, as before pod_env)
+    RESERVED_ENV,
     TRAINING_OPERATOR_ENV,  # noqa: F401 (kubetune_api.rules.TRAINING_OPERATOR_ENV, as before pod_env)
 )
-from .rules_lineage import lineage_rules, model_source_rule, registration_rules
+from .rules_lineage import lineage_rules, model_source_rule, name_rules, registration_rules
 from .schema import list_type_problems
 from .tuning import TUNING_ENV
 
@@ -179,29 +178,16 @@ def _env_rules() -> list[Rule]:
             ),
             field=".value",
         ),
-        Rule(
-            at,
-            f"!(self.name in {_cel_list(OPERATOR_ENV)})",
-            f"{', '.join(OPERATOR_ENV)} are set by the operator",
-            lambda s: s["name"] not in OPERATOR_ENV,
-            field=".name",
-        ),
-        Rule(
-            at,
-            f"!(self.name in {_cel_list(POD_ENV)})",
-            f"spec.env[].name must not be one kubetune or the Training Operator sets on the pods "
-            f"({', '.join(POD_ENV)}): it would be defined twice; credentials go in spec.secrets",
-            lambda s: s["name"] not in POD_ENV,
-            field=".name",
-        ),
-        Rule(
-            at,
-            f"!self.name.matches('{PROCESS_START_ENV}')",
-            "spec.env[].name must not be LD_*, PATH, BASH_ENV, ENV, GCONV_PATH, PYTHONPATH, PYTHONHOME, "
-            "PYTHONSTARTUP, PYTHONUSERBASE, PYTHONPLATLIBDIR, PYTHONINSPECT or PYTHONEXECUTABLE: they change "
-            "how every process of the pod starts; build such changes into the trainer image (spec.image)",
-            lambda s: not _search(PROCESS_START_ENV, s["name"]),
-            field=".name",
+        # what spec.env may not set, declared once in kubetune_api.pod_env (RESERVED_ENV): one rule per class
+        *(
+            Rule(
+                at,
+                r.cel(),
+                f"spec.env[].name must not be {r.what}: {r.why}",
+                lambda s, r=r: not r.refuses(s["name"]),
+                field=".name",
+            )
+            for r in RESERVED_ENV
         ),
     ]
     for name, (pattern, what) in TUNING_ENV.items():
@@ -462,6 +448,7 @@ def object_rules() -> tuple[Rule, ...]:
             field=".maxDuration",
         ),
         *registration_rules(),
+        *name_rules(),
         *_env_rules(),
         *_spec_rules(),
         *lineage_rules(),

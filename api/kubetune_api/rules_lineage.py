@@ -7,7 +7,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cel import QUERY_CREDENTIAL, RESERVED_ALIAS_MESSAGE, URI_CREDENTIALS, Rule, _has, _search
+from .cel import (
+    EDGE_SPACE,
+    EXPERIMENT_PATH_LIKE,
+    PATH_LIKE_NAME,
+    QUERY_CREDENTIAL,
+    REGISTERED_EDGE_SPACE,
+    REGISTERED_PATH_LIKE,
+    REGISTERED_RESERVED_ALIAS,
+    RESERVED_ALIAS_MESSAGE,
+    UNSEEN,
+    UNSEEN_MESSAGE,
+    URI_CREDENTIALS,
+    Pattern,
+    Rule,
+    _has,
+    _search,
+)
 
 # What the spec's eval data is: a named split, or a share held out of the training split.
 _EVAL_CEL = "(has(self.dataset.evalSplit) || has(self.dataset.evalFraction))"
@@ -39,6 +55,60 @@ def model_source_rule() -> Rule:
         "fromJob (another FineTuneJob's model) or registered (models:/<name>@<alias> or /<version>)",
         lambda s: sum(_has(s, k) for k in _SOURCES) == 1,
     )
+
+
+def _refused(place: str, field: str, pattern: Pattern, what: str) -> Rule:
+    """``place.field``, when set, must not match ``pattern`` (both engines' spellings of it)."""
+    var = f"self.{field}"
+    return Rule(
+        (place,),
+        f"!has({var}) || !{pattern.cel_matches(var)}",
+        f"{place}.{field} must not {what}",
+        lambda s: not _has(s, field) or not pattern.search(s[field]),
+        field=f".{field}",
+    )
+
+
+def name_rules() -> list[Rule]:
+    """The names a job hands to MLflow, as strict as MLflow's own rules for them (and a little
+    stricter where a name would read as another): the registered model's name, the experiment, and
+    the registered model a job starts from (its name, and its alias, not one MLflow reserves)."""
+    reg, model = "spec.registration", "spec.model"
+    unseen, edge = f"hold {UNSEEN_MESSAGE}", "start or end with a space"
+    return [
+        _refused(reg, "modelName", UNSEEN, unseen),
+        _refused(reg, "modelName", EDGE_SPACE, edge),
+        _refused(
+            reg,
+            "modelName",
+            PATH_LIKE_NAME,
+            "be '.' or hold '..' or a backslash: MLflow refuses a model name that reads as a path",
+        ),
+        _refused(reg, "experiment", UNSEEN, unseen),
+        _refused(reg, "experiment", EDGE_SPACE, edge),
+        _refused(
+            reg,
+            "experiment",
+            EXPERIMENT_PATH_LIKE,
+            "have a '.' or '..' part, '//' or a backslash: an experiment path names one folder",
+        ),
+        _refused(model, "registered", UNSEEN, unseen),
+        _refused(
+            model, "registered", REGISTERED_EDGE_SPACE, "name a model whose name starts or ends with a space"
+        ),
+        _refused(
+            model,
+            "registered",
+            REGISTERED_PATH_LIKE,
+            "name a model that is '.' or holds '..' or a backslash: MLflow refuses such model names",
+        ),
+        _refused(
+            model,
+            "registered",
+            REGISTERED_RESERVED_ALIAS,
+            "use the alias 'latest' or v<number>: MLflow reserves them, no alias is ever set by those names",
+        ),
+    ]
 
 
 def registration_rules() -> list[Rule]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 # JSON Schema keys that carry over unchanged into the OpenAPI v3 structural schema.
 _KEEP = {
     "type",
+    "nullable",
     "description",
     "default",
     "enum",
@@ -59,6 +60,13 @@ def _inlined(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         inner.update({k: v for k, v in node.items() if k != "default" or v is not None})
         if merged_validations:
             inner["x-kubernetes-validations"] = merged_validations
+        if node.get("default", 0) is None:
+            # An optional field (``X | None = None``): an explicit null means "not set", whichever way
+            # the manifest comes in. Without nullable, kubectl create drops the null but server-side
+            # apply refuses it ("must be of type object"); with it, both keep it, and every CEL rule
+            # reads it as absent (has() is false), as the Python models do (ApiModel._null_is_unset).
+            # A field with a default needs none: both drop its null and default it.
+            inner["nullable"] = True
         node = inner
     return node
 

@@ -6,6 +6,14 @@ own ``spec.env`` entries, in their order. A pod's ``env`` is the rows that name 
 without those whose value this job leaves unset (:func:`env`); the builders
 (:mod:`kubetune_operator.builders`) put it in each container. Pure.
 
+What the operator sets is never overridden by the spec: the rules refuse every reserved name in
+``spec.env`` (:data:`kubetune_api.pod_env.RESERVED_ENV`), and a job admitted before a rule existed
+(the operator does not check a started job again) still gets none of them: :func:`env` leaves out a
+``spec.env`` entry that is reserved or that a row of this pod sets, whatever its case. So the
+trainer's and the registration's control variables (``KUBETUNE_REGISTER_FORCE`` above all: only a
+registration that the ``kubetune.io/retry-registration`` annotation asked for is forced) come from
+the table alone.
+
 The names come from :mod:`kubetune_api.pod_env` (and :data:`kubetune_api.registration.FORCE_ENV`):
 the trainer reads its own by those names, and the rules refuse them in ``spec.env``. A new variable is
 one row here (and its name there); tests/unit/test_pod_env.py holds the two together.
@@ -87,15 +95,10 @@ def _secret(field: str) -> Value:
     return value
 
 
-def _defaulted(name: str) -> Value:
+def _defaulted(ctx: Context) -> str | None:
     """Set after the preparation step (the model and the tokenized data are on the volume: a
-    (re)started trainer never reaches for the Hub), unless spec.env names it."""
-
-    def value(ctx: Context) -> str | None:
-        own = {e.name for e in ctx.job.spec.env or []}
-        return "1" if ctx.settings.preparation and name not in own else None
-
-    return value
+    (re)started trainer never reaches for the Hub)."""
+    return "1" if ctx.settings.preparation else None
 
 
 def _cpus(ctx: Context) -> dict[str, Any] | None:
@@ -124,7 +127,7 @@ TABLE: tuple[Var | SpecEnv, ...] = (
     # lineage: the registered model version is tagged with the image that trained it
     Var(names.IMAGE_ENV, ALL, lambda ctx: ctx.image),
     Var(names.HF_ENDPOINT_ENV, ALL, lambda ctx: ctx.settings.hf_endpoint or None),
-    *(Var(name, TRAINING, _defaulted(name)) for name in names.DEFAULTED_ENV),
+    *(Var(name, TRAINING, _defaulted) for name in names.DEFAULTED_ENV),
     *(Var(name, ALL, _secret(field)) for field, name in names.SECRET_ENV.items()),
     SpecEnv(ALL),
     Var(names.SHUTDOWN_GRACE_ENV, TRAINING, lambda ctx: str(shutdown_grace_seconds(ctx.settings))),
@@ -134,9 +137,13 @@ TABLE: tuple[Var | SpecEnv, ...] = (
 )
 
 
-def _spec_env(job: api.FineTuneJob) -> list[dict[str, Any]]:
+def _spec_env(job: api.FineTuneJob, pod: Pod) -> list[dict[str, Any]]:
+    """The job's own entries, less those the spec may not set (see the module's docstring)."""
+    ours = {name.upper() for name in names_set(pod)}
     out: list[dict[str, Any]] = []
     for extra in job.spec.env or []:
+        if names.reserved(extra.name) is not None or extra.name.upper() in ours:
+            continue
         if extra.value_from is not None:
             ref = extra.value_from.secret_key_ref
             out.append(
@@ -154,7 +161,7 @@ def env(ctx: Context) -> list[dict[str, Any]]:
         if ctx.pod not in row.pods:
             continue
         if isinstance(row, SpecEnv):
-            out += _spec_env(ctx.job)
+            out += _spec_env(ctx.job, ctx.pod)
             continue
         value = row.value(ctx)
         if isinstance(value, str):

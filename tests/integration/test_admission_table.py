@@ -14,11 +14,12 @@ import re
 from typing import Any
 
 import pytest
-from tests.support.admission_table import INVALID, VALID, Case, manifests, named
+from tests.support.admission_table import INVALID, NULLS, VALID, Case, left_out, manifests, named
 from tests.support.controlplane import ControlPlane
 
 from kubetune_api.admission import all_rules
 from kubetune_api.admission import problems as python_problems
+from kubetune_api.spec import FineTuneJob
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +89,49 @@ def test_edge_values_admitted_by_both(admission: dict[str, dict[str, tuple[bool,
     admitted, said = admission["good"][name]
     assert admitted, f"the API server refused {case.id}: {said}"
     assert python_problems(case.manifest(name)) == [], case.id
+
+
+def _stored(cp: ControlPlane, namespace: str, doc: dict[str, Any], *how: str) -> Any:
+    """The spec the API server would store for ``doc`` (a dry run), or what it said refusing it."""
+    out = cp.kubectl(
+        *how, "--dry-run=server", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(doc), check=False
+    )
+    return json.loads(out.stdout)["spec"] if out.returncode == 0 else out.stdout + out.stderr
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+@pytest.fixture(scope="module")
+def null_namespace(control_plane: ControlPlane) -> str:
+    control_plane.kubectl("create", "namespace", "admission-nulls", check=False)
+    return "admission-nulls"
+
+
+@pytest.mark.parametrize("case", NULLS, ids=[c.id for c in NULLS])
+def test_a_null_field_is_the_field_left_out_for_create_server_side_apply_and_python(
+    control_plane: ControlPlane, null_namespace: str, case: Case
+) -> None:
+    """kubectl create used to drop a null that server-side apply refused ("must be of type
+    object"): now both admit it, store what the manifest without that field stores (the null kept
+    on a nullable field, which every CEL rule reads as absent), and so does the Python check."""
+    doc = case.manifest("with-null")
+    created = _stored(control_plane, null_namespace, doc, "create")
+    applied = _stored(control_plane, null_namespace, doc, "apply", "--server-side", "--field-manager=test")
+    assert isinstance(created, dict), f"kubectl create refused {case.id}: {created}"
+    assert isinstance(applied, dict), f"server-side apply refused {case.id}: {applied}"
+    without = _stored(control_plane, null_namespace, left_out(case).manifest("with-null"), "create")
+    assert _without_nulls(created) == _without_nulls(applied) == without, case.id
+    assert python_problems(doc) == [], case.id
+    assert (
+        FineTuneJob.model_validate({**doc, "spec": created}).spec
+        == FineTuneJob.model_validate({**doc, "spec": without}).spec
+    )
 
 
 def test_nothing_was_stored(control_plane: ControlPlane, admission: dict[str, Any]) -> None:

@@ -172,7 +172,7 @@ INVALID: list[tuple[str, Mutation, str]] = [
     (
         "env-operator-owned",
         _set("spec.env", [{"name": "KUBETUNE_CONFIG", "value": "/tmp/mine.yaml"}]),
-        "spec.env[0].name: Invalid value: KUBETUNE_CONFIG, KUBETUNE_CPUS, KUBETUNE_SHUTDOWN_GRACE_S, KUBETUNE_IMAGE are set",
+        "spec.env[0].name: Invalid value: spec.env[].name must not be a kubetune control variable (KUBETUNE_*)",
     ),
     (
         "env-tuning-not-a-number",

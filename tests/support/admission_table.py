@@ -152,6 +152,97 @@ INVALID: list[Case] = [
     ),
     _C("env-master-addr", _env({"name": "MASTER_ADDR", "value": "10.0.0.1"}), "spec.env[0].name"),
     _C("env-pythonunbuffered", _env({"name": "PYTHONUNBUFFERED", "value": "0"}), "spec.env[0].name"),
+    # every class of RESERVED_ENV (kubetune_api.pod_env), as an attacker would try it
+    _C("env-register-force", _env({"name": "KUBETUNE_REGISTER_FORCE", "value": "1"}), "spec.env[0].name"),
+    _C(
+        "env-register-force-lowercase",
+        _env({"name": "kubetune_register_force", "value": "1"}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-register-force-from-secret",
+        _env({"name": "KUBETUNE_REGISTER_FORCE", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-register-force-leading-space",
+        _env({"name": " KUBETUNE_REGISTER_FORCE", "value": "1"}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-register-force-trailing-space",
+        _env({"name": "KUBETUNE_REGISTER_FORCE ", "value": "1"}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-register-force-after-ordinary",
+        _env({"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "KUBETUNE_REGISTER_FORCE", "value": "1"}),
+        "spec.env[1].name",
+    ),
+    _C(
+        "env-register-force-twice",
+        _env(
+            {"name": "KUBETUNE_REGISTER_FORCE", "value": ""},
+            {"name": "KUBETUNE_REGISTER_FORCE", "value": "1"},
+        ),
+        "spec.env[1]",
+    ),
+    _C(
+        "env-kubetune-claim-wait",
+        _env({"name": "KUBETUNE_REGISTER_CLAIM_WAIT_S", "value": "0"}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-kubetune-termination-log",
+        _env({"name": "KUBETUNE_TERMINATION_LOG", "value": "/x"}),
+        "spec.env[0].name",
+    ),
+    _C("env-kubetune-future", _env({"name": "KUBETUNE_ANYTHING_NEW", "value": "1"}), "spec.env[0].name"),
+    _C("env-kubetune-image-mixed-case", _env({"name": "Kubetune_Image", "value": "x"}), "spec.env[0].name"),
+    _C("env-tuning-lowercase", _env({"name": "kubetune_sharding", "value": "ddp"}), "spec.env[0].name"),
+    _C(
+        "env-hf-endpoint",
+        _env({"name": "HF_ENDPOINT", "value": "https://hub.example.com"}),
+        "spec.env[0].name",
+    ),
+    _C("env-hf-hub-offline", _env({"name": "HF_HUB_OFFLINE", "value": "0"}), "spec.env[0].name"),
+    _C("env-hf-home", _env({"name": "HF_HOME", "value": "/x"}), "spec.env[0].name"),
+    _C(
+        "env-hub-token-old-name",
+        _env({"name": "HUGGING_FACE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-mlflow-tracking-uri",
+        _env({"name": "MLFLOW_TRACKING_URI", "value": "https://m.example.com"}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-mlflow-registry-uri",
+        _env({"name": "MLFLOW_REGISTRY_URI", "value": "https://m.example.com"}),
+        "spec.env[0].name",
+    ),
+    _C("env-mlflow-run-id", _env({"name": "MLFLOW_RUN_ID", "value": "abc"}), "spec.env[0].name"),
+    _C(
+        "env-mlflow-insecure-tls",
+        _env({"name": "MLFLOW_TRACKING_INSECURE_TLS", "value": "true"}),
+        "spec.env[0].name",
+    ),
+    _C("env-rank", _env({"name": "RANK", "value": "0"}), "spec.env[0].name"),
+    _C("env-local-rank", _env({"name": "LOCAL_RANK", "value": "0"}), "spec.env[0].name"),
+    _C("env-pet-nnodes", _env({"name": "PET_NNODES", "value": "1"}), "spec.env[0].name"),
+    _C("env-pet-rdzv", _env({"name": "PET_RDZV_ENDPOINT", "value": "10.0.0.1:29400"}), "spec.env[0].name"),
+    _C("env-torchelastic", _env({"name": "TORCHELASTIC_RUN_ID", "value": "x"}), "spec.env[0].name"),
+    _C("env-nvidia-visible", _env({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}), "spec.env[0].name"),
+    _C("env-cuda-visible", _env({"name": "CUDA_VISIBLE_DEVICES", "value": "0"}), "spec.env[0].name"),
+    _C(
+        "env-kubernetes-host",
+        _env({"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.9"}),
+        "spec.env[0].name",
+    ),
+    _C("env-ld-preload-lowercase", _env({"name": "ld_preload", "value": "/x.so"}), "spec.env[0].name"),
+    _C("env-pythonbreakpoint", _env({"name": "PYTHONBREAKPOINT", "value": "os.system"}), "spec.env[0].name"),
+    _C("env-xdg-cache", _env({"name": "XDG_CACHE_HOME", "value": "/x"}), "spec.env[0].name"),
     _C(
         "env-uri-password",
         _env({"name": "DATABASE_URL", "value": "postgres://bob:hunter2@db/x"}),
@@ -281,6 +372,103 @@ INVALID: list[Case] = [
     _C("image-leading-dash", {"spec.image": "-trainer"}, "spec.image"),
     _C("image-two-tags", {"spec.image": "trainer:1:2"}, "spec.image"),
     _C("alias-latest", {"spec.registration.alias": "latest"}, "spec.registration.alias"),
+    # --- names that reach MLflow: as strict as MLflow, and no character that hides or reorders ---
+    _C("alias-latest-upper", {"spec.registration.alias": "LATEST"}, "spec.registration.alias"),
+    _C("alias-version-upper", {"spec.registration.alias": "V3"}, "spec.registration.alias"),
+    _C("alias-version-zero", {"spec.registration.alias": "v0"}, "spec.registration.alias"),
+    _C("alias-zero-width", {"spec.registration.alias": "champion\u200b"}, "spec.registration.alias"),
+    _C("model-name-dot", {"spec.registration.modelName": "."}, "spec.registration.modelName"),
+    _C("model-name-dot-dot", {"spec.registration.modelName": ".."}, "spec.registration.modelName"),
+    _C(
+        "model-name-leading-dot-dot",
+        {"spec.registration.modelName": "..hidden"},
+        "spec.registration.modelName",
+    ),
+    _C("model-name-inner-dot-dot", {"spec.registration.modelName": "a..b"}, "spec.registration.modelName"),
+    _C("model-name-backslash", {"spec.registration.modelName": "team\\other"}, "spec.registration.modelName"),
+    _C("model-name-slash", {"spec.registration.modelName": "team/other"}, "spec.registration.modelName"),
+    _C("model-name-leading-space", {"spec.registration.modelName": " qwen"}, "spec.registration.modelName"),
+    _C(
+        "model-name-trailing-nbsp",
+        {"spec.registration.modelName": "qwen\u00a0"},
+        "spec.registration.modelName",
+    ),
+    _C("model-name-blank", {"spec.registration.modelName": "   "}, "spec.registration.modelName"),
+    _C("model-name-zero-width", {"spec.registration.modelName": "qw\u200ben"}, "spec.registration.modelName"),
+    _C(
+        "model-name-rtl-override",
+        {"spec.registration.modelName": "qwen\u202egpj"},
+        "spec.registration.modelName",
+    ),
+    _C("model-name-isolate", {"spec.registration.modelName": "qwen\u2066x"}, "spec.registration.modelName"),
+    _C("model-name-bom", {"spec.registration.modelName": "\ufeffqwen"}, "spec.registration.modelName"),
+    _C("model-name-c1", {"spec.registration.modelName": "qwen\u0085x"}, "spec.registration.modelName"),
+    _C("model-name-lrm", {"spec.registration.modelName": "qwen\u200e"}, "spec.registration.modelName"),
+    _C(
+        "experiment-climbs",
+        {"spec.registration.experiment": "/Users/me/../other"},
+        "spec.registration.experiment",
+    ),
+    _C(
+        "experiment-dot-part", {"spec.registration.experiment": "/Users/./me"}, "spec.registration.experiment"
+    ),
+    _C(
+        "experiment-double-slash",
+        {"spec.registration.experiment": "/Users//me"},
+        "spec.registration.experiment",
+    ),
+    _C("experiment-backslash", {"spec.registration.experiment": "team\\x"}, "spec.registration.experiment"),
+    _C(
+        "experiment-trailing-space", {"spec.registration.experiment": "team "}, "spec.registration.experiment"
+    ),
+    _C("experiment-bidi", {"spec.registration.experiment": "team\u202ax"}, "spec.registration.experiment"),
+    _C(
+        "registered-latest",
+        {"spec.model": {"registered": "models:/assistant@latest"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-latest-mixed",
+        {"spec.model": {"registered": "models:/assistant@Latest"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-version-alias",
+        {"spec.model": {"registered": "models:/assistant@v3"}},
+        "spec.model.registered",
+    ),
+    _C("registered-dot", {"spec.model": {"registered": "models:/./3"}}, "spec.model.registered"),
+    _C("registered-dot-dot", {"spec.model": {"registered": "models:/..@champion"}}, "spec.model.registered"),
+    _C(
+        "registered-backslash",
+        {"spec.model": {"registered": "models:/a\\b@champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-space-end",
+        {"spec.model": {"registered": "models:/assistant @champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-space-start",
+        {"spec.model": {"registered": "models:/ assistant/2"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-zero-width",
+        {"spec.model": {"registered": "models:/assis\u200dtant@champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-rtl",
+        {"spec.model": {"registered": "models:/assistant\u202e@champion"}},
+        "spec.model.registered",
+    ),
+    _C(
+        "registered-version-zero",
+        {"spec.model": {"registered": "models:/assistant/0"}},
+        "spec.model.registered",
+    ),
     # --- rules across fields that were there before ---
     _C("epochs-and-max-steps", {"spec.training.epochs": 1}, "spec.training"),
     _C("neither-epochs-nor-max-steps", {"spec.training.maxSteps": DELETE}, "spec.training"),
@@ -407,6 +595,7 @@ INVALID: list[Case] = [
     _C("budget-zero-seconds", {"spec.budget": {"maxDuration": "0s"}}, "spec.budget.maxDuration"),
     _C("budget-zero-hours", {"spec.budget": {"maxDuration": "0h00m"}}, "spec.budget.maxDuration"),
     _C("budget-gpu-hours-zero", {"spec.budget": {"maxGpuHours": 0}}, "spec.budget.maxGpuHours"),
+    _C("model-null", {"spec.model": None}, "spec.model"),
     _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
     _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
 ]
@@ -456,7 +645,14 @@ VALID: list[Case] = [
         "env-ordinary",
         _env(
             {"name": "NCCL_DEBUG", "value": "INFO"},
-            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+            {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+            {"name": "HF_HUB_DOWNLOAD_TIMEOUT", "value": "60"},
+            {"name": "MLFLOW_HTTP_REQUEST_TIMEOUT", "value": "300"},
+            {"name": "KUBETUNE_FAULT_INJECT", "value": ""},
+            {"name": "KUBETUNE_GPU_MEMORY_GIB", "value": "70"},
+            {"name": "MY_RANK", "value": "0"},
+            {"name": "PATHS", "value": "/x"},
             {"name": "MY_PATH", "value": "/x"},
             {"name": "LDFLAGS", "value": "-O2"},
             {"name": "DATA_URL", "value": "https://h/x?page=2"},
@@ -502,7 +698,52 @@ VALID: list[Case] = [
     _C("image-digest", {"spec.image": f"ghcr.io/org/trainer@{DIGEST}"}, ""),
     _C("image-tag-and-digest", {"spec.image": f"localhost/trainer:latest@{DIGEST}"}, ""),
     _C("alias-v1beta", {"spec.registration.alias": "v1beta"}, ""),
+    _C("alias-latest-suffix", {"spec.registration.alias": "latest_good"}, ""),
+    _C("model-name-dots-apart", {"spec.registration.modelName": "qwen3.5-final.v2"}, ""),
+    _C("model-name-unicode-letters", {"spec.registration.modelName": "modèle-助手"}, ""),
+    _C("experiment-workspace-path", {"spec.registration.experiment": "/Shared/team-a/qwen3"}, ""),
+    _C("registered-dotted-name", {"spec.model": {"registered": "models:/team.assistant@champion_v2"}}, ""),
+    _C("registered-name-inner-space", {"spec.model": {"registered": "models:/team assistant/3"}}, ""),
 ]
+
+
+# Fields given as null: each admitted by kubectl create, by server-side apply and by the Python check,
+# and stored as the same spec as with the field left out (tests/integration/test_admission_table.py).
+NULLS: list[Case] = [
+    _C("null-budget", {"spec.budget": None}, ""),
+    _C("null-lora-with-full", {"spec.lora": None}, ""),
+    _C("null-from-job", {"spec.model.fromJob": None}, ""),
+    _C("null-registered", {"spec.model.registered": None}, ""),
+    _C("null-model-volume", {"spec.model.volume": None}, ""),
+    _C("null-gate", {"spec.registration.gate": None}, ""),
+    _C("null-alias", {"spec.registration.alias": None}, ""),
+    _C("null-secrets", {"spec.secrets": None}, ""),
+    _C("null-secret-ref", {"spec.secrets": {"huggingFaceToken": None}}, ""),
+    _C("null-env", {"spec.env": None}, ""),
+    _C("null-env-value-from", _env({"name": "NCCL_DEBUG", "value": "INFO", "valueFrom": None}), ""),
+    _C("null-tolerations", _resources(tolerations=None), ""),
+    _C("null-node-selector", _resources(nodeSelector=None), ""),
+    _C("null-cpu", _resources(cpu=None), ""),
+    _C("null-eval-data", {"spec.dataset.evalFraction": None, "spec.training.evalSteps": None}, ""),
+    # fields with a default: the default, as when left out
+    _C("null-registration", {"spec.registration": None}, ""),
+    _C("null-storage", {"spec.storage": None}, ""),
+    _C("null-loss-watchdog", {"spec.training.lossWatchdog": None}, ""),
+    _C("null-method", {"spec.method": None}, ""),
+]
+
+
+def left_out(case: Case) -> Case:
+    """``case`` with each field it sets to null left out instead."""
+
+    def drop(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [drop(v) for v in value]
+        return value
+
+    return Case(case.id, {k: DELETE if v is None else drop(v) for k, v in case.change.items()}, "")
 
 
 def named(cases: list[Case], prefix: str) -> dict[str, Case]:

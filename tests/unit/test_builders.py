@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from kubetune_api.rules import TRAINING_OPERATOR_ENV
 from kubetune_api.spec import EnvVar, FineTuneJob
@@ -404,10 +405,12 @@ def test_preparation_job() -> None:
     assert train_env["HF_HUB_OFFLINE"] == "1"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert "/var/lib/kubetune" in mounts  # the checkpoint volume the trainer reads the prepared files from
-    # a job that wants its trainer online says so in spec.env: its value is the only one
-    online = example("qwen3-4b-full.yaml", spec__env=[EnvVar(name="HF_HUB_OFFLINE", value="0")])
-    names = [e["name"] for e in _master(builders.build_pytorchjob(online, SETTINGS))["containers"][0]["env"]]
+    names = [e["name"] for e in _master(builders.build_pytorchjob(job, SETTINGS))["containers"][0]["env"]]
     assert names.count("HF_HUB_OFFLINE") == 1 and names.count("HF_DATASETS_OFFLINE") == 1
+    # the offline mode is the operator's alone: spec.env may not name it (kubetune_api.pod_env.RESERVED_ENV)
+    online = example("qwen3-4b-full.yaml", spec__env=[EnvVar(name="HF_HUB_OFFLINE", value="0")])
+    with pytest.raises(ValidationError, match=r"spec\.env\[0\]\.name: .*Hugging Face Hub"):
+        builders.build_pytorchjob(online, SETTINGS)
 
 
 def test_render_cli(capsys: pytest.CaptureFixture[str]) -> None:

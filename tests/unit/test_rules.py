@@ -330,6 +330,7 @@ def test_the_rules_know_every_variable_and_mount_kubetune_sets() -> None:
             mounts |= {m["mountPath"] for m in container.get("volumeMounts", [])}
     known = set(rules.POD_ENV) | set(spec.OPERATOR_ENV) | set(pod_env.DEFAULTED_ENV)
     assert names <= known, names - known
+    assert not [n for n in names if pod_env.reserved(n) is None]  # and spec.env may set none of them
     assert mounts <= set(rules.KUBETUNE_MOUNTS), mounts
 
 
@@ -363,9 +364,13 @@ def test_cel_patterns_fit_in_single_quoted_cel_strings() -> None:
         "URI_USERINFO",
         "URI_CREDENTIALS",
         "QUERY_CREDENTIAL",
-        "PROCESS_START_ENV",
     ):
         assert not set("'\\") & set(getattr(cel, name)), name
+    for name in dir(cel):  # the two-engine patterns go into raw CEL strings r'...'
+        if isinstance(getattr(cel, name), cel.Pattern):
+            assert "'" not in getattr(cel, name).re2, name
+    for reserved in pod_env.RESERVED_ENV:
+        assert not set("'\\") & set(reserved.pattern + (reserved.allowed or "")), reserved.what
     assert not set("'\\") & set(spec.NAME_PATTERN + cel.SECRET_LIKE_ENV)
 
 
@@ -386,3 +391,16 @@ def test_the_guide_points_at_the_generated_table_and_the_docs_state_the_minimum(
     assert "cluster (1.30 or newer)" in install and "Kubernetes 1.30, the documented minimum" in guide
     # the CEL uses nothing newer than 1.30 has: no format library (1.32)
     assert not [r.cel for r in admission.all_rules() if "format." in r.cel]
+
+
+def test_both_spellings_of_a_name_pattern_say_the_same() -> None:
+    """RE2's spelling (\\x{200B}) and Python's (\\U0000200B) come from one table: Python's, and the
+    RE2 one read by Python after the one change of syntax, agree on every code point of the table and
+    its neighbours (the real API server reads RE2's: tests/integration/test_admission_table.py)."""
+    re2_in_python = re.sub(r"\\x\{([0-9A-F]{4})\}", lambda m: f"\\U0000{m[1]}", cel.UNSEEN.re2)
+    edges = {c + d for a, b in (*cel.UNSEEN_RANGES, *cel.SPACE_RANGES) for c in (a, b) for d in (-1, 0, 1)}
+    for point in sorted(p for p in edges if p >= 0):
+        inside = any(a <= point <= b for a, b in cel.UNSEEN_RANGES)
+        assert cel.UNSEEN.search(f"a{chr(point)}b") is inside, hex(point)
+        assert (re.search(re2_in_python, chr(point)) is not None) is inside, hex(point)
+    assert not cel.EDGE_SPACE.search("a b") and cel.EDGE_SPACE.search("a\u3000")

@@ -2,7 +2,10 @@
 
 A pod gets its settings from the operator (the container's ``env``: ranks from torchrun, the
 termination-log path, the image, the CPU request, credentials as secretKeyRefs); a local run from
-the shell. Nothing else in ``kubetune_trainer`` reads ``os.environ`` for its own control variables:
+the shell. In a pod, a control variable read here can only be the operator's (or the Training
+Operator's and torchrun's): ``spec.env`` may not set any name of
+:data:`kubetune_api.pod_env.RESERVED_ENV`, and the operator leaves such entries out of the pods
+(tests/unit/test_pod_env.py reads every name read here and holds it against that list). Nothing else in ``kubetune_trainer`` reads ``os.environ`` for its own control variables:
 a module calls :func:`current` (or takes a :class:`Settings` from its caller) and reads a field.
 Writing the environment to configure a library (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, inductor's
 compile threads) stays where that library is set up.
@@ -28,7 +31,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kubetune_api.pod_env import CPUS_ENV, IMAGE_ENV, SHUTDOWN_GRACE_ENV
+from kubetune_api.pod_env import CPUS_ENV, FAULT_INJECT_ENV, IMAGE_ENV, SHUTDOWN_GRACE_ENV
 from kubetune_api.registration import FORCE_ENV
 from kubetune_api.tuning import GPU_MEMORY_ENV, TUNING_ENV, TuningConfig
 
@@ -62,8 +65,8 @@ RETRY_BUDGET_ENV = "KUBETUNE_REGISTER_RETRY_BUDGET_S"
 DEFAULT_RETRY_BUDGET_S = 600.0
 CLAIM_WAIT_ENV = "KUBETUNE_REGISTER_CLAIM_WAIT_S"
 DEFAULT_CLAIM_WAIT_S = 3600.0
-# tests' fault injection in real training processes (never set in production)
-FAULT_ENV = "KUBETUNE_FAULT_INJECT"
+# tests' fault injection in real training processes (never set in production; spec.env may set it)
+FAULT_ENV = FAULT_INJECT_ENV
 # library settings kubetune looks at before it sets its own default
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
 
