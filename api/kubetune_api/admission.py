@@ -13,31 +13,57 @@ list and check through it.
 from __future__ import annotations
 
 import functools
+import typing
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic.alias_generators import to_camel
 
 from . import rules
 from .rules import ADMITTED, Rule
 from .schema import schema_at, schema_problems, structural
-from .spec import MUTABLE_SPEC_FIELDS, FineTuneJob, FineTuneJobSpec
+from .spec import MUTABLE_SPEC_PATHS, FineTuneJob, FineTuneJobSpec
 from .status import FineTuneJobStatus
 
 
-def spec_fields() -> list[tuple[str, bool]]:
-    """Each field of the spec: its wire name, and whether it is required."""
-    return [
-        (info.alias or to_camel(name), info.is_required())
-        for name, info in FineTuneJobSpec.model_fields.items()
-    ]
+def fields_of(model: type[BaseModel]) -> list[tuple[str, bool, type[BaseModel] | None]]:
+    """Each field of ``model``: its wire name, whether it is required, and its own model (an object
+    field: ``RegistrationSpec``, ``GateSpec | None``), else None."""
+    out = []
+    for name, info in model.model_fields.items():
+        args = typing.get_args(info.annotation) or (info.annotation,)
+        sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        out.append((info.alias or to_camel(name), info.is_required(), sub))
+    return out
+
+
+def immutable_parts(
+    model: type[BaseModel] = FineTuneJobSpec, mutable: tuple[str, ...] = MUTABLE_SPEC_PATHS, under: str = ""
+) -> list[tuple[tuple[tuple[str, bool], ...], tuple[str, ...]]]:
+    """What may not change after creation, walked from the spec's model and the one list of what may
+    (:data:`kubetune_api.spec.MUTABLE_SPEC_PATHS`): each part as its path from spec (each step's wire
+    name and whether it is required) and the paths that may change beside it (for its message). A
+    field that holds a mutable path is not one part: each of its own fields is (and so on down)."""
+    out: list[tuple[tuple[tuple[str, bool], ...], tuple[str, ...]]] = []
+    for wire, required, sub in fields_of(model):
+        path = f"{under}{wire}"
+        if path in mutable:
+            continue
+        below = tuple(m for m in mutable if m.startswith(path + "."))
+        if below and sub is not None:
+            for steps, beside in immutable_parts(sub, mutable, path + "."):
+                out.append((((wire, required), *steps), beside))
+        else:
+            siblings = tuple(m for m in mutable if under and m.startswith(under))
+            out.append((((wire, required),), siblings))
+    return out
 
 
 @functools.cache
 def all_rules() -> tuple[Rule, ...]:
     """Every rule, in the order the CRD lists them at each place: the rules on one object, then the
     transition rules (oldSelf)."""
-    return (*rules.object_rules(), *rules.immutable_rules(spec_fields(), MUTABLE_SPEC_FIELDS))
+    return (*rules.object_rules(), *rules.immutable_rules(immutable_parts()))
 
 
 def root_schema() -> dict[str, Any]:

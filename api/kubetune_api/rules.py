@@ -330,44 +330,51 @@ def _spec_rules() -> list[Rule]:
     ]
 
 
-def immutable_rules(spec_fields: Iterable[tuple[str, bool]], mutable: Iterable[str]) -> list[Rule]:
-    """Transition rules (oldSelf): what shapes the training cannot change once created.
+def _unchanged_cel(steps: tuple[tuple[str, bool], ...], under: str = "") -> str:
+    """CEL: the field at ``steps`` (wire names below spec, each with whether it is required) is the
+    same in ``self`` and ``oldSelf``. A transition rule on the field itself would run only when both
+    exist, so the rule sits on spec and each optional step checks presence first (adding or removing
+    the field is a change too)."""
+    (wire, required), rest = steps[0], steps[1:]
+    new, old = f"self.{under}{wire}", f"oldSelf.{under}{wire}"
+    same = _unchanged_cel(rest, f"{under}{wire}.") if rest else f"{new} == {old}"
+    if required:
+        return same
+    return f"has({new}) == has({old}) && (!has({new}) || {f'({same})' if rest else same})"
 
-    ``spec_fields``: each field of the spec, as its wire name and whether it is required (the spec's
-    model gives them: :func:`kubetune_api.admission.all_rules`); ``mutable``: those that may change.
+
+def _unchanged(new: Any, old: Any, keys: tuple[str, ...]) -> bool:
+    """The Python twin of :func:`_unchanged_cel` on the wire form of two specs."""
+    for key in keys:
+        if _has(new, key) != _has(old, key):
+            return False
+        if not _has(new, key):
+            return True
+        new, old = new[key], old[key]
+    return bool(new == old)
+
+
+def immutable_rules(parts: Iterable[tuple[tuple[tuple[str, bool], ...], tuple[str, ...]]]) -> list[Rule]:
+    """Transition rules (oldSelf): what may not change once created, one rule per part.
+
+    ``parts``: each part that may not change, as its path below spec (each step's wire name and
+    whether it is required) and the paths beside it that may change (named in its message); the spec's
+    model and its one list of mutable paths give them (:func:`kubetune_api.admission.immutable_parts`).
     """
     out = []
-    for wire, required in spec_fields:
-        if wire in mutable:
-            continue
-        if required:
-            rule = f"self.{wire} == oldSelf.{wire}"
-        else:
-            rule = f"has(self.{wire}) == has(oldSelf.{wire}) && (!has(self.{wire}) || self.{wire} == oldSelf.{wire})"
+    for steps, beside in parts:
+        path = ".".join(wire for wire, _ in steps)
+        keys = tuple(wire for wire, _ in steps)
+        message = f"spec.{path} is immutable once created"
+        if beside:
+            message += f" (only {' and '.join(beside)} may change)"
         out.append(
             Rule(
                 ("spec",),
-                rule,
-                f"spec.{wire} is immutable once created",
-                lambda s, o, wire=wire: s.get(wire) == o.get(wire),
-                field=f".{wire}",
-                old=True,
-            )
-        )
-    # registration: only alias (and enabled) may change; the rest names where the model goes
-    for sub in ("trackingUri", "experiment", "modelName", "mergeLora"):
-        out.append(
-            Rule(
-                ("spec",),
-                f"has(self.registration) == has(oldSelf.registration) && (!has(self.registration) || "
-                f"(has(self.registration.{sub}) == has(oldSelf.registration.{sub}) && "
-                f"(!has(self.registration.{sub}) || self.registration.{sub} == oldSelf.registration.{sub})))",
-                f"spec.registration.{sub} is immutable once created (only registration.alias may change)",
-                lambda s, o, sub=sub: (
-                    _has(s, "registration") == _has(o, "registration")
-                    and (s.get("registration") or {}).get(sub) == (o.get("registration") or {}).get(sub)
-                ),
-                field=f".registration.{sub}",
+                _unchanged_cel(steps),
+                message,
+                lambda s, o, keys=keys: _unchanged(s, o, keys),
+                field=f".{path}",
                 old=True,
             )
         )

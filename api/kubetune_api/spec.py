@@ -580,8 +580,12 @@ class BudgetSpec(ApiModel):
 RESUME_PATTERN = r"^(latest|best|none|[1-9][0-9]{0,8})$"
 
 
-# Fields of the spec that may change after creation; everything else shapes the training.
-MUTABLE_SPEC_FIELDS = ("suspend", "registration")
+# The one list of what may change after creation, as paths below spec: everything else shapes the
+# training or where and whether its model is registered (the evaluation gate, the checkpoint that is
+# registered), and the API server refuses changing it (transition rules generated from this list:
+# kubetune_api.admission.immutable_parts). docs/api.md says it from this list, and a test holds
+# docs/guide.md to it.
+MUTABLE_SPEC_PATHS = ("suspend", "registration.enabled", "registration.alias")
 
 
 class FineTuneJobSpec(ApiModel):

@@ -101,9 +101,54 @@ def test_transition_rules_have_twins_too() -> None:
         problems = admission.check_update(old, new)
         assert problems and all("is immutable once created" in p for p in problems), key
         assert any(p.startswith(f"spec.{key}") for p in problems), (key, problems)
-    # suspend and the alias may change
-    new = {**copy.deepcopy(old), "suspend": True, "registration": {**old["registration"], "alias": "prod"}}
+    # suspend, enabled and the alias may change
+    new = {
+        **copy.deepcopy(old),
+        "suspend": True,
+        "registration": {**old["registration"], "alias": "prod", "enabled": False},
+    }
     assert admission.check_update(old, new) == []
+
+
+def test_the_gate_and_the_checkpoint_choice_cannot_be_loosened_after_creation() -> None:
+    """Adding, removing or changing the gate, or what is registered, is refused by its name."""
+    gated = {**BASE["spec"], "dataset": {**BASE["spec"]["dataset"], "evalFraction": 0.1}}
+    gated["registration"] = {**gated.get("registration", {}), "gate": {"maxEvalLoss": 1.5}}
+    old = spec.FineTuneJobSpec.model_validate(gated).wire()
+    for registration, field in [
+        ({"gate": {"maxEvalLoss": 9.0}}, "spec.registration.gate"),
+        ({"gate": None}, "spec.registration.gate"),
+        ({"select": "bestEval"}, "spec.registration.select"),
+    ]:
+        new = copy.deepcopy(old)
+        new["registration"].update(registration)
+        new["registration"] = {k: v for k, v in new["registration"].items() if v is not None}
+        assert admission.check_update(old, new) == [
+            f"{field}: {field} is immutable once created (only registration.enabled and registration.alias may change)"
+        ]
+    # adding one where there was none is a change too
+    ungated = copy.deepcopy(old)
+    del ungated["registration"]["gate"]
+    assert [p.split(":")[0] for p in admission.check_update(ungated, old)] == ["spec.registration.gate"]
+
+
+def test_the_mutable_fields_are_one_list_and_the_guide_says_it() -> None:
+    """The transition rules cover every spec field but the declared mutable paths, and docs/guide.md
+    states the same list the reference is generated from."""
+    from kubetune_api.docs import mutable_sentence
+
+    covered = {r.field.lstrip(".") for r in admission.all_rules() if r.old and r.field}
+    walked = {p.split(".")[0] for p in covered}
+    top = {wire for wire, _, _ in admission.fields_of(spec.FineTuneJobSpec)}
+    assert walked | {"suspend"} == top
+    assert not covered & set(spec.MUTABLE_SPEC_PATHS)
+    registration = {wire for wire, _, _ in admission.fields_of(spec.RegistrationSpec)}
+    assert {f"registration.{w}" for w in registration} - covered == {
+        "registration.enabled",
+        "registration.alias",
+    }
+    guide = " ".join((Path(__file__).resolve().parents[2] / "docs" / "guide.md").read_text().split())
+    assert mutable_sentence() in guide
 
 
 # --- every OpenAPI constraint of the CRD has its twin in pydantic ----------------------------------------
