@@ -60,6 +60,7 @@ class Reason(StrEnum):
     CHILD_FORBIDDEN = "ChildForbidden"
     CHILD_API_ERROR = "ChildApiError"
     INVALID_SPEC = "InvalidSpec"
+    MODEL_NAME_NOT_ALLOWED = "ModelNameNotAllowed"  # outside its namespace's registry names (tenancy)
     WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
     PREPARING = "Preparing"
     PREPARED = "Prepared"

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetune_api import ownership
+from kubetune_api import ownership, tenancy
 from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
@@ -149,12 +149,14 @@ def observe(ctx: Context, obj: dict[str, Any]) -> state.Observation:
         invalid = None
     except ValidationError as e:
         job, invalid = None, f"the spec cannot be used: {_short(e)}"
+    grants = dict(settings.registry_model_names)
     return state.Observation(
         generation=int(meta.get("generation") or 1),
         now=now(),
         previous=_previous(obj),
         job=job,
         invalid_spec=invalid,
+        registry_refusal=tenancy.refusal(job, settings.registry_tenancy, grants) if job else None,
         annotations=dict(meta.get("annotations") or {}),
         namespace=meta["namespace"],
         job_name=meta["name"],

@@ -36,6 +36,11 @@ Variable                               Meaning (default)
 ``KUBETUNE_TMP_SIZE_LIMIT``            per-pod emptyDir for ``/tmp`` (``8Gi``)
 ``KUBETUNE_RESYNC_SECONDS``            slow safety-net re-sync of every FineTuneJob (``300``)
 ``KUBETUNE_RETRY_SECONDS``             re-check delay while waiting, e.g. on a child conflict (``15``)
+``KUBETUNE_REGISTRY_TENANCY``          which model names and experiments a namespace's jobs may use
+                                       (``namespace-prefix`` or ``off``; unset: ``off``; the chart
+                                       sets ``namespace-prefix``): :mod:`kubetune_api.tenancy`
+``KUBETUNE_REGISTRY_MODEL_NAMES``      names granted beyond the prefix, a JSON object of namespace
+                                       to glob patterns (``{"team-a": ["shared-*"]}``)
 =====================================  ===========================================================
 """
 
@@ -44,6 +49,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from kubetune_api import tenancy
 
 PREFIX = "KUBETUNE_"
 
@@ -84,6 +91,9 @@ class Settings:
     tmp_size_limit: str = "8Gi"
     resync_seconds: float = 300.0
     retry_seconds: float = 15.0
+    registry_tenancy: str = "off"
+    # namespace -> glob patterns of the model names (and experiments) it may use beyond its prefix
+    registry_model_names: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +133,8 @@ class Settings:
             tmp_size_limit=get("TMP_SIZE_LIMIT") or defaults.tmp_size_limit,
             resync_seconds=float(get("RESYNC_SECONDS") or defaults.resync_seconds),
             retry_seconds=float(get("RETRY_SECONDS") or defaults.retry_seconds),
+            registry_tenancy=tenancy.parse_mode(get("REGISTRY_TENANCY")),
+            registry_model_names=tuple(tenancy.parse_grants(get("REGISTRY_MODEL_NAMES")).items()),
         )
 
 

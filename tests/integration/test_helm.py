@@ -351,6 +351,9 @@ def run_a_job_through(
         wait_for(operator.healthy, timeout=60, what="the liveness endpoint")
         doc = load_example("qwen3-4b-full.yaml", job_namespace)
         name = doc["metadata"]["name"]
+        # the chart binds namespaces to model names (registry.tenancy: namespace-prefix)
+        model_name = f"{job_namespace}.{doc['spec']['registration']['modelName']}"
+        doc["spec"]["registration"]["modelName"] = model_name
         kube.create(doc)
         # the chart runs the preparation step: nothing GPU-sized until its Job has succeeded
         prep = f"{name}-prepare"
@@ -428,9 +431,11 @@ def run_a_job_through(
         wait_phase(kube, job_namespace, name, "Registering", timeout=60)
         reg = f"{name}-register"
         wait_for(lambda: kube.get("batch/v1", "Job", job_namespace, reg), timeout=60, what="registration Job")
-        finish_registration_job(kube, job_namespace, reg, message=json.dumps(RESULT))
+        result = {**RESULT, "name": model_name, "uri": f"models:/{model_name}/1"}
+        finish_registration_job(kube, job_namespace, reg, message=json.dumps(result))
         obj = wait_phase(kube, job_namespace, name, "Succeeded", timeout=60)
         assert obj["status"]["registeredModel"]["version"] == "1"
+        assert obj["status"]["registeredModel"]["name"] == model_name
         assert obj["status"]["preparation"] == PREPARED.wire()
         assert obj["status"]["progress"] == progress
         assert operator.healthy()

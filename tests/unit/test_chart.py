@@ -468,6 +468,25 @@ def test_every_operator_setting_is_set_by_the_chart() -> None:
     assert not missing, f"operator settings the chart cannot set: {sorted(missing)}"
 
 
+def test_registry_tenancy_is_on_by_default_and_the_values_reach_the_operator() -> None:
+    """registry.tenancy binds namespaces to model names unless turned off; registry.modelNames grants
+    more; a release upgraded with --reuse-values (no registry values at all) gets the defaults."""
+    env = {e["name"]: e.get("value") for e in operator_container(render())["env"]}
+    settings = Settings.from_env(env)
+    assert (settings.registry_tenancy, settings.registry_model_names) == ("namespace-prefix", ())
+    objs = render(
+        "--set", "registry.tenancy=off", "--set-json", 'registry.modelNames={"team-a":["shared-*"]}'
+    )
+    settings = Settings.from_env({e["name"]: e.get("value") for e in operator_container(objs)["env"]})
+    assert (settings.registry_tenancy, settings.registry_model_names) == ("off", (("team-a", ("shared-*",)),))
+    reused = Settings.from_env(
+        {e["name"]: e.get("value") for e in operator_container(render("--set", "registry=null"))["env"]}
+    )
+    assert reused.registry_tenancy == "namespace-prefix"
+    refused = helm("template", "k", str(CHART), "--set", "registry.tenancy=on", check=False)
+    assert refused.returncode != 0 and "registry/tenancy" in refused.stderr
+
+
 def test_external_tracking_uri_wins_over_the_in_cluster_server() -> None:
     objs = render(
         "--set", "mlflow.server.enabled=true", "--set", "mlflow.trackingUri=https://mlflow.example.com"

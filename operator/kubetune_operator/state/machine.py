@@ -254,8 +254,8 @@ def _decide(obs: Observation) -> tuple[str, Verdicts]:
     out = Verdicts()
 
     if obs.invalid_spec:
-        out[C.CHILDREN_READY] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
-        out[C.READY] = (False, Reason.INVALID_SPEC, obs.invalid_spec)
+        out[C.CHILDREN_READY] = (False, obs.invalid_reason, obs.invalid_spec)
+        out[C.READY] = (False, obs.invalid_reason, obs.invalid_spec)
         return Phase.FAILED, out
 
     if obs.parent is not None:  # spec.model.fromJob, the parent Succeeded (``decide`` holds the rest)

@@ -103,6 +103,9 @@ class Observation:
     restarts: TrainingRestarts | None = None  # counted (advance fills it from the previous status)
     queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
     invalid_spec: str | None = None
+    invalid_reason: str = "InvalidSpec"  # the condition's reason when invalid_spec is set
+    # why the job may not use the registry names it names (kubetune_api.tenancy), if so
+    registry_refusal: str | None = None
     conflict: str | None = None  # message naming the foreign object, if any
     child_error: ChildError | None = None  # the pass stopped at a request the API server refused
     training: TrainingObservation = field(default_factory=TrainingObservation)

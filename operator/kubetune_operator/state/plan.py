@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from kubetune_api import spec as api
-from kubetune_api.status import FineTuneJobStatus, Phase
+from kubetune_api.status import FineTuneJobStatus, Phase, Reason
 
 from .. import builders
 from ..observations import TrainingObservation, retry_delay, training_observation
@@ -66,6 +66,15 @@ def _normal(obs: Observation, prev: FineTuneJobStatus, reregister: Reregister | 
         message = obs.invalid_spec or "the spec cannot be used"
         t = transition(prev, replace(first, invalid_spec=message))
         return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
+    # the registry's names are the platform's (kubetune_api.tenancy): refused before anything is
+    # created; a job that started keeps the names it started with (an upgrade that turns tenancy on
+    # stops no running job)
+    if obs.registry_refusal and prev.phase is None:
+        refused = replace(
+            first, invalid_spec=obs.registry_refusal, invalid_reason=Reason.MODEL_NAME_NOT_ALLOWED
+        )
+        t = transition(prev, refused)
+        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=obs.registry_refusal), t),))
     # spec.model.fromJob: nothing is created before the parent job has Succeeded
     job, found = chaining.for_pass(
         obs.job,

@@ -1,0 +1,118 @@
+"""Tenancy of the model registry through the real API server and the operator: a job in one namespace
+naming another namespace's model (to register, or to start from) ends Failed on the operator's first
+pass with reason ModelNameNotAllowed, the field and the rule in its message and a Warning event, and
+no child is ever created; a name of its own proceeds; with tenancy off the same job proceeds."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.integration.conftest import condition, events_for, kopf_runner, load_example, wait_for, wait_phase
+
+pytestmark = [pytest.mark.integration]
+
+CHILDREN = [
+    ("v1", "PersistentVolumeClaim", "ckpt"),
+    ("v1", "ConfigMap", "config"),
+    ("v1", "ServiceAccount", "trainer"),
+    ("kubeflow.org/v1", "PyTorchJob", "train"),
+    ("batch/v1", "Job", "prepare"),
+]
+
+
+def _operator(monkeypatch: pytest.MonkeyPatch, namespace: str, mode: str) -> Iterator[Any]:
+    monkeypatch.setenv("KUBETUNE_REGISTRY_TENANCY", mode)
+    monkeypatch.setenv("KUBETUNE_REGISTRY_MODEL_NAMES", json.dumps({namespace: ["shared-*"]}))
+    with kopf_runner(namespace) as runner:
+        yield runner
+
+
+@pytest.fixture
+def tenancy_on(
+    operator_env: dict[str, str], namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    yield from _operator(monkeypatch, namespace, "namespace-prefix")
+
+
+@pytest.fixture
+def tenancy_off(
+    operator_env: dict[str, str], namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    yield from _operator(monkeypatch, namespace, "off")
+
+
+def _job(namespace: str, name: str, model_name: str, registered: str | None = None) -> dict[str, Any]:
+    doc = load_example("qwen3-4b-full.yaml", namespace)
+    doc["metadata"]["name"] = name
+    doc["spec"]["registration"]["modelName"] = model_name
+    if registered:
+        doc["spec"]["model"] = {"registered": registered}
+    return doc
+
+
+def _children(kube: Any, namespace: str, name: str) -> list[str]:
+    return [
+        f"{kind} {name}-{suffix}"
+        for api, kind, suffix in CHILDREN
+        if kube.get(api, kind, namespace, f"{name}-{suffix}") is not None
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model_name", "registered", "field", "name"),
+    [
+        ("team-b.assistant", None, "spec.registration.modelName", "team-b.assistant"),
+        ("{ns}-assistant", None, "spec.registration.modelName", "{ns}-assistant"),
+        ("{ns}.assistant", "models:/team-b.base@champion", "spec.model.registered", "team-b.base"),
+    ],
+    ids=["another-namespaces-model", "dash-is-no-separator", "starts-from-another-namespaces-model"],
+)
+def test_a_name_outside_the_namespace_fails_the_job_and_creates_nothing(
+    tenancy_on: Any, kube: Any, namespace: str, model_name: str, registered: str | None, field: str, name: str
+) -> None:
+    kube.create(_job(namespace, "outside", model_name.format(ns=namespace), registered))
+    obj = wait_phase(kube, namespace, "outside", "Failed", timeout=30)
+    ready = condition(obj, "Ready")
+    assert ready["reason"] == "ModelNameNotAllowed"
+    assert f"{field} '{name.format(ns=namespace)}' is outside its namespace's names" in ready["message"]
+    assert (
+        f"namespace {namespace} may use model names starting with '{namespace}.' or matching shared-*"
+        in (ready["message"])
+    )
+    warnings = [e for e in events_for(kube, namespace, "outside") if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ModelNameNotAllowed"]
+    time.sleep(2)  # more passes (the resync, the events): still nothing
+    assert _children(kube, namespace, "outside") == []
+    assert wait_phase(kube, namespace, "outside", "Failed")["status"]["phase"] == "Failed"
+
+
+@pytest.mark.parametrize("model_name", ["{ns}.assistant", "shared-assistant"])
+def test_a_name_of_its_own_or_granted_proceeds(
+    tenancy_on: Any, kube: Any, namespace: str, model_name: str
+) -> None:
+    kube.create(_job(namespace, "inside", model_name.format(ns=namespace)))
+    wait_for(
+        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, "inside-train"), what="the PyTorchJob"
+    )
+    assert condition(kube.get("kubetune.io/v1alpha1", "FineTuneJob", namespace, "inside"), "Ready")[
+        "reason"
+    ] != ("ModelNameNotAllowed")
+
+
+def test_with_tenancy_off_another_namespaces_name_proceeds(
+    tenancy_off: Any, kube: Any, namespace: str
+) -> None:
+    kube.create(_job(namespace, "outside", "team-b.assistant", "models:/team-b.base@champion"))
+    wait_for(
+        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, "outside-train"), what="the PyTorchJob"
+    )
+    assert phase_is_not_failed(kube, namespace, "outside")
+
+
+def phase_is_not_failed(kube: Any, namespace: str, name: str) -> bool:
+    obj = kube.get("kubetune.io/v1alpha1", "FineTuneJob", namespace, name)
+    return bool((obj.get("status") or {}).get("phase") not in (None, "Failed"))

@@ -1,0 +1,103 @@
+"""Tenancy of the model registry: which names a namespace's jobs may use (kubetune_api.tenancy), the
+operator's settings for it, and the state machine's answer to a job outside its names (Failed on its
+first pass, nothing created; a job that started keeps going)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.test_state_advance import World, drive, first, manifest
+
+from kubetune_api import tenancy
+from kubetune_api.spec import parse_job
+from kubetune_api.status import FineTuneJobStatus
+from kubetune_operator import state
+from kubetune_operator.settings import Settings
+
+
+def job(namespace: str = "team-a", name: str = "j", **registration: Any) -> Any:
+    obj = manifest(name, registration=registration)
+    obj["metadata"]["namespace"] = namespace
+    return parse_job(obj)
+
+
+def chained(registered: str) -> Any:
+    obj = manifest("j", model={"registered": registered}, registration={"modelName": "team-a.m"})
+    obj["metadata"]["namespace"] = "team-a"
+    return parse_job(obj)
+
+
+@pytest.mark.parametrize(
+    ("the_job", "grants", "refused"),
+    [
+        (job(modelName="team-a.assistant"), {}, None),
+        (job(modelName="team-b.assistant"), {}, "spec.registration.modelName 'team-b.assistant'"),
+        # '-' is no separator: namespace team-a must not own team-a-b's names, nor team those of team-a
+        (job(modelName="team-a-assistant"), {}, "spec.registration.modelName 'team-a-assistant'"),
+        (job("team", modelName="team-a.assistant"), {}, "spec.registration.modelName 'team-a.assistant'"),
+        # the default name is the job's own name: outside every namespace's prefix
+        (job(name="assistant"), {}, "spec.registration.modelName (unset: the job's name) 'assistant'"),
+        (job(modelName="shared-base"), {"team-a": ["shared-*"]}, None),
+        (job(modelName="shared-base"), {"team-b": ["shared-*"]}, "'shared-base'"),
+        (chained("models:/team-a.base@champion"), {}, None),
+        (chained("models:/team-b.base/3"), {}, "spec.model.registered 'team-b.base'"),
+        (job(modelName="team-a.m", experiment="kubetune/team-a/sweep"), {}, None),
+        (job(modelName="team-a.m", experiment="kubetune/team-b"), {}, "spec.registration.experiment"),
+        (job(modelName="team-a.m", experiment="kubetune/team-ab"), {}, "spec.registration.experiment"),
+    ],
+)
+def test_names_outside_the_namespace_are_refused_with_the_field_and_the_rule(
+    the_job: Any, grants: dict[str, list[str]], refused: str | None
+) -> None:
+    message = tenancy.refusal(the_job, "namespace-prefix", grants)
+    if refused is None:
+        assert message is None
+    else:
+        assert message is not None and refused in message
+        assert f"namespace {the_job.metadata.namespace} may use model names starting with" in message
+    # off: nothing is checked
+    assert tenancy.refusal(the_job, "off", grants) is None
+
+
+def test_settings_read_the_mode_and_the_grants() -> None:
+    assert Settings.from_env({}).registry_tenancy == "off"
+    s = Settings.from_env(
+        {
+            "KUBETUNE_REGISTRY_TENANCY": "namespace-prefix",
+            "KUBETUNE_REGISTRY_MODEL_NAMES": '{"team-a": ["shared-*", "base.*"]}',
+        }
+    )
+    assert s.registry_tenancy == "namespace-prefix"
+    assert dict(s.registry_model_names) == {"team-a": ("shared-*", "base.*")}
+    with pytest.raises(ValueError, match="registry tenancy 'namespace'"):
+        Settings.from_env({"KUBETUNE_REGISTRY_TENANCY": "namespace"})
+    with pytest.raises(ValueError, match="JSON object of namespace"):
+        Settings.from_env({"KUBETUNE_REGISTRY_MODEL_NAMES": '["shared-*"]'})
+
+
+REFUSAL = "spec.registration.modelName 'team-b.m' is outside its namespace's names (registry tenancy ...)"
+
+
+def test_a_new_job_outside_its_names_fails_on_its_first_pass_and_creates_nothing() -> None:
+    obs = first(manifest("j"))
+    actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), World())
+    assert actions == [commit]  # no read, no child
+    status = FineTuneJobStatus.model_validate(
+        {k: v for k, v in commit.transition.status.items() if v is not None}
+    )
+    assert status.phase == "Failed"
+    ready = next(c for c in status.conditions or [] if c.type == "Ready")
+    assert (ready.reason, ready.message) == ("ModelNameNotAllowed", REFUSAL)
+    assert commit.outcome.invalid and commit.outcome.message == REFUSAL
+    assert [(e.type, e.reason, e.message) for e in commit.transition.events] == [
+        ("Warning", "ModelNameNotAllowed", REFUSAL)
+    ]
+
+
+def test_a_job_that_started_keeps_the_names_it_started_with() -> None:
+    """An operator upgraded with tenancy on stops no job that had started."""
+    obs = first(manifest("j", status={"phase": "Training"}))
+    actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), World())
+    assert any(isinstance(a, state.EnsureChild) for a in actions)
+    assert commit.outcome.phase != "Failed"
