@@ -76,6 +76,26 @@ URI_CREDENTIALS = "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*@"
 QUERY_CREDENTIAL = (
     "[?&][^=&#]*(?i:token|secret|passw|pwd|api_?key|access_?key|credential|signature|auth)[^=&#]*="
 )
+# Credentials by the shape of the value, whatever a field or variable is called: the one list (what, a
+# pattern), joined into CREDENTIAL_SHAPE; rules.credential_shape_rules puts it on every env value and
+# every URI or reference field. A token starts a word (not "task-..." for sk-). The messages name the
+# kinds, never the value. (A URL's user:password@ and a query parameter named like a credential are
+# URI_USERINFO, URI_CREDENTIALS and QUERY_CREDENTIAL, on the fields that hold URLs.)
+_WORD = "(^|[^A-Za-z0-9_])"
+CREDENTIAL_SHAPES = (
+    ("hf_", _WORD + "hf_[A-Za-z0-9]{30,}"),  # Hugging Face
+    ("ghp_/github_pat_", _WORD + "(gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})"),  # GitHub
+    ("sk-", _WORD + "sk-[A-Za-z0-9_-]{20,}"),  # OpenAI-style API keys
+    ("AKIA/ASIA", _WORD + "(AKIA|ASIA)[0-9A-Z]{16}([^0-9A-Za-z]|$)"),  # AWS access key ids
+    ("xox?-", _WORD + "xox[abposr]-[0-9A-Za-z-]{10,}"),  # Slack
+    ("ya29.", _WORD + "ya29[.][0-9A-Za-z_-]{20,}"),  # Google OAuth access tokens
+    ("a JWT", _WORD + "eyJ[A-Za-z0-9_-]{8,}[.]eyJ[A-Za-z0-9_-]{8,}"),
+    ("sig=", "[?&]sig=[^&#]"),  # Azure SAS
+    ("X-Amz-Signature", "(?i:[?&]x-amz-(signature|credential|security-token)=)"),  # S3 presigned URLs
+    ("X-Goog-Signature", "(?i:[?&]x-goog-(signature|credential)=)"),  # GCS signed URLs
+)
+CREDENTIAL_SHAPE = "|".join(f"({pattern})" for _, pattern in CREDENTIAL_SHAPES)
+CREDENTIAL_SHAPE_KINDS = ", ".join(what for what, _ in CREDENTIAL_SHAPES)
 
 
 # --- names that reach MLflow (and people): what each engine writes from one table ---------------------

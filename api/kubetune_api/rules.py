@@ -38,6 +38,9 @@ from typing import Any
 from .cel import (
     BAD_GIT_REF,
     CLIMBS_OUT,
+    CREDENTIAL_SHAPE,
+    CREDENTIAL_SHAPE_KINDS,
+    CREDENTIAL_SHAPES,
     MAX_NAME_LENGTH,
     NAME_PATTERN,
     QUERY_CREDENTIAL,
@@ -457,9 +460,50 @@ def object_rules() -> tuple[Rule, ...]:
         *registration_rules(),
         *name_rules(),
         *_env_rules(),
+        *credential_shape_rules(),
         *_spec_rules(),
         *lineage_rules(),
     )
+
+
+# Where a value may hold a credential by its shape (cel.CREDENTIAL_SHAPES): every env value, and every
+# URI or reference field (the hub ids, revisions, the registered model, MLflow's names, the image)
+CREDENTIAL_SHAPE_FIELDS = (
+    ("spec.env[]", "value"),
+    ("spec.model", "name"),
+    ("spec.model", "revision"),
+    ("spec.model", "registered"),
+    ("spec.dataset", "name"),
+    ("spec.dataset", "revision"),
+    ("spec.registration", "trackingUri"),
+    ("spec.registration", "experiment"),
+    ("spec.registration", "modelName"),
+    ("spec", "image"),
+)
+
+
+def credential_shape_rules() -> list[Rule]:
+    """One rule per field of :data:`CREDENTIAL_SHAPE_FIELDS`: its value does not look like a
+    credential of a known format (the message names the field and the kinds, never the value)."""
+    out = []
+    for place, name in CREDENTIAL_SHAPE_FIELDS:
+        where = f"{place}.{name}"
+        secret = "use valueFrom.secretKeyRef" if place == "spec.env[]" else "reference it from spec.secrets"
+        # up to 64 env values of 4096 characters: one rule per shape keeps each within the API
+        # server's estimated cost budget for a rule
+        shapes = CREDENTIAL_SHAPES if place == "spec.env[]" else (("", CREDENTIAL_SHAPE),)
+        for kind, pattern in shapes:
+            out.append(
+                Rule(
+                    (place,),
+                    f"!has(self.{name}) || !self.{name}.matches('{pattern}')",
+                    f"{where} looks like it holds a credential (a token or signed URL: "
+                    f"{kind or CREDENTIAL_SHAPE_KINDS}): put it in a Secret and {secret}",
+                    lambda s, name=name, pattern=pattern: not _has(s, name) or not _search(pattern, s[name]),
+                    field=f".{name}",
+                )
+            )
+    return out
 
 
 def rules_at(place: str) -> list[Rule]:

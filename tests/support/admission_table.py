@@ -287,6 +287,61 @@ INVALID: list[Case] = [
         {"spec.registration.trackingUri": "https://bob:hunter2@mlflow.example.com"},
         "spec.registration.trackingUri",
     ),
+    # --- credentials by the shape of the value (cel.CREDENTIAL_SHAPES), whatever the field is called ---
+    _C("env-hf-token-value", _env({"name": "HUB_READ", "value": "hf_" + "a1B2" * 9}), "spec.env[0].value"),
+    _C(
+        "env-github-pat", _env({"name": "REPO_PAT", "value": "github_pat_" + "A1_" * 10}), "spec.env[0].value"
+    ),
+    _C("env-ghp", _env({"name": "GH", "value": "x ghp_" + "a" * 36}), "spec.env[0].value"),
+    _C("env-sk-key", _env({"name": "OPENAI", "value": "sk-proj-" + "a1" * 12}), "spec.env[0].value"),
+    _C("env-aws-key-id", _env({"name": "AWS_ID", "value": "AKIAIOSFODNN7EXAMPLE"}), "spec.env[0].value"),
+    _C("env-slack", _env({"name": "HOOK", "value": "xoxb-123456789012-abcdef"}), "spec.env[0].value"),
+    _C("env-gcp-oauth", _env({"name": "GCP", "value": "ya29." + "a0" * 15}), "spec.env[0].value"),
+    _C(
+        "env-jwt",
+        _env({"name": "BEARER", "value": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.abc"}),
+        "spec.env[0].value",
+    ),
+    _C(
+        "env-azure-sas",
+        _env({"name": "DATA", "value": "https://a.blob.core.windows.net/c/d?sv=2022-11-02&sig=abc%3D"}),
+        "spec.env[0].value",
+    ),
+    _C(
+        "env-s3-presigned",
+        _env({"name": "DATA", "value": "https://b.s3.amazonaws.com/k?X-Amz-Algorithm=x&X-Amz-Signature=ab"}),
+        "spec.env[0].value",
+    ),
+    _C(
+        "env-gcs-signed",
+        _env({"name": "DATA", "value": "https://storage.googleapis.com/b/o?x-goog-signature=ab"}),
+        "spec.env[0].value",
+    ),
+    _C("model-name-hf-token", {"spec.model.name": "hf_" + "a" * 34}, "spec.model.name"),
+    _C("model-revision-ghp", {"spec.model.revision": "ghp_" + "a" * 36}, "spec.model.revision"),
+    _C(
+        "model-registered-token",
+        {"spec.model": {"registered": "models:/sk-" + "a" * 24 + "@champion"}},
+        "spec.model.registered",
+    ),
+    _C("dataset-name-hf-token", {"spec.dataset.name": "org/hf_" + "a" * 34}, "spec.dataset.name"),
+    _C("dataset-revision-aws", {"spec.dataset.revision": "AKIAIOSFODNN7EXAMPLE"}, "spec.dataset.revision"),
+    _C(
+        "tracking-uri-sas",
+        {"spec.registration.trackingUri": "https://mlflow.example.com/?sv=1&sig=abc"},
+        "spec.registration.trackingUri",
+    ),
+    _C(
+        "experiment-jwt",
+        {"spec.registration.experiment": "eyJ" + "a" * 10 + ".eyJ" + "b" * 10},
+        "spec.registration.experiment",
+    ),
+    _C(
+        "model-name-slack",
+        {"spec.registration.modelName": "xoxp-1234567890-x"},
+        "spec.registration.modelName",
+    ),
+    _C("image-tag-token", {"spec.image": "registry.example.com/t:ya29." + "a" * 20}, "spec.image"),
     # --- scheduling fields Kubernetes refuses in a pod ---
     _C("node-selector-key-space", _resources(nodeSelector={"bad key": "x"}), "spec.resources.nodeSelector"),
     _C("node-selector-key-dash", _resources(nodeSelector={"-zone": "x"}), "spec.resources.nodeSelector"),
@@ -665,6 +720,21 @@ VALID: list[Case] = [
     ),
     _C(
         "tracking-uri-query", {"spec.registration.trackingUri": "https://mlflow.example.com/?workspace=a"}, ""
+    ),
+    # near misses of the credential shapes: not a word start, too short, another parameter
+    _C(
+        "credential-shapes-near-misses",
+        {
+            **_env(
+                {"name": "TASK", "value": "task-scheduler-with-a-long-name-1234"},
+                {"name": "CACHE", "value": "/models/hf_cache"},
+                {"name": "REF", "value": "ghp_short"},
+                {"name": "SIGNAL", "value": "https://h/x?signal=1&design=2"},
+                {"name": "ID", "value": "AKIAIOSFODNN7EXAMPLEXX"},
+            ),
+            "spec.registration.modelName": "disk-" + "a" * 30,
+        },
+        "",
     ),
     _C(
         "node-selector-label-keys",

@@ -449,3 +449,32 @@ def test_both_spellings_of_a_name_pattern_say_the_same() -> None:
         assert cel.UNSEEN.search(f"a{chr(point)}b") is inside, hex(point)
         assert (re.search(re2_in_python, chr(point)) is not None) is inside, hex(point)
     assert not cel.EDGE_SPACE.search("a b") and cel.EDGE_SPACE.search("a\u3000")
+
+
+def test_credentials_by_shape_are_refused_without_echoing_the_value() -> None:
+    """Each kind of cel.CREDENTIAL_SHAPES is refused in an env value and a reference field, by a
+    message that names the field and not the value."""
+    samples = {
+        "hf_": "hf_" + "a1B2" * 9,
+        "ghp_/github_pat_": "github_pat_" + "A1_" * 10,
+        "sk-": "sk-" + "a1" * 12,
+        "AKIA/ASIA": "ASIAIOSFODNN7EXAMPLE",
+        "xox?-": "xoxa-123456789012",
+        "ya29.": "ya29." + "a0" * 15,
+        "a JWT": "eyJ" + "a" * 10 + ".eyJ" + "b" * 10,
+        "sig=": "https://a.example/c?sv=1&sig=xyz",
+        "X-Amz-Signature": "https://b.example/k?X-Amz-Signature=ab",
+        "X-Goog-Signature": "https://c.example/o?X-Goog-Credential=ab",
+    }
+    assert set(samples) == {kind for kind, _ in cel.CREDENTIAL_SHAPES}
+    for kind, value in samples.items():
+        doc = copy.deepcopy(BASE)
+        doc["spec"]["env"] = [{"name": "PLAIN", "value": value}]
+        problems = admission.problems(doc)
+        assert problems and all(p.startswith("spec.env[0].value") for p in problems), (kind, problems)
+        assert any(kind in p for p in problems) and not any(value in p for p in problems), (kind, problems)
+        doc = copy.deepcopy(BASE)
+        doc["spec"]["registration"]["experiment"] = f"runs-{value}"
+        problems = admission.problems(doc)
+        assert {p.split(":")[0] for p in problems} == {"spec.registration.experiment"}, (kind, problems)
+        assert not any(value in p for p in problems)
