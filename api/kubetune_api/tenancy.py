@@ -16,8 +16,9 @@ One operator serves many teams, and MLflow's names are global: without a rule, a
 The names checked are those a job registers to (``registration.modelName``, or its default, the
 job's name), the experiment it logs to (``registration.experiment``, set), and the registered model
 it starts from (``model.registered``). CEL cannot check this at admission: the rule depends on the
-operator's settings, not on the object. The operator checks it on its first pass, before creating
-anything (:func:`refusal`).
+operator's settings, not on the object, and a CRD's rules see only ``metadata.name`` and
+``generateName`` of its metadata, not its namespace. The operator checks it on its first pass,
+before creating anything (:func:`refusal`).
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ class TrainerConfig(ApiModel):
         shaping = self.spec.wire()
         shaping.pop("suspend", None)
         shaping.get("registration", {}).pop("alias", None)
-        # the gate decides whether a model is registered, not what it is: changing it keeps the run
+        # the gate decides whether a model is registered, not what it is (and it cannot change after
+        # creation: spec.MUTABLE_SPEC_PATHS); left out, as before, so the hash of existing jobs stays
         shaping.get("registration", {}).pop("gate", None)
         blob = json.dumps(shaping, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -19,7 +19,8 @@ Why each rule:
 - events (list): the PyTorchJob's, read only while one of its pods is missing (the Training
   Operator's ``FailedCreatePod``: why it cannot create the pod).
 - persistentvolumeclaims (get/create): the checkpoint volume. configmaps (get/create/patch): the
-  trainer config, patched when a mutable field (suspend, registration.alias) changes.
+  trainer config, patched when a mutable field (suspend, registration.enabled, registration.alias)
+  changes (``kubetune_api.spec.MUTABLE_SPEC_PATHS``).
 - serviceaccounts, roles, rolebindings (get/create): the per-job trainer identity (not needed when
   ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount).
 
