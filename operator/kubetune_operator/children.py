@@ -11,15 +11,22 @@ operator was doing with it, and the API server's answer (``state.ChildError`` de
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import yaml
+
+from kubetune_api import admission
 from kubetune_api import spec as api
 
 from . import builders
 from .kube import ApiError, Kube
+
+log = logging.getLogger(__name__)
 
 
 class ChildApiError(Exception):
@@ -158,6 +165,42 @@ def sync_config(kube: Kube, live: dict[str, Any], manifest: dict[str, Any]) -> d
     """
     if live.get("data") == manifest["data"]:
         return live
+    data = only_mutable(live, manifest)
+    if live.get("data") == data:
+        return live
     meta = live["metadata"]
     with about_child("update", "ConfigMap", meta["name"]):
-        return kube.patch("v1", "ConfigMap", meta["namespace"], meta["name"], {"data": manifest["data"]})
+        return kube.patch("v1", "ConfigMap", meta["namespace"], meta["name"], {"data": data})
+
+
+def only_mutable(live: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The trainer config to write over ``live``: the new one (``manifest``), unless its spec changes
+    what may not change after creation, which an API server whose CRD lacks the transition rules
+    (an older CRD, managed apart from the chart) admits. Then the live config with only the mutable
+    paths (``kubetune_api.spec.MUTABLE_SPEC_PATHS``) taken from the new spec: the Python twin of the
+    transition rules (``kubetune_api.admission.check_update``), so the gate, the checkpoint chosen or
+    the model name of a created job cannot be loosened through the operator either."""
+    try:
+        old = yaml.safe_load(live["data"][builders.CONFIG_KEY])
+        new = yaml.safe_load(manifest["data"][builders.CONFIG_KEY])
+        problems = admission.check_update(old["spec"], new["spec"])
+    except (KeyError, TypeError, yaml.YAMLError):
+        return dict(manifest["data"])
+    if not problems:
+        return dict(manifest["data"])
+    log.warning(
+        "%s: spec changes not applied (immutable once created): %s",
+        live["metadata"]["name"],
+        "; ".join(p.split(":")[0] for p in problems),
+    )
+    spec = copy.deepcopy(old["spec"])
+    for path in api.MUTABLE_SPEC_PATHS:
+        *parents, last = path.split(".")
+        source, target = new["spec"], spec
+        for key in parents:
+            source, target = source.get(key) or {}, target.setdefault(key, {})
+        if last in source:
+            target[last] = copy.deepcopy(source[last])
+        else:
+            target.pop(last, None)
+    return {**live["data"], builders.CONFIG_KEY: yaml.safe_dump({**old, "spec": spec}, sort_keys=False)}
