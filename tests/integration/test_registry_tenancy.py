@@ -11,7 +11,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.integration.conftest import condition, events_for, kopf_runner, load_example, wait_for, wait_phase
+from tests.integration.conftest import (
+    condition,
+    events_for,
+    get_job,
+    kopf_runner,
+    load_example,
+    phase_of,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -83,11 +92,24 @@ def test_a_name_outside_the_namespace_fails_the_job_and_creates_nothing(
         f"namespace {namespace} may use model names starting with '{namespace}.' or matching shared-*"
         in (ready["message"])
     )
-    warnings = [e for e in events_for(kube, namespace, "outside") if e["type"] == "Warning"]
+    # the event follows the status write
+    warnings = wait_for(
+        lambda: [e for e in events_for(kube, namespace, "outside") if e["type"] == "Warning"],
+        what="a Warning",
+    )
     assert [e["reason"] for e in warnings] == ["ModelNameNotAllowed"]
     time.sleep(2)  # more passes (the resync, the events): still nothing
     assert _children(kube, namespace, "outside") == []
     assert wait_phase(kube, namespace, "outside", "Failed")["status"]["phase"] == "Failed"
+
+
+def _proceeds(kube: Any, namespace: str, name: str) -> None:
+    """The PyTorchJob is created and the job, once its status is written, is not Failed."""
+    wait_for(
+        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, f"{name}-train"), what="the PyTorchJob"
+    )
+    phase = wait_for(lambda: phase_of(kube, namespace, name), what="a phase")
+    assert phase != "Failed", get_job(kube, namespace, name)["status"]
 
 
 @pytest.mark.parametrize("model_name", ["{ns}.assistant", "shared-assistant"])
@@ -95,24 +117,11 @@ def test_a_name_of_its_own_or_granted_proceeds(
     tenancy_on: Any, kube: Any, namespace: str, model_name: str
 ) -> None:
     kube.create(_job(namespace, "inside", model_name.format(ns=namespace)))
-    wait_for(
-        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, "inside-train"), what="the PyTorchJob"
-    )
-    assert condition(kube.get("kubetune.io/v1alpha1", "FineTuneJob", namespace, "inside"), "Ready")[
-        "reason"
-    ] != ("ModelNameNotAllowed")
+    _proceeds(kube, namespace, "inside")
 
 
 def test_with_tenancy_off_another_namespaces_name_proceeds(
     tenancy_off: Any, kube: Any, namespace: str
 ) -> None:
     kube.create(_job(namespace, "outside", "team-b.assistant", "models:/team-b.base@champion"))
-    wait_for(
-        lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, "outside-train"), what="the PyTorchJob"
-    )
-    assert phase_is_not_failed(kube, namespace, "outside")
-
-
-def phase_is_not_failed(kube: Any, namespace: str, name: str) -> bool:
-    obj = kube.get("kubetune.io/v1alpha1", "FineTuneJob", namespace, name)
-    return bool((obj.get("status") or {}).get("phase") not in (None, "Failed"))
+    _proceeds(kube, namespace, "outside")
