@@ -1,13 +1,23 @@
-"""The trainer image carries the tiny assets where the manifests and the cluster tests find them:
-``kubetune_trainer.tiny.TINY_ROOT``, the one place that path is written in code."""
+"""The first cluster job of docs/getting-started.md, short of a cluster (tests/cluster/test_first_job.py
+runs it through the real controllers).
+
+- The trainer image builds the tiny assets where the manifests and the cluster tests find them:
+  ``kubetune_trainer.tiny.TINY_ROOT``, the one place that path is written in code.
+- The page shows ``examples/first-job.yaml`` as it is, with the commands that run and follow it;
+  the job asks for no GPU, no Hub download and no secret.
+"""
 
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
+import yaml
+from tests.support import docs_samples
 from tests.support.controlplane import REPO
 
-from kubetune_trainer.tiny import TINY_ROOT
+from kubetune_api.spec import FineTuneJob
+from kubetune_trainer.tiny import TINY_DATA, TINY_MODEL, TINY_ROOT
 
 DOCKERFILE = REPO / "images" / "trainer" / "Dockerfile"
 
@@ -57,3 +67,42 @@ def test_the_cluster_tests_and_the_local_run_use_the_image_path() -> None:
 
     assert conftest.TINY_IMAGE_DIR == TINY_ROOT
     assert run.TINY_ROOT == TINY_ROOT
+
+
+def manifest(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
+    return doc
+
+
+def test_the_tiny_examples_name_the_assets_the_image_carries() -> None:
+    for name in ("tiny-local.yaml", "first-job.yaml"):
+        spec = manifest(name)["spec"]
+        assert spec["model"]["path"] == f"{TINY_ROOT}/{TINY_MODEL}", name
+        assert spec["dataset"]["path"] == f"{TINY_ROOT}/{TINY_DATA}/tiny-chat.jsonl", name
+
+
+def test_the_first_job_needs_no_gpu_no_hub_and_no_secret() -> None:
+    doc = manifest("first-job.yaml")
+    job = FineTuneJob.model_validate(doc)  # what the API server's schema accepts, in the typed models
+    assert job.metadata.name == "first-job"
+    spec = doc["spec"]
+    assert spec["resources"]["gpusPerNode"] == 0
+    assert "gpuProduct" not in spec["resources"]
+    assert "name" not in spec["model"] and "name" not in spec["dataset"]  # no Hub id
+    assert "secrets" not in spec
+    # registered into the MLflow the chart configures, not one named here
+    assert "trackingUri" not in spec["registration"]
+    assert spec["registration"]["modelName"] == "first-job"
+    # a few steps: minutes on a CPU
+    assert spec["training"]["maxSteps"] <= 50
+
+
+def test_getting_started_shows_the_first_job_as_it_is_and_how_to_run_it() -> None:
+    assert docs_samples.first_job_on_the_page() == docs_samples.FIRST_JOB.read_text()
+    page = docs_samples.GETTING_STARTED.read_text()
+    for command in (
+        "kubectl -n team-llm apply -f examples/first-job.yaml",
+        "kubectl -n team-llm get ftj -w",
+        "kubetune watch first-job -n team-llm",
+    ):
+        assert command in page, command
