@@ -37,8 +37,8 @@ def test_the_first_job_of_getting_started_succeeds_and_prints_as_the_pages_show(
     printed = cluster.kubectl("-n", ns, "get", "ftj").stdout
     header, rows = docs_samples.table(printed)
     (row,) = rows
-    samples = [s for s in docs_samples.get_ftj_samples() if s.path == docs_samples.GETTING_STARTED]
-    assert samples, "no kubectl get ftj sample on getting-started"
+    samples = docs_samples.get_ftj_samples()
+    assert samples, "no kubectl get ftj sample on the pages"
     for sample in samples:
         at = f"{sample.path.name}:{sample.line}"
         sample_header, sample_rows = docs_samples.table(sample.text)

@@ -5,10 +5,13 @@ runs it through the real controllers).
   ``kubetune_trainer.tiny.TINY_ROOT``, the one place that path is written in code.
 - The page shows ``examples/first-job.yaml`` as it is, with the commands that run and follow it;
   the job asks for no GPU, no Hub download and no secret.
+- Every ``kubectl get ftj`` sample on the README and the pages has the CRD's columns and is that
+  job's output (the cluster test compares it with what kubectl printed).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
@@ -16,6 +19,7 @@ import yaml
 from tests.support import docs_samples
 from tests.support.controlplane import REPO
 
+from kubetune_api.crd import PRINTER_COLUMNS
 from kubetune_api.spec import FineTuneJob
 from kubetune_trainer.tiny import TINY_DATA, TINY_MODEL, TINY_ROOT
 
@@ -106,3 +110,25 @@ def test_getting_started_shows_the_first_job_as_it_is_and_how_to_run_it() -> Non
         "kubetune watch first-job -n team-llm",
     ):
         assert command in page, command
+
+
+def test_every_get_ftj_sample_has_the_crds_columns_and_is_the_first_jobs_output() -> None:
+    samples = docs_samples.get_ftj_samples()
+    where = {s.path.name for s in samples}
+    assert {"README.md", "index.md", "getting-started.md"} <= where, where
+    # what kubectl prints for the CRD (columns of priority 0; NAME first)
+    columns = ["NAME", *(c["name"].upper() for c in PRINTER_COLUMNS if not c.get("priority"))]
+    for sample in samples:
+        at = f"{sample.path.name}:{sample.line}"
+        header, rows = docs_samples.table(sample.text)
+        assert header == columns, at
+        assert [r["NAME"] for r in rows] == ["first-job"], at
+        (row,) = rows
+        assert row["PHASE"] == "Succeeded" and row["PROGRESS"] == "100", at
+        assert row["MODEL"] == "first-job" and row["VERSION"] == "1", at
+        assert re.fullmatch(r"\d+\.\d+", row["LOSS"]), at
+        assert re.fullmatch(r"\d+", row["TOKENS"]), at
+        assert row["EST-GPU-H"] == "", at  # a CPU job: nothing GPU-sized to estimate
+        assert re.fullmatch(r"\d+[smhd]", row["AGE"]), at
+    # one run's output, the same wherever it is shown
+    assert len({s.text for s in samples}) == 1, [f"{s.path.name}:{s.line}" for s in samples]
