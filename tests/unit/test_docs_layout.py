@@ -70,3 +70,18 @@ def test_the_header_links_the_repository() -> None:
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
     chart = yaml.safe_load((REPO / "charts" / "kubetune" / "Chart.yaml").read_text())
     assert config["repo_url"] == chart["home"] == "https://github.com/kubetune/kubetune"
+
+
+def test_the_flow_diagram_is_drawn_from_its_text_and_on_the_home_page() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("flow_diagram", REPO / "hack" / "flow_diagram.py")
+    assert spec is not None and spec.loader is not None
+    flow = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flow)
+    svg = (REPO / "docs" / "flow.svg").read_text()
+    assert svg == flow.render(), "docs/flow.svg is stale: run python hack/flow_diagram.py"
+    assert flow.main(["--check"]) == 0
+    for title, what, _ in flow.STEPS:
+        assert f">{title}<" in svg and what in svg
+    assert "](flow.svg)" in (REPO / "docs" / "index.md").read_text()
