@@ -13,6 +13,8 @@ import re
 
 import yaml
 
+from kubetune_api.preparation import PreparationReport
+from kubetune_cli.report import render_report
 from tests.cluster.test_real_controllers import apply_job, versions, wait_phase
 from tests.support import docs_samples
 from tests.support.cluster import Cluster
@@ -33,6 +35,16 @@ def test_the_first_job_of_getting_started_succeeds_and_prints_as_the_pages_show(
     model = doc["spec"]["registration"]["modelName"]
     assert status["registeredModel"] == {**status["registeredModel"], "name": model, "version": "1"}
     assert [v.version for v in versions(mlflow_server, model)] == ["1"]
+
+    # the preparation report, as `kubetune prepare` prints it, is docs/preparation.md's sample
+    (sample,) = [
+        b
+        for b in docs_samples.code_blocks(docs_samples.REPO / "docs" / "preparation.md")
+        if b.text.startswith("$ kubetune prepare examples/first-job.yaml")
+    ]
+    _, took, *report = sample.text.splitlines()
+    assert re.fullmatch(r"prepared in \d+\.\ds", took), took
+    assert render_report(PreparationReport.model_validate(status["preparation"]))[1:] == report
 
     printed = cluster.kubectl("-n", ns, "get", "ftj").stdout
     header, rows = docs_samples.table(printed)
