@@ -41,6 +41,18 @@ def test_no_code_block_has_a_line_wider_than_the_page() -> None:
     assert too_long(blocks) == []
 
 
+def test_a_shell_block_has_its_comments_above_the_commands() -> None:
+    beside = [
+        f"{b.path.name}:{b.line + 1 + i}: {line}"
+        for p in docs_samples.pages()
+        for b in docs_samples.code_blocks(p)
+        if b.info in ("bash", "sh", "shell")
+        for i, line in enumerate(b.text.splitlines())
+        if re.search(r"\S\s+# ", line) and not line.lstrip().startswith("#")
+    ]
+    assert beside == []
+
+
 def test_a_long_line_is_found_and_a_wrapping_block_is_let_through(tmp_path: object) -> None:
     from pathlib import Path
 
