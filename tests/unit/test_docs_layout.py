@@ -97,3 +97,4 @@ def test_the_flow_diagram_is_drawn_from_its_text_and_on_the_home_page() -> None:
     for title, what, _ in flow.STEPS:
         assert f">{title}<" in svg and what in svg
     assert "](flow.svg)" in (REPO / "docs" / "index.md").read_text()
+    assert "](docs/flow.svg)" in (REPO / "README.md").read_text()
