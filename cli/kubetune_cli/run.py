@@ -71,8 +71,8 @@ from kubetune_api.trainer_config import (
 )
 from kubetune_trainer.mlflow.run import local_store_uri, redact
 from kubetune_trainer.sources.data_check import EXIT_BAD_INPUT, BadInputError, validation_lines
+from kubetune_trainer.tiny import TINY_ROOT  # where the trainer image carries the tiny assets
 
-TINY_ROOT = "/opt/kubetune/tiny"  # kubetune_trainer.tiny.TINY_ROOT (kept import-free here)
 CONFIG_FILE = "config.yaml"
 
 

@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 import yaml
 
+from kubetune_trainer.tiny import TINY_ROOT
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.controlplane import REPO
 from tests.support.mlflow_server import MlflowServer, running_mlflow_server
 from tests.support.operator import OperatorProcess
 
 API_VERSION = "kubetune.io/v1alpha1"
-TINY_IMAGE_DIR = "/opt/kubetune/tiny"  # where the trainer image carries the tiny model and data
+# where the trainer image carries the tiny model and data (its Dockerfile builds them there)
+TINY_IMAGE_DIR = TINY_ROOT
 # a folder of the stood-in image that tests fill with their own (bad) data and models
 TESTDATA_DIR = "/opt/kubetune/testdata"
 

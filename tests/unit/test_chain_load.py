@@ -263,3 +263,21 @@ def test_preparation_tokenizes_with_the_parents_tokenizer(tmp_path: Path, tiny_m
     tokenizer = AutoTokenizer.from_pretrained(adapter)
     row = load_from_disk(str(found.train_dir))[0]["input_ids"]
     assert str(tokenizer.decode(row)).startswith("PARENT")
+
+
+def test_the_checkpoints_pages_sample_of_a_missing_parent_folder_is_the_message() -> None:
+    from tests.support import docs_samples
+    from tests.support.controlplane import REPO
+
+    from kubetune_cli.run import local_parent
+
+    (block,) = [
+        b
+        for b in docs_samples.code_blocks(REPO / "docs" / "checkpoints.md")
+        if b.text.startswith("kubetune: spec.model.fromJob.name a:")
+    ]
+    runs = Path("/home/me/runs")
+    assert not runs.exists()
+    with pytest.raises(BadInputError) as e:
+        local_parent(runs / "a", "a", "final", runs=runs)
+    assert block.text == f"kubetune: {e.value}\n"

@@ -149,3 +149,16 @@ def test_the_examples_comments_show_the_estimate(name: str) -> None:
         path.write_text("\n".join(kept[:at] + wanted + kept[at:]) + "\n")
         lines = path.read_text().splitlines()
     assert [line for line in lines if line.startswith(MARK)] == wanted, "\n".join(wanted)
+
+
+def test_the_preparation_pages_gpu_sample_is_the_cli_s_report_of_this_estimate() -> None:
+    """docs/preparation.md ends its sample report with the estimate of qwen3-4b-full.yaml on this data."""
+    from tests.support import docs_samples
+
+    from kubetune_cli.report import render_estimate
+
+    _, _, e = example_estimate("qwen3-4b-full.yaml")
+    (block,) = [
+        b for b in docs_samples.code_blocks(REPO / "docs" / "preparation.md") if b.text.startswith("  GPUs ")
+    ]
+    assert block.text.splitlines() == render_estimate(e)

@@ -123,7 +123,8 @@ def test_the_chart_s_mlflow_image_and_the_training_operator_install_command() ->
     assert image["tag"] == f"v{locked()['mlflow']}"
     operator = build_defaults()["TRAINING_OPERATOR"]
     command = (
-        'kubectl apply --server-side -k "github.com/kubeflow/training-operator.git/manifests/overlays/standalone'
+        "kubectl apply --server-side -k \\\n"
+        '  "github.com/kubeflow/training-operator.git/manifests/overlays/standalone'
         f'?ref={operator}"'
     )
     assert command in page()

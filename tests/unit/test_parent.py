@@ -360,3 +360,17 @@ def test_a_parent_deleted_while_the_child_waits_fails_the_child() -> None:
     assert (
         done is not None and done.state == "ready" and done.status is not None and done.status.path == "final"
     )
+
+
+def test_the_checkpoints_pages_sample_message_is_the_operators() -> None:
+    from tests.support import docs_samples
+    from tests.support.controlplane import REPO
+
+    (block,) = [
+        b for b in docs_samples.code_blocks(REPO / "docs" / "checkpoints.md") if "ParentReady" in b.text
+    ]
+    command, shown = block.text.splitlines()
+    assert command.startswith("$ kubectl get ftj assistant-polish -o jsonpath=")
+    sft = manifest("assistant-sft", {"name": "Qwen/Qwen2-0.5B"}, status={"phase": "Training"})
+    found = chaining.observe(job_of(from_job("assistant-polish", "assistant-sft")), reader(sft))
+    assert found is not None and shown == found.message

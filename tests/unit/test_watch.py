@@ -449,3 +449,40 @@ def test_a_budget_in_the_operators_own_words() -> None:
     assert watch.budget_line({"budget": obj["status"]["budget"]}) == (
         "training stopped at spec.budget maxDuration 2h: step 300 of 500 planned"
     )
+
+
+def test_the_checkpoints_pages_sample_of_the_end_of_a_watch_is_what_watch_prints() -> None:
+    """docs/checkpoints.md shows how `kubetune watch` ends; its lines are the watch's own for the status
+    that sample describes (the page's other numbers: a registered version 4, an evaluation gate)."""
+    from tests.support import docs_samples
+    from tests.support.controlplane import REPO
+
+    (block,) = [
+        b for b in docs_samples.code_blocks(REPO / "docs" / "checkpoints.md") if "Registered model" in b.text
+    ]
+    ui = "http://mlflow.mlflow.svc:5000"
+    status = {
+        "phase": "Succeeded",
+        "registeredModel": {
+            "name": "assistant",
+            "version": "4",
+            "uri": "models:/assistant/4",
+            "alias": "champion",
+            "url": f"{ui}/#/models/assistant/versions/4",
+        },
+        "evaluation": {
+            "selected": "checkpoint-50",
+            "evalLoss": 1.312,
+            "gatePassed": True,
+            "threshold": 1.3818,
+            "baseEvalLoss": 1.41,
+        },
+        "mlflow": {
+            "runId": "0a1b2c3d4e5f",
+            "trackingUri": ui,
+            "runUrl": f"{ui}/#/experiments/7/runs/0a1b2c3d4e5f",
+        },
+    }
+    first, *rest = block.text.splitlines()
+    assert first == f"{watch.format_duration(4 * 60 + 12):>7}  Succeeded"
+    assert rest == watch.succeeded_lines(status)
