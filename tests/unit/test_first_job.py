@@ -96,7 +96,9 @@ def test_the_first_job_needs_no_gpu_no_hub_and_no_secret() -> None:
     assert "secrets" not in spec
     # registered into the MLflow the chart configures, not one named here
     assert "trackingUri" not in spec["registration"]
-    assert spec["registration"]["modelName"] == "first-job"
+    assert (
+        spec["registration"]["modelName"] == "demo.tiny"
+    )  # in namespace demo, as the chart's registry tenancy wants
     # a few steps: minutes on a CPU
     assert spec["training"]["maxSteps"] <= 50
 
@@ -105,9 +107,9 @@ def test_getting_started_shows_the_first_job_as_it_is_and_how_to_run_it() -> Non
     assert docs_samples.first_job_on_the_page() == docs_samples.FIRST_JOB.read_text()
     page = docs_samples.GETTING_STARTED.read_text()
     for command in (
-        "kubectl -n team-llm apply -f examples/first-job.yaml",
-        "kubectl -n team-llm get ftj -w",
-        "kubetune watch first-job -n team-llm",
+        "kubectl -n demo apply -f examples/first-job.yaml",
+        "kubectl -n demo get ftj -w",
+        "kubetune watch first-job -n demo",
     ):
         assert command in page, command
 
@@ -125,7 +127,7 @@ def test_every_get_ftj_sample_has_the_crds_columns_and_is_the_first_jobs_output(
         assert [r["NAME"] for r in rows] == ["first-job"], at
         (row,) = rows
         assert row["PHASE"] == "Succeeded" and row["PROGRESS"] == "100", at
-        assert row["MODEL"] == "first-job" and row["VERSION"] == "1", at
+        assert row["MODEL"] == "demo.tiny" and row["VERSION"] == "1", at
         assert re.fullmatch(r"\d+\.\d+", row["LOSS"]), at
         assert re.fullmatch(r"\d+", row["TOKENS"]), at
         assert row["EST-GPU-H"] == "", at  # a CPU job: nothing GPU-sized to estimate
