@@ -104,11 +104,10 @@ def refusal(job: FineTuneJob, mode: str, grants: Mapping[str, Sequence[str]]) ->
         return None
     ns = job.metadata.namespace
     granted = tuple(grants.get(ns, ()))
-    rule = f"namespace {ns} may use model names starting with '{ns}{SEPARATOR}'"
-    if granted:
-        rule += f" or matching {', '.join(granted)}"
+    also = f" or matching {', '.join(granted)}" if granted else ""
     reg = job.spec.registration
-    problems = []
+    names: list[str] = []
+    experiments: list[str] = []
     name = reg.model_name or job.metadata.name
     if not model_name_allowed(name, ns, granted):
         field = (
@@ -116,16 +115,22 @@ def refusal(job: FineTuneJob, mode: str, grants: Mapping[str, Sequence[str]]) ->
             if reg.model_name
             else "spec.registration.modelName (unset: the job's name)"
         )
-        problems.append(f"{field} {name!r} is outside its namespace's names")
+        names.append(f"{field} {name!r} is outside its namespace's names")
     registered = job.spec.model.registered
     if registered and not model_name_allowed(_registered_name(registered), ns, granted):
-        problems.append(
+        names.append(
             f"spec.model.registered {_registered_name(registered)!r} is outside its namespace's names"
         )
     if reg.experiment and not experiment_allowed(reg.experiment, ns, granted):
-        problems.append(
-            f"spec.registration.experiment {reg.experiment!r} is outside kubetune/{ns} (its namespace's experiments)"
+        experiments.append(
+            f"spec.registration.experiment {reg.experiment!r} is outside its namespace's experiments"
         )
-    if not problems:
+    # each refused field with the rule of its kind: an experiment problem talks about experiments
+    rules = []
+    if names:
+        rules.append(f"namespace {ns} may use model names starting with '{ns}{SEPARATOR}'{also}")
+    if experiments:
+        rules.append(f"namespace {ns} may use experiments kubetune/{ns} or below it{also}")
+    if not rules:
         return None
-    return "; ".join(problems) + f" (registry tenancy {mode}: {rule})"
+    return "; ".join(names + experiments) + f" (registry tenancy {mode}: {'; '.join(rules)})"

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
+from tests.support.controlplane import REPO
 from tests.unit.test_state_advance import World, drive, first, manifest
 
 from kubetune_api import tenancy
@@ -55,7 +57,14 @@ def test_names_outside_the_namespace_are_refused_with_the_field_and_the_rule(
         assert message is None
     else:
         assert message is not None and refused in message
-        assert f"namespace {the_job.metadata.namespace} may use model names starting with" in message
+        ns = the_job.metadata.namespace
+        # the rule of the field refused, and only that one
+        if refused.startswith("spec.registration.experiment"):
+            assert f"namespace {ns} may use experiments kubetune/{ns} or below it" in message
+            assert "model names" not in message
+        else:
+            assert f"namespace {ns} may use model names starting with" in message
+            assert "experiments" not in message
     # off: nothing is checked
     assert tenancy.refusal(the_job, "off", grants) is None
 
@@ -101,3 +110,11 @@ def test_a_job_that_started_keeps_the_names_it_started_with() -> None:
     actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), World())
     assert any(isinstance(a, state.EnsureChild) for a in actions)
     assert commit.outcome.phase != "Failed"
+
+
+def test_the_first_job_of_getting_started_is_allowed_in_namespace_demo_by_the_default_tenancy() -> None:
+    """examples/first-job.yaml (shown verbatim on docs/getting-started.md) runs in namespace demo under
+    the chart's default ``registry.tenancy: namespace-prefix``: its model name and experiment are demo's."""
+    obj = yaml.safe_load((REPO / "examples" / "first-job.yaml").read_text())
+    obj["metadata"]["namespace"] = "demo"
+    assert tenancy.refusal(parse_job(obj), "namespace-prefix", {}) is None
