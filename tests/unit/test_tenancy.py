@@ -4,6 +4,8 @@ first pass, nothing created; a job that started keeps going)."""
 
 from __future__ import annotations
 
+import re
+import shlex
 from typing import Any
 
 import pytest
@@ -118,3 +120,41 @@ def test_the_first_job_of_getting_started_is_allowed_in_namespace_demo_by_the_de
     obj = yaml.safe_load((REPO / "examples" / "first-job.yaml").read_text())
     obj["metadata"]["namespace"] = "demo"
     assert tenancy.refusal(parse_job(obj), "namespace-prefix", {}) is None
+
+
+NOTE = re.compile(r"^#\s+(sed .*) examples/(\S+) \| kubectl -n (\S+) apply -f -$", re.M)
+# examples that are no cluster job of a chart install: tiny-local.yaml is `kubetune run --local`
+LOCAL_ONLY = {"tiny-local.yaml"}
+
+
+def _sed(expressions: list[str], text: str) -> str:
+    """The few ``s<d>from<d>to<d>`` expressions the examples' notes use, as sed applies them."""
+    for e in expressions:
+        assert e.startswith("s"), e
+        d = e[1]
+        _, old, new, flags = e.split(d)
+        assert flags == "", e
+        text = "\n".join(line.replace(old, new, 1) for line in text.split("\n"))
+    return text
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (REPO / "examples").glob("*.yaml") if p.name not in LOCAL_ONLY)
+)
+def test_every_cluster_example_is_allowed_by_the_default_tenancy_as_its_note_says_to_apply_it(
+    name: str,
+) -> None:
+    text = (REPO / "examples" / name).read_text()
+    if name == "first-job.yaml":  # docs/getting-started.md applies it as it is in namespace demo
+        namespace, applied = "demo", text
+    else:
+        notes = NOTE.findall(text)
+        assert len(notes) == 1, f"examples/{name}: a tenancy note with the command that applies it"
+        ((sed, named, namespace),) = notes
+        assert named == name
+        words = shlex.split(sed)
+        assert words[0] == "sed" and words[1::2] == ["-e"] * (len(words) // 2)
+        applied = _sed(words[2::2], text)
+    for obj in yaml.safe_load_all(applied):
+        obj["metadata"]["namespace"] = namespace
+        assert tenancy.refusal(parse_job(obj), "namespace-prefix", {}) is None, name
