@@ -131,6 +131,8 @@ def test_helm_template_renders_the_expected_objects(values: str) -> None:
         ["--set", "operator.watchNamespaces[0]=Not_A_Namespace"],
         ["--set", "mlflow.trackingUri=mlflow.example.com"],
         ["--set", "mlflow.trackingUri=https://user:secret@mlflow.example.com"],
+        ["--set", "registry.tenancy=true"],
+        ["--set", "registry.tenancy=namespace"],
     ],
     ids=lambda a: a[1],
 )
@@ -523,3 +525,21 @@ def test_mlflow_server_shape() -> None:
     assert claim == "kubetune-mlflow"
     existing = render("-f", str(CI_VALUES), "--set", "mlflow.server.persistence.existingClaim=mine")
     assert not by_kind(existing, "PersistentVolumeClaim")
+
+
+@pytest.mark.parametrize(
+    ("values", "mode"),
+    [
+        ("", "namespace-prefix"),
+        ("registry:\n  tenancy: off\n", "off"),  # YAML 1.1: unquoted off is boolean false
+        ("registry:\n  tenancy: false\n", "off"),
+        ('registry:\n  tenancy: "off"\n', "off"),
+        ("registry:\n  tenancy: namespace-prefix\n", "namespace-prefix"),
+    ],
+    ids=["default", "unquoted-off", "false", "quoted-off", "namespace-prefix"],
+)
+def test_registry_tenancy_off_is_accepted_quoted_or_not(tmp_path: Path, values: str, mode: str) -> None:
+    file = tmp_path / "values.yaml"
+    file.write_text(values or "{}\n")
+    env = {e["name"]: e.get("value") for e in operator_container(render("-f", str(file)))["env"]}
+    assert env["KUBETUNE_REGISTRY_TENANCY"] == mode
