@@ -144,6 +144,12 @@ HUB_CONTROL = Reserved(
         "HF_TOKEN",
         "HF_TOKEN_PATH",
         "HUGGING_FACE_HUB_TOKEN",
+        # the staging Hub overrides HF_ENDPOINT; transformers puts HF_MODULES_CACHE on sys.path
+        "HUGGINGFACE_CO_STAGING",
+        "HUGGINGFACE_ASSETS_CACHE",
+        "HF_MODULES_CACHE",
+        "HF_DATASETS_DOWNLOADED_DATASETS_PATH",
+        "HF_DATASETS_EXTRACTED_DATASETS_PATH",
     ),
     "the operator sets the Hub mirror (trainer.hfEndpoint), the offline mode after preparation and the "
     "caches; the token goes in spec.secrets.huggingFaceToken",
@@ -213,11 +219,39 @@ PROCESS_START = Reserved(
         "PYTHONINSPECT",
         "PYTHONEXECUTABLE",
         "PYTHONBREAKPOINT",
+        "PYTHONWARNINGS",  # its categories are imported: a module named there runs
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+        "TRITON_CACHE_MANAGER",
+        "OPENSSL_CONF",
+        "OPENSSL_MODULES",
     ),
-    "LD_*, PATH, BASH_ENV, ENV, GCONV_PATH, PYTHONPATH, PYTHONHOME, PYTHONSTARTUP... load code into "
-    "every process; build such changes into the trainer image (spec.image)",
+    "LD_*, PATH, BASH_ENV, ENV, GCONV_PATH, PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, NCCL_NET_PLUGIN, "
+    "OPENSSL_CONF... load code into every process; build such changes into the trainer image (spec.image)",
 )
-_CONTROL = (KUBETUNE_CONTROL, HUB_CONTROL, MLFLOW_CONTROL, ENGINE_CONTROL, PROCESS_START)
+# Where the pods' traffic goes and which certificates it trusts: an S3 endpoint (MLflow's artifacts,
+# boto3), a proxy in the middle of every HTTP(S) request (the Hub, MLflow, with the token), or a CA
+# bundle that lets such a middle pass for the real servers. Any case: curl and requests read the
+# lowercase proxies too.
+TRAFFIC_CONTROL = Reserved(
+    "a variable that redirects the pods' traffic or the certificates it trusts",
+    _names(
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "REQUESTS_CA_BUNDLE",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "CURL_CA_BUNDLE",
+    ),
+    "the registry, the Hub and the artifact store are the operator's (trainer.hfEndpoint, "
+    "spec.registration); a proxy or CA bundle belongs in the trainer image or the cluster's network",
+)
+_CONTROL = (KUBETUNE_CONTROL, HUB_CONTROL, MLFLOW_CONTROL, ENGINE_CONTROL, PROCESS_START, TRAFFIC_CONTROL)
 # The rest of what kubetune or the Training Operator set on the pods (the caches and scratch space,
 # PYTHONUNBUFFERED): a second definition would hide kubetune's or be hidden by it.
 SET_ON_PODS = Reserved(

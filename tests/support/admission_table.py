@@ -198,6 +198,22 @@ INVALID: list[Case] = [
         "spec.env[0].name",
     ),
     _C("env-kubetune-future", _env({"name": "KUBETUNE_ANYTHING_NEW", "value": "1"}), "spec.env[0].name"),
+    _C("env-hub-staging", _env({"name": "HUGGINGFACE_CO_STAGING", "value": "1"}), "spec.env[0].name"),
+    _C("env-hf-modules-cache", _env({"name": "HF_MODULES_CACHE", "value": "/x"}), "spec.env[0].name"),
+    _C("env-nccl-net-plugin", _env({"name": "NCCL_NET_PLUGIN", "value": "/x.so"}), "spec.env[0].name"),
+    _C("env-openssl-conf", _env({"name": "OPENSSL_CONF", "value": "/x.cnf"}), "spec.env[0].name"),
+    _C("env-pythonwarnings", _env({"name": "PYTHONWARNINGS", "value": "error::x.Y"}), "spec.env[0].name"),
+    _C(
+        "env-https-proxy-lowercase",
+        _env({"name": "https_proxy", "value": "http://p:3128"}),
+        "spec.env[0].name",
+    ),
+    _C(
+        "env-aws-endpoint-url-s3",
+        _env({"name": "AWS_ENDPOINT_URL_S3", "value": "http://x"}),
+        "spec.env[0].name",
+    ),
+    _C("env-ssl-cert-file", _env({"name": "SSL_CERT_FILE", "value": "/x.pem"}), "spec.env[0].name"),
     _C("env-kubetune-image-mixed-case", _env({"name": "Kubetune_Image", "value": "x"}), "spec.env[0].name"),
     _C("env-tuning-lowercase", _env({"name": "kubetune_sharding", "value": "ddp"}), "spec.env[0].name"),
     _C(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from kubetune_api import pod_env as names
@@ -183,3 +184,36 @@ def test_the_builders_take_each_pods_env_from_the_table() -> None:
     assert reg["env"] == env(
         Context(job, settings, Pod.REGISTRATION, image, builders.REGISTER_CONTAINER, True)
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HUGGINGFACE_CO_STAGING",
+        "HUGGINGFACE_ASSETS_CACHE",
+        "HF_MODULES_CACHE",
+        "HF_DATASETS_DOWNLOADED_DATASETS_PATH",
+        "HF_DATASETS_EXTRACTED_DATASETS_PATH",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+        "TRITON_CACHE_MANAGER",
+        "OPENSSL_CONF",
+        "OPENSSL_MODULES",
+        "PYTHONWARNINGS",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "HTTP_PROXY",
+        "https_proxy",
+        "No_Proxy",
+        "all_proxy",
+        "REQUESTS_CA_BUNDLE",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "CURL_CA_BUNDLE",
+    ],
+)
+def test_hub_code_loading_and_traffic_variables_are_refused_in_spec_env(name: str) -> None:
+    assert names.reserved(name) is not None
+    # tuning stays the spec's
+    assert names.reserved("NCCL_DEBUG") is None and names.reserved("HF_HUB_DOWNLOAD_TIMEOUT") is None
