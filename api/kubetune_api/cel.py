@@ -108,10 +108,19 @@ CREDENTIAL_SHAPE_KINDS = ", ".join(what for what, _ in CREDENTIAL_SHAPES)
 UNSEEN_RANGES = (
     (0x00, 0x1F),
     (0x7F, 0x9F),
+    (0xAD, 0xAD),  # soft hyphen
+    (0x061C, 0x061C),  # Arabic letter mark
+    (0x115F, 0x1160),  # Hangul fillers
+    (0x180E, 0x180E),  # Mongolian vowel separator
     (0x200B, 0x200F),
     (0x202A, 0x202E),
+    (0x2060, 0x2064),  # word joiner, invisible operators
     (0x2066, 0x2069),
+    (0x3164, 0x3164),  # Hangul filler
+    (0xFE00, 0xFE0F),  # variation selectors
     (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),  # halfwidth Hangul filler
+    (0xE0000, 0xE007F),  # tags
 )
 SPACE_RANGES = (
     (0x20, 0x20),
@@ -123,9 +132,8 @@ SPACE_RANGES = (
     (0x205F, 0x205F),
     (0x3000, 0x3000),
 )
-UNSEEN_MESSAGE = (
-    "control, zero-width or bidirectional characters (U+0000-U+001F, U+007F-U+009F, U+200B-U+200F, "
-    "U+202A-U+202E, U+2066-U+2069, U+FEFF)"
+UNSEEN_MESSAGE = "control, zero-width, filler or bidirectional characters ({})".format(
+    ", ".join(f"U+{a:04X}" if a == b else f"U+{a:04X}-U+{b:04X}" for a, b in UNSEEN_RANGES)
 )
 
 

@@ -467,6 +467,28 @@ INVALID: list[Case] = [
     _C("model-name-blank", {"spec.registration.modelName": "   "}, "spec.registration.modelName"),
     _C("model-name-zero-width", {"spec.registration.modelName": "qw\u200ben"}, "spec.registration.modelName"),
     _C(
+        "model-name-soft-hyphen", {"spec.registration.modelName": "qw\u00aden"}, "spec.registration.modelName"
+    ),
+    _C(
+        "model-name-word-joiner", {"spec.registration.modelName": "qw\u2060en"}, "spec.registration.modelName"
+    ),
+    _C(
+        "model-name-hangul-filler",
+        {"spec.registration.modelName": "qw\u3164en"},
+        "spec.registration.modelName",
+    ),
+    _C(
+        "model-name-variation-selector",
+        {"spec.registration.modelName": "qw\ufe0fen"},
+        "spec.registration.modelName",
+    ),
+    _C(
+        "experiment-tag-character",
+        {"spec.registration.experiment": "kubetune/x\U000e0041"},
+        "spec.registration.experiment",
+    ),
+    _C("alias-tag-cancel", {"spec.registration.alias": "champion\U000e007f"}, "spec.registration.alias"),
+    _C(
         "model-name-rtl-override",
         {"spec.registration.modelName": "qwen\u202egpj"},
         "spec.registration.modelName",

@@ -442,7 +442,7 @@ def test_both_spellings_of_a_name_pattern_say_the_same() -> None:
     """RE2's spelling (\\x{200B}) and Python's (\\U0000200B) come from one table: Python's, and the
     RE2 one read by Python after the one change of syntax, agree on every code point of the table and
     its neighbours (the real API server reads RE2's: tests/integration/test_admission_table.py)."""
-    re2_in_python = re.sub(r"\\x\{([0-9A-F]{4})\}", lambda m: f"\\U0000{m[1]}", cel.UNSEEN.re2)
+    re2_in_python = re.sub(r"\\x\{([0-9A-F]{4,6})\}", lambda m: f"\\U{int(m[1], 16):08X}", cel.UNSEEN.re2)
     edges = {c + d for a, b in (*cel.UNSEEN_RANGES, *cel.SPACE_RANGES) for c in (a, b) for d in (-1, 0, 1)}
     for point in sorted(p for p in edges if p >= 0):
         inside = any(a <= point <= b for a, b in cel.UNSEEN_RANGES)
@@ -478,3 +478,29 @@ def test_credentials_by_shape_are_refused_without_echoing_the_value() -> None:
         problems = admission.problems(doc)
         assert {p.split(":")[0] for p in problems} == {"spec.registration.experiment"}, (kind, problems)
         assert not any(value in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        0xAD,
+        0x061C,
+        0x115F,
+        0x1160,
+        0x180E,
+        0x2060,
+        0x2064,
+        0x3164,
+        0xFE00,
+        0xFE0F,
+        0xFFA0,
+        0xE0000,
+        0xE0041,
+        0xE007F,
+    ],
+)
+def test_invisible_fillers_joiners_selectors_and_tags_are_unseen_in_both_spellings(point: int) -> None:
+    assert cel.UNSEEN.search(f"qw{chr(point)}en")
+    # RE2 spells an astral code point with more than four hex digits: \x{E0000}
+    assert f"\\x{{{point:04X}}}" in cel.UNSEEN.re2 or any(a < point <= b for a, b in cel.UNSEEN_RANGES)
+    assert f"U+{point:04X}" in cel.UNSEEN_MESSAGE or any(a < point <= b for a, b in cel.UNSEEN_RANGES)
