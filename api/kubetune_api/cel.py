@@ -168,7 +168,7 @@ class Pattern:
         return f"{var}.matches(r'{self.re2}')"
 
     def search(self, value: str) -> bool:
-        return re.search(self.python, value) is not None
+        return re2_search(self.python, value)
 
 
 UNSEEN = Pattern("{unseen}")
@@ -186,9 +186,22 @@ REGISTERED_EDGE_SPACE = Pattern("^models:/{space}|{space}[@/]")
 REGISTERED_RESERVED_ALIAS = Pattern("@([lL][aA][tT][eE][sS][tT]|[vV][0-9]+)$")
 
 
+# Case folding (``(?i)``): the API server's regexp (Go's, RE2 syntax) folds by Unicode's simple case
+# folding orbits, K with the Kelvin sign and s with the long s as Python does, but not the Turkish
+# dotless i (U+0131) and dotted I (U+0130), which Python's re folds to i and I. Python's twins read those two as a
+# character that folds to nothing (and is in no class of ours), so both engines say the same.
+# (re.ASCII would be wrong the other way: it would stop folding the Kelvin sign and the long s.)
+_GO_UNFOLDED = str.maketrans({"\u0130": "\ufffd", "\u0131": "\ufffd"})
+
+
+def re2_search(pattern: str, value: str) -> bool:
+    """``re.search`` as CEL's ``matches()`` (Go's regexp) decides it, case folding included."""
+    return re.search(pattern, value.translate(_GO_UNFOLDED)) is not None
+
+
 def _search(pattern: str, value: str) -> bool:
     """CEL's ``matches()``: RE2, true when the pattern matches anywhere in the string."""
-    return re.search(pattern, value) is not None
+    return re2_search(pattern, value)
 
 
 def label_key_ok(key: str) -> bool:
@@ -229,4 +242,5 @@ def _cel_list(names: tuple[str, ...]) -> str:
 
 
 def _has(obj: Any, key: str) -> bool:
-    return isinstance(obj, dict) and key in obj
+    """CEL's ``has()``: a key set to null is absent (the API server prunes nulls before the rules run)."""
+    return isinstance(obj, dict) and obj.get(key) is not None

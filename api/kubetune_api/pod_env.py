@@ -11,9 +11,9 @@ these names together.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from .cel import re2_search
 from .tuning import TUNING_ENV
 
 # --- read by the trainer (the operator sets them; refused in spec.env by a rule of their own) -------
@@ -96,9 +96,8 @@ class Reserved:
     allowed: str | None = None
 
     def refuses(self, name: str) -> bool:
-        return re.search(self.pattern, name) is not None and not (
-            self.allowed and re.search(self.allowed, name) is not None
-        )
+        # case folded as the API server's regexp folds it (kubetune_api.cel.re2_search: not U+0130, U+0131)
+        return re2_search(self.pattern, name) and not (self.allowed and re2_search(self.allowed, name))
 
     def cel(self, var: str = "self.name") -> str:
         """The CEL that holds when ``var`` is not refused by this class."""

@@ -504,3 +504,22 @@ def test_invisible_fillers_joiners_selectors_and_tags_are_unseen_in_both_spellin
     # RE2 spells an astral code point with more than four hex digits: \x{E0000}
     assert f"\\x{{{point:04X}}}" in cel.UNSEEN.re2 or any(a < point <= b for a, b in cel.UNSEEN_RANGES)
     assert f"U+{point:04X}" in cel.UNSEEN_MESSAGE or any(a < point <= b for a, b in cel.UNSEEN_RANGES)
+
+
+def test_the_python_twins_fold_case_as_the_api_servers_regexp() -> None:
+    """Go's regexp (CEL's matches()) folds the Kelvin sign and the long s with k and s, but not the
+    Turkish dotless and dotted i (U+0131, U+0130) with i and I, which Python's re folds: the twins must say what the API server says."""
+    from kubetune_api import pod_env
+
+    assert cel.re2_search("(?i)^KUBETUNE_", "\u212aubetune_config")  # Kelvin sign: folded by both
+    assert not cel.re2_search("(?i)^PIP$", "P\u0130P") and not cel.re2_search("(?i)^PIP$", "p\u0131p")
+    assert pod_env.reserved("NV\u0130DIA_VISIBLE_DEVICES") is None
+    assert pod_env.reserved("nv\u0131dia_visible_devices") is None
+    assert pod_env.reserved("nvidia_visible_devices") is not None
+    assert pod_env.reserved("\u212aUBETUNE_CONFIG") is not None
+
+
+def test_a_key_set_to_null_is_absent_as_for_cel_has() -> None:
+    assert not cel._has({"value": None}, "value")
+    assert cel._has({"value": ""}, "value")
+    assert not cel._has({}, "value") and not cel._has(None, "value")
