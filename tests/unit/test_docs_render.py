@@ -69,7 +69,13 @@ def run_chromium(browser: str, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def browser() -> str:
+    """Chromium, found (or the test skipped) before the site is built: no build for a skip."""
+    return chromium()
+
+
+@pytest.fixture(scope="module")
+def site(browser: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
@@ -81,8 +87,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page", sorted(PAGES))
-def test_no_code_block_overflows_the_page_in_chromium(site: Path, page: str) -> None:
-    browser = chromium()
+def test_no_code_block_overflows_the_page_in_chromium(browser: str, site: Path, page: str) -> None:
     built = site / PAGES[page]
     measured = built.with_name("measured.html")
     measured.write_text(built.read_text().replace("</body>", MEASURE % json.dumps(CONTROL) + "</body>"))
