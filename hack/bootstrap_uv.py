@@ -16,6 +16,7 @@ and has no `venv` module. Standard library only. In order:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
 import json
@@ -26,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
@@ -94,11 +96,29 @@ def runs_here(filename: str, version: str, want: tuple[str, tuple[int, int], str
     return False
 
 
+def redacted(url: str) -> str:
+    """``url`` without its ``user:token@`` (an index's credentials never go to a message or a log)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
+
+
 def _open(url: str, timeout: float, accept: str = "*/*") -> Any:
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-        raise BootstrapError(f"{url}: not an http(s) URL")
-    request = urllib.request.Request(url, headers={"Accept": accept})  # noqa: S310 (scheme checked above)
-    return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (scheme checked above)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise BootstrapError(f"{redacted(url)}: not an http(s) URL")
+    headers = {"Accept": accept}
+    if parts.username is not None:  # basic auth from the URL's userinfo, which urllib does not send
+        user = urllib.parse.unquote(parts.username)
+        password = urllib.parse.unquote(parts.password or "")
+        headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (scheme checked above)
+    try:
+        return urllib.request.urlopen(request, timeout=timeout)  # noqa: S310 (scheme checked above)
+    except urllib.error.HTTPError as e:
+        raise BootstrapError(f"{redacted(url)}: HTTP {e.code} {e.reason}") from None
 
 
 def index_files(index: str) -> list[tuple[str, str, str]]:
@@ -126,10 +146,10 @@ def fetch(version: str, dest: Path) -> None:
     want = this_platform()
     wheels = [f for f in index_files(index) if runs_here(f[0], version, want)]
     if not wheels:
-        raise BootstrapError(f"{index} has no uv {version} wheel for {want[0]} {want[2]}")
+        raise BootstrapError(f"{redacted(index)} has no uv {version} wheel for {want[0]} {want[2]}")
     filename, url, sha256 = wheels[0]
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise BootstrapError(f"{index} gives no sha256 for {filename}: not using it")
+        raise BootstrapError(f"{redacted(index)} gives no sha256 for {filename}: not using it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
         wheel = Path(tmp, filename)
@@ -137,7 +157,7 @@ def fetch(version: str, dest: Path) -> None:
             shutil.copyfileobj(response, out)
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         if digest != sha256:
-            raise BootstrapError(f"{filename} from {url}: sha256 {digest}, the index says {sha256}")
+            raise BootstrapError(f"{filename} from {redacted(url)}: sha256 {digest}, the index says {sha256}")
         unpacked = Path(tmp, "bin")
         unpacked.mkdir()
         with zipfile.ZipFile(wheel) as z:
@@ -161,7 +181,7 @@ def find_or_fetch(version: str) -> Path:
             return Path(candidate)
     dest = cache_dir(version)
     if version_of(dest / "uv") != version:
-        print(f"fetching uv {version} from {index_url()} into {dest}", file=sys.stderr)
+        print(f"fetching uv {version} from {redacted(index_url())} into {dest}", file=sys.stderr)
         fetch(version, dest)
     return dest / "uv"
 

@@ -11,6 +11,7 @@ names the wheel it came from, and the one for this machine records the arguments
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
 import io
@@ -90,6 +91,7 @@ class Index:
     wrong_hash_for: str = ""
     requests: list[str] = field(default_factory=list)
     url: str = ""
+    auth: str = ""  # "user:token": every request must carry it as basic auth
 
     def sha256(self, name: str) -> str:
         digest = hashlib.sha256(self.wheels[name]).hexdigest()
@@ -118,6 +120,10 @@ def index() -> Iterator[Index]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             state.requests.append(self.path)
+            wanted = "Basic " + base64.b64encode(state.auth.encode()).decode()
+            if state.auth and self.headers.get("Authorization") != wanted:
+                self.send_error(401)
+                return
             if self.path == "/simple/uv/":
                 kind, body = state.page(self.headers.get("Accept", ""))
             elif self.path.startswith("/files/") and self.path[len("/files/") :] in state.wheels:
@@ -267,3 +273,29 @@ def test_a_uv_of_the_pinned_version_on_path_is_used_and_another_version_is_not(m
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(machine.cache / f"uv-{VERSION}" / "uv")
     assert machine.index.requests == ["/simple/uv/", f"/files/{RIGHT}"]
+
+
+TOKEN = "s3cr3t-index-token"
+
+
+@pytest.mark.parametrize("wrong_hash", [False, True], ids=["fetched", "refused"])
+def test_an_index_url_with_credentials_is_used_with_basic_auth_and_never_printed(
+    machine: Machine, wrong_hash: bool
+) -> None:
+    machine.index.auth = f"ci:{TOKEN}"
+    machine.index.url = machine.index.url.replace("http://", f"http://ci:{TOKEN}@")
+    if wrong_hash:
+        machine.index.wrong_hash_for = RIGHT  # an error message that names the wheel's URL
+    result = machine.run("python3", "hack/bootstrap_uv.py", VERSION)
+    assert (result.returncode != 0) is wrong_hash, result.stderr
+    assert machine.index.requests == ["/simple/uv/", f"/files/{RIGHT}"]  # both sent the credentials
+    assert "fetching uv" in result.stderr and "http://***@127.0.0.1:" in result.stderr
+    assert TOKEN not in result.stdout + result.stderr
+
+
+def test_a_refused_request_names_the_index_without_its_credentials(machine: Machine) -> None:
+    machine.index.auth = "ci:right"
+    machine.index.url = machine.index.url.replace("http://", f"http://ci:{TOKEN}@")
+    result = machine.run("python3", "hack/bootstrap_uv.py", VERSION)
+    assert result.returncode == 1 and "HTTP 401" in result.stderr, result.stderr
+    assert TOKEN not in result.stdout + result.stderr
