@@ -5,7 +5,7 @@ test: ## set up, build the test control plane, lint, type-check, run all tests
 	bash hack/test.sh
 test-fast: ## the inner loop (~1 min): tests that need no server, subprocess or heavy import
 	bash hack/setup.sh
-	.venv/bin/pytest tests --fast -q -p no:cacheprovider "-n$${KUBETUNE_TEST_WORKERS:-2}"
+	.venv/bin/pytest tests/unit --fast -q -p no:cacheprovider "-n$${KUBETUNE_TEST_WORKERS:-0}"
 crd:  ## regenerate crds/, the chart's copy and docs/api.md from the typed API models
 	.venv/bin/python -m kubetune_api.crd --write crds/kubetune.io_finetunejobs.yaml
 	cp crds/kubetune.io_finetunejobs.yaml charts/kubetune/files/crds/kubetune.io_finetunejobs.yaml

@@ -20,10 +20,10 @@ echo "== CRD drift"; python -m kubetune_api.crd --check crds/kubetune.io_finetun
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp -d)"
 # The suite in parallel workers, each with its own servers (tests/support/lanes.py says how tests
 # are split); KUBETUNE_TEST_WORKERS=0 runs it in this one process. The 30 slowest tests are printed.
-workers="${KUBETUNE_TEST_WORKERS:-4}"
+workers="${KUBETUNE_TEST_WORKERS:-2}"
 echo "== pytest ($workers workers)"
 set +e
-pytest -n "$workers" --dist loadgroup --durations=30 "$@"
+pytest -n "$workers" --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

@@ -42,7 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if left:
             config.hook.pytest_deselected(items=left)
         items[:] = kept
-    lanes.group_for_workers(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """How the whole suite is split over parallel workers (tests/support/lanes.py)."""
+    return lanes.scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -1,27 +1,32 @@
 """The suite's lanes: what the fast lane leaves out, and how the whole suite is split over workers.
 
-The whole suite runs in parallel processes (pytest-xdist, ``--dist loadgroup``, started by
-``hack/test.sh``). Each worker is its own pytest session, so each owns its session fixtures: its own
-API server, MLflow server and tiny model, on free ports and in its own temporary folders. A test is
-sent to any worker, except where :func:`group_for_workers` keeps tests together:
+The whole suite runs in parallel processes (pytest-xdist, started by ``hack/test.sh``). Each worker
+is its own pytest session, so each owns its session fixtures: its own API server, MLflow server and
+tiny model, on free ports and in its own temporary folders. A test is sent to any worker, except
+where :func:`work_unit` keeps tests together (the scheduler of :func:`scheduler`, which the controller
+runs: it sees test ids only, so it reads which modules share a fixture from their source):
 
 - every test under ``tests/cluster`` goes to one worker. Those tests share one cluster of real
   controllers, and their training pods share the machine's network (the pod runner gives pods no
   network of their own, and the Training Operator's master port is fixed), so two clusters may not
   train at once;
 - the tests of a module with a module-scoped fixture (a trained model, a Hub stand-in, a Helm
-  cluster) stay together, so that fixture is made once.
+  cluster) stay together, so that fixture is made once. Session fixtures are not grouped: each
+  worker makes its own.
 
-The fast lane (``pytest --fast``) keeps the tests that need nothing but this process: importing a
-heavy library skips the module or the test that asked (:func:`block_heavy_imports`), tests whose
-fixtures start a server are left out, and so are the tests marked ``slow``.
+The fast lane (``pytest --fast``) keeps the unit tests that need nothing but this process: importing
+a heavy library skips the module or the test that asked (:func:`block_heavy_imports`), tests whose
+fixtures start a server are left out, and so are the tests marked ``slow`` and every folder but
+tests/unit (the others are servers, subprocesses and trainings by what they are).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.abc
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +37,9 @@ HEAVY_LIBRARIES = frozenset(
 # Fixtures that start a server or a cluster (directly or through the fixtures they use).
 SERVER_FIXTURES = frozenset({"control_plane", "cluster", "mlflow_server", "tiny_model", "hub"})
 CLUSTER_GROUP = "cluster"
+CLUSTER_DIR = "tests/cluster/"
+UNIT_DIR = "tests/unit/"
+WIDE_SCOPES = frozenset({"module", "package"})  # session fixtures: one per worker, no grouping
 
 
 class _HeavyImportSkips(importlib.abc.MetaPathFinder):
@@ -54,6 +62,25 @@ def block_heavy_imports() -> None:
     sys.meta_path.insert(0, _HeavyImportSkips())
 
 
+def heavy_imports_blocked() -> bool:
+    return any(isinstance(finder, _HeavyImportSkips) for finder in sys.meta_path)
+
+
+def skip_if_it_imports_heavy(source: str, what: str) -> None:
+    """In the fast lane, skip a test that runs code importing a heavy library where pytest cannot see
+    it (a docstring's examples run by doctest, which reports the skip as a failure of the example)."""
+    if not heavy_imports_blocked():
+        return
+    for line in source.splitlines():
+        words = line.replace(">>>", " ").split()
+        if (
+            len(words) >= 2
+            and words[0] in {"import", "from"}
+            and words[1].partition(".")[0] in HEAVY_LIBRARIES
+        ):
+            pytest.skip(f"{what} imports {words[1]}: left out of the fast lane (runs in the whole suite)")
+
+
 def needs_server(item: pytest.Item) -> bool:
     names = getattr(item, "fixturenames", ())
     return any(name in SERVER_FIXTURES for name in names)
@@ -65,28 +92,55 @@ def fast_lane(items: Sequence[pytest.Item]) -> tuple[list[pytest.Item], list[pyt
     left: list[pytest.Item] = []
     for item in items:
         slow = item.get_closest_marker("slow") is not None
-        (left if slow or needs_server(item) else kept).append(item)
+        unit = item.nodeid.startswith(UNIT_DIR)  # the other folders are servers and subprocesses
+        (left if slow or not unit or needs_server(item) else kept).append(item)
     return kept, left
 
 
-def _module_scoped(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(
-        defs and defs[-1].scope == "module"
-        for name, defs in info.name2fixturedefs.items()
-        if name != "request"
-    )
+def module_fixture_modules(root: Path, folder: str = "tests") -> frozenset[str]:
+    """The test modules in ``root/folder`` (paths relative to ``root``, as in test ids) that define a
+    fixture of module or package scope, or sit below a conftest.py that does: read from their
+    source, so the controller of the parallel run can tell without collecting."""
+    found: set[str] = set()
+    tests = root / folder
+    shared_dirs = {p.parent for p in tests.rglob("conftest.py") if _defines_wide_fixture(p)}
+    for path in tests.rglob("test_*.py"):
+        if _defines_wide_fixture(path) or any(d in path.parents for d in shared_dirs):
+            found.add(path.relative_to(root).as_posix())
+    return frozenset(found)
 
 
-def group_for_workers(items: Sequence[pytest.Item]) -> None:
-    """Mark the tests that must run on one worker together (see the module's text)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = item.nodeid.split("::", 1)[0]
-        if path.startswith("tests/cluster/"):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
-        elif _module_scoped(item):
-            item.add_marker(pytest.mark.xdist_group(path))
+def _defines_wide_fixture(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and any(
+                    kw.arg == "scope" and isinstance(kw.value, ast.Constant) and kw.value.value in WIDE_SCOPES
+                    for kw in deco.keywords
+                ):
+                    return True
+    return False
+
+
+def work_unit(nodeid: str, shared_modules: frozenset[str]) -> str:
+    """The unit of work a test belongs to: the tests of one unit run on one worker, one after another."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(CLUSTER_DIR):
+        return CLUSTER_GROUP
+    if path in shared_modules:
+        return path
+    return nodeid
+
+
+def scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's scheduler for this suite: its load-scope scheduling, by :func:`work_unit`."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    shared = module_fixture_modules(Path(config.rootpath))
+
+    class ByWorkUnit(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid, shared)
+
+    return ByWorkUnit(config, log)

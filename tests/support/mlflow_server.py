@@ -92,6 +92,9 @@ class MlflowServer:
         ):
             env.pop(name, None)
         env["PYTHONUNBUFFERED"] = "1"
+        # No job runner: MLflow 3 starts one (four more processes that import mlflow and then poll)
+        # for its server-side jobs, which kubetune does not use; a test server would pay for it in CPU.
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command(),

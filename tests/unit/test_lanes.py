@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from tests.support import lanes
+from tests.support.controlplane import REPO
 
 CLUSTER_TEST = """
 def test_trains(cluster):
@@ -55,40 +56,75 @@ def items(pytester: pytest.Pytester) -> dict[str, pytest.Item]:
     # plain folders, imported by path: the names must not meet this repository's own tests package
     (pytester.path / "tests/cluster").mkdir(parents=True)
     (pytester.path / "tests/e2e").mkdir()
+    (pytester.path / "tests/unit").mkdir()
     (pytester.path / "tests/cluster/test_flow.py").write_text(CLUSTER_TEST)
     (pytester.path / "tests/cluster/conftest.py").write_text(
         "import pytest\n\n@pytest.fixture(scope='session')\ndef cluster():\n    return 1\n"
     )
     (pytester.path / "tests/e2e/test_shared.py").write_text(SHARED_MODULE_FIXTURE)
-    (pytester.path / "tests/e2e/test_lane.py").write_text(FAST_AND_NOT)
+    (pytester.path / "tests/unit/test_lane.py").write_text(FAST_AND_NOT)
     collected, _ = pytester.inline_genitems("tests", "--import-mode=importlib")
     return {item.nodeid: item for item in collected}
 
 
-def group(item: pytest.Item) -> str | None:
-    marker = item.get_closest_marker("xdist_group")
-    return None if marker is None else str(marker.args[0])
-
-
-def test_cluster_tests_share_one_worker_and_a_module_fixture_keeps_its_module_together(
-    items: dict[str, pytest.Item],
+def test_cluster_tests_are_one_unit_and_a_module_fixture_keeps_its_module_together(
+    pytester: pytest.Pytester, items: dict[str, pytest.Item]
 ) -> None:
-    lanes.group_for_workers(list(items.values()))
-    assert group(items["tests/cluster/test_flow.py::test_trains"]) == lanes.CLUSTER_GROUP
-    assert group(items["tests/e2e/test_shared.py::test_one"]) == "tests/e2e/test_shared.py"
-    assert group(items["tests/e2e/test_shared.py::test_two"]) == "tests/e2e/test_shared.py"
-    # a test that does not use the module's fixture may go to any worker
-    assert group(items["tests/e2e/test_shared.py::test_alone"]) is None
-    assert group(items["tests/e2e/test_lane.py::test_pure"]) is None
+    shared = lanes.module_fixture_modules(pytester.path)
+    assert shared == {"tests/e2e/test_shared.py"}
+    unit = {nodeid: lanes.work_unit(nodeid, shared) for nodeid in items}
+    assert unit["tests/cluster/test_flow.py::test_trains"] == lanes.CLUSTER_GROUP
+    assert unit["tests/e2e/test_shared.py::test_one"] == unit["tests/e2e/test_shared.py::test_alone"]
+    assert unit["tests/e2e/test_shared.py::test_one"] == "tests/e2e/test_shared.py"
+    # elsewhere each test is a unit of its own
+    assert unit["tests/unit/test_lane.py::test_pure"] == "tests/unit/test_lane.py::test_pure"
+
+
+def test_a_conftest_with_a_module_fixture_groups_the_modules_below_it(pytester: pytest.Pytester) -> None:
+    (pytester.path / "tests/helm").mkdir(parents=True)
+    (pytester.path / "tests/helm/conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture(scope='module')\ndef chart():\n    return 1\n"
+    )
+    (pytester.path / "tests/helm/test_a.py").write_text("def test_a():\n    pass\n")
+    (pytester.path / "tests/test_b.py").write_text(
+        "import pytest\n\n@pytest.fixture(scope='session')\ndef server():\n    return 1\n"
+    )
+    assert lanes.module_fixture_modules(pytester.path) == {"tests/helm/test_a.py"}
+
+
+@pytest.mark.slow  # a parallel pytest run of its own
+def test_the_parallel_run_keeps_the_cluster_tests_on_one_worker(pytester: pytest.Pytester) -> None:
+    """Through pytest-xdist itself: the scheduler is the one the suite's conftest installs."""
+    (pytester.path / "tests/cluster").mkdir(parents=True)
+    out = pytester.path / "workers.txt"
+    record = f"import os\n\ndef record(name):\n    open({str(out)!r}, 'a').write(name + ' ' + os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
+    (pytester.path / "tests/cluster/test_flow.py").write_text(
+        record + "".join(f"\n\ndef test_c{i}():\n    record('cluster')\n" for i in range(8))
+    )
+    (pytester.path / "tests/test_other.py").write_text(
+        record + "".join(f"\n\ndef test_o{i}():\n    record('other')\n" for i in range(8))
+    )
+    pytester.makeconftest(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.support import lanes\n\n"
+        "def pytest_xdist_make_scheduler(config, log):\n    return lanes.scheduler(config, log)\n"
+    )
+    result = pytester.runpytest_subprocess("-n", "3", "-p", "no:cacheprovider", "--import-mode=importlib")
+    result.assert_outcomes(passed=16)
+    rows = [line.split() for line in out.read_text().splitlines()]
+    assert len({worker for name, worker in rows if name == "cluster"}) == 1
+    assert len(rows) == 16
 
 
 def test_the_fast_lane_leaves_out_servers_and_slow_tests(items: dict[str, pytest.Item]) -> None:
     kept, left = lanes.fast_lane(list(items.values()))
-    assert "tests/e2e/test_lane.py::test_pure" in {i.nodeid for i in kept}
+    assert "tests/unit/test_lane.py::test_pure" in {i.nodeid for i in kept}
     assert {i.nodeid for i in left} >= {
         "tests/cluster/test_flow.py::test_trains",  # the cluster fixture
-        "tests/e2e/test_lane.py::test_on_the_api_server",  # control_plane, through kube
-        "tests/e2e/test_lane.py::test_trains_a_model",  # marked slow
+        "tests/unit/test_lane.py::test_on_the_api_server",  # control_plane, through kube
+        "tests/unit/test_lane.py::test_trains_a_model",  # marked slow
+        "tests/e2e/test_shared.py::test_alone",  # not a unit test
     }
     assert not {i.nodeid for i in kept} & {i.nodeid for i in left}
 
