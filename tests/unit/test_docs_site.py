@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tests.support.controlplane import REPO
 
 
@@ -54,6 +55,7 @@ def test_every_page_is_in_the_nav_and_every_page_in_the_nav_exists() -> None:
     assert config["theme"]["font"] is False  # no Google Fonts: the site builds and reads offline
 
 
+@pytest.mark.slow  # three mkdocs builds
 def test_the_docs_build_strictly_and_a_broken_link_or_anchor_fails(tmp_path: Path) -> None:
     intact = copy_of_the_docs(tmp_path / "intact")
     result = build(intact)

@@ -136,6 +136,7 @@ def test_requirements_match_the_lock(image: str) -> None:
     )
 
 
+@pytest.mark.slow  # installs each image's locked dependency set into a fresh venv
 @pytest.mark.parametrize("image", ["operator", "trainer"])
 def test_dependency_set_installs_and_imports(image: str, tmp_path: Path) -> None:
     uv = _uv()
