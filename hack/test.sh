@@ -18,9 +18,11 @@ echo "== mypy"; mypy
 echo "== import contracts"; lint-imports
 echo "== CRD drift"; python -m kubetune_api.crd --check crds/kubetune.io_finetunejobs.yaml
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp -d)"
-# The suite in parallel workers, each with its own servers (tests/support/lanes.py says how tests
-# are split); KUBETUNE_TEST_WORKERS=0 runs it in this one process. The 30 slowest tests are printed.
-workers="${KUBETUNE_TEST_WORKERS:-2}"
+# The suite in this one process by default; KUBETUNE_TEST_WORKERS=N runs it in N parallel workers,
+# each with its own servers (tests/support/lanes.py says how tests are split). On two cores the
+# suite is CPU-bound (tiny trainings), and four workers took longer than one and starved the cluster
+# tests into time-outs (docs/contributing.md, "Where the time goes"). The 30 slowest are printed.
+workers="${KUBETUNE_TEST_WORKERS:-0}"
 echo "== pytest ($workers workers)"
 set +e
 pytest -n "$workers" --durations=30 "$@"

@@ -170,8 +170,11 @@ def test_gate_met_with_best_eval_registers_that_checkpoint_once(
 
     mlflow.set_tracking_uri(uri)
     loaded = mlflow.transformers.load_model(f"models:/{name}/1", return_type="components")
-    expected = AutoModelForCausalLM.from_pretrained(best_path)
-    other = AutoModelForCausalLM.from_pretrained(out / FINAL_DIR)
+    # compared in the dtype the version was logged in (the training's precision), whatever the
+    # process's default: a worker of the parallel run read bfloat16 against a float32 copy
+    dtype = loaded["model"].dtype
+    expected = AutoModelForCausalLM.from_pretrained(best_path, dtype=dtype)
+    other = AutoModelForCausalLM.from_pretrained(out / FINAL_DIR, dtype=dtype)
     tokens = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         got = loaded["model"](tokens).logits
