@@ -10,6 +10,12 @@ export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$assets}"
 # kube-scheduler, KWOK, the Kubeflow Training Operator, Kueue
 cluster=$(hack/build-control-plane.sh cluster | tail -n 1)
 export KUBETUNE_CLUSTER_ASSETS="${KUBETUNE_CLUSTER_ASSETS:-$cluster}"
+# headless Chromium for the docs' screenshot test (tests/unit/test_docs_render.py): Debian's package,
+# installed in CI (as root, with apt); elsewhere, or if apt fails, that one test skips and says why
+if [ -n "${CI:-}" ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+    || echo "chromium could not be installed: the docs screenshot test will skip" >&2
+fi
 # the Argo CD health check's Lua VM, built once here rather than by the first test that needs it
 hack/build-lua.sh >/dev/null
 export PATH="$PWD/.venv/bin:$PATH"
