@@ -251,12 +251,12 @@ def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
 def test_a_checkpoint_volume_that_fills_up_fails_with_disk_full(
     cluster: Cluster, ns: str, operator: OperatorProcess
 ) -> None:
-    """A 5 MiB checkpoint disk: the preparation's data and the first full checkpoint (about 2.5 MB)
+    """A 6 MiB checkpoint disk: the preparation's data and the first full checkpoint (about 2.5 MB)
     fit, the second does not. The job fails DiskFull, the message says No space left (or the
     volume's bytes), and the first checkpoint stays complete on the volume."""
     name = "disk"
     doc = tiny_job(
-        name, ns, **{"storage.storageClassName": SIZED_STORAGE_CLASS, "storage.size": "5Mi", "method": "full"}
+        name, ns, **{"storage.storageClassName": SIZED_STORAGE_CLASS, "storage.size": "6Mi", "method": "full"}
     )
     doc["spec"].pop("lora", None)
     doc["spec"]["registration"].pop("mergeLora", None)
