@@ -3,7 +3,7 @@ run:  ## fine-tune the tiny model locally (the main job)
 	bash hack/local-run.sh
 test: ## set up, build the test control plane, lint, type-check, run all tests
 	bash hack/test.sh
-test-fast: ## the inner loop (~1 min): tests that need no server, subprocess or heavy import
+test-fast: ## the inner loop (under a minute): tests that need no server, subprocess or heavy import
 	bash hack/setup.sh
 	.venv/bin/pytest tests/unit --fast -q -p no:cacheprovider "-n$${KUBETUNE_TEST_WORKERS:-0}"
 crd:  ## regenerate crds/, the chart's copy and docs/api.md from the typed API models
