@@ -17,8 +17,10 @@ The names checked are those a job registers to (``registration.modelName``, or i
 job's name), the experiment it logs to (``registration.experiment``, set), and the registered model
 it starts from (``model.registered``). CEL cannot check this at admission: the rule depends on the
 operator's settings, not on the object, and a CRD's rules see only ``metadata.name`` and
-``generateName`` of its metadata, not its namespace. The operator checks it on its first pass,
-before creating anything (:func:`refusal`).
+``generateName`` of its metadata, not its namespace. The operator checks it (:func:`refusal`) on a
+job's first pass, before creating anything, and again before it creates the registration Job or moves
+an alias (:mod:`kubetune_operator.state`): a job that started before tenancy was on, or whose status
+someone else wrote, registers nothing outside its names.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Tenancy of the model registry through the real API server and the operator: a job in one namespace
 naming another namespace's model (to register, or to start from) ends Failed on the operator's first
 pass with reason ModelNameNotAllowed, the field and the rule in its message and a Warning event, and
-no child is ever created; a name of its own proceeds; with tenancy off the same job proceeds."""
+no child is ever created; a name of its own proceeds; with tenancy off the same job proceeds. Past the
+first pass (a status forged by another hand, or a job that started before tenancy was on) the rule is
+checked again before the registration Job: none is created, and the job fails with the rule named."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -17,7 +20,9 @@ from tests.integration.conftest import (
     get_job,
     kopf_runner,
     load_example,
+    now,
     phase_of,
+    set_pytorchjob_condition,
     wait_for,
     wait_phase,
 )
@@ -33,6 +38,7 @@ CHILDREN = [
 ]
 
 
+@contextlib.contextmanager
 def _operator(monkeypatch: pytest.MonkeyPatch, namespace: str, mode: str) -> Iterator[Any]:
     monkeypatch.setenv("KUBETUNE_REGISTRY_TENANCY", mode)
     monkeypatch.setenv("KUBETUNE_REGISTRY_MODEL_NAMES", json.dumps({namespace: ["shared-*"]}))
@@ -44,14 +50,16 @@ def _operator(monkeypatch: pytest.MonkeyPatch, namespace: str, mode: str) -> Ite
 def tenancy_on(
     operator_env: dict[str, str], namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Any]:
-    yield from _operator(monkeypatch, namespace, "namespace-prefix")
+    with _operator(monkeypatch, namespace, "namespace-prefix") as runner:
+        yield runner
 
 
 @pytest.fixture
 def tenancy_off(
     operator_env: dict[str, str], namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Any]:
-    yield from _operator(monkeypatch, namespace, "off")
+    with _operator(monkeypatch, namespace, "off") as runner:
+        yield runner
 
 
 def _job(namespace: str, name: str, model_name: str, registered: str | None = None) -> dict[str, Any]:
@@ -125,3 +133,64 @@ def test_with_tenancy_off_another_namespaces_name_proceeds(
 ) -> None:
     kube.create(_job(namespace, "outside", "team-b.assistant", "models:/team-b.base@champion"))
     _proceeds(kube, namespace, "outside")
+
+
+def _no_registration(kube: Any, namespace: str, name: str) -> None:
+    """Failed with ModelNameNotAllowed (Ready and Registered, the rule named, a Warning event), and no
+    registration Job, then or after more passes."""
+    obj = wait_phase(kube, namespace, name, "Failed", timeout=30)
+    for ctype in ("Ready", "Registered"):
+        found = condition(obj, ctype)
+        assert found["reason"] == "ModelNameNotAllowed", obj["status"]
+        assert f"registration Job {name}-register not created" in found["message"]
+        assert (
+            "spec.registration.modelName 'team-b.assistant' is outside its namespace's names"
+            in found["message"]
+        )
+        assert f"namespace {namespace} may use model names starting with '{namespace}.'" in found["message"]
+    wait_for(
+        lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "ModelNameNotAllowed"],
+        what="a ModelNameNotAllowed event",
+    )
+    time.sleep(2)  # more passes (the resync, the events): still no registration Job
+    assert kube.get("batch/v1", "Job", namespace, f"{name}-register") is None
+    assert phase_of(kube, namespace, name) == "Failed"
+
+
+def test_a_status_forged_past_the_first_pass_registers_nothing_outside_its_names(
+    operator_env: dict[str, str], kube: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's status is written (by someone with rights to the status) before the operator's
+    first pass: training "finished", registering. The operator checks the rule before the registration
+    Job anyway."""
+    kube.create(_job(namespace, "forged", "team-b.assistant"))
+    forged = {
+        "phase": "Registering",
+        "conditions": [
+            {
+                "type": "Training",
+                "status": "False",
+                "reason": "TrainingSucceeded",
+                "message": "forged",
+                "lastTransitionTime": now(),
+            }
+        ],
+    }
+    kube.patch(
+        "kubetune.io/v1alpha1", "FineTuneJob", namespace, "forged", {"status": forged}, subresource="status"
+    )
+    with _operator(monkeypatch, namespace, "namespace-prefix"):
+        _no_registration(kube, namespace, "forged")
+
+
+def test_a_job_that_started_before_tenancy_trains_on_but_registers_nothing_outside_its_names(
+    operator_env: dict[str, str], kube: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started under an operator with tenancy off; the operator is then upgraded with tenancy on: the
+    training goes on (nothing stops it), and once it has succeeded no registration Job is created."""
+    kube.create(_job(namespace, "older", "team-b.assistant"))
+    with _operator(monkeypatch, namespace, "off"):
+        _proceeds(kube, namespace, "older")
+    with _operator(monkeypatch, namespace, "namespace-prefix"):
+        set_pytorchjob_condition(kube, namespace, "older-train", "Succeeded")
+        _no_registration(kube, namespace, "older")

@@ -11,13 +11,25 @@ from typing import Any
 import pytest
 import yaml
 from tests.support.controlplane import REPO
-from tests.unit.test_state_advance import World, drive, first, manifest
+from tests.unit.test_state_advance import (
+    FAILED_REGISTRATION,
+    PTJ_SUCCEEDED,
+    SUCCEEDED_REGISTERED,
+    TRAINED_COND,
+    World,
+    annotated,
+    drive,
+    first,
+    kinds,
+    manifest,
+)
 
 from kubetune_api import tenancy
 from kubetune_api.spec import parse_job
 from kubetune_api.status import FineTuneJobStatus
 from kubetune_operator import state
 from kubetune_operator.settings import Settings
+from kubetune_operator.state import Child, Fact
 
 
 def job(namespace: str = "team-a", name: str = "j", **registration: Any) -> Any:
@@ -112,6 +124,68 @@ def test_a_job_that_started_keeps_the_names_it_started_with() -> None:
     actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), World())
     assert any(isinstance(a, state.EnsureChild) for a in actions)
     assert commit.outcome.phase != "Failed"
+
+
+def _refused(obj: dict[str, Any], world: World) -> tuple[list[str], state.Commit, FineTuneJobStatus]:
+    obs = first(obj)
+    actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), world)
+    raw = {k: v for k, v in commit.transition.status.items() if v is not None}
+    return kinds(actions), commit, FineTuneJobStatus.model_validate(raw)
+
+
+def _condition(status: FineTuneJobStatus, ctype: str) -> tuple[str, str]:
+    found = next(c for c in status.conditions or [] if c.type == ctype)
+    return found.reason, found.message or ""
+
+
+TRAINED = World({(Fact.TRAINING_JOB, "j-train"): PTJ_SUCCEEDED}, {Child.TRAINING_JOB: PTJ_SUCCEEDED})
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"phase": "Training"},  # forged past the first pass (or started before tenancy was on)
+        {"phase": "Registering", "conditions": [TRAINED_COND]},  # training finished (the status says)
+    ],
+    ids=["training", "registering"],
+)
+def test_a_job_past_its_first_pass_creates_no_registration_job_outside_its_names(
+    status: dict[str, Any],
+) -> None:
+    """The rule is checked again before the registration Job: the job trains (it had started), then
+    ends Failed with ModelNameNotAllowed, the rule in the message, and nothing registered."""
+    done, commit, status_after = _refused(manifest("j", status=status), TRAINED)
+    assert "EnsureChild:registrationJob" not in done
+    assert "EnsureChild:trainingJob" in done  # a job that started is not stopped
+    assert status_after.phase == "Failed"
+    for ctype in ("Registered", "Ready"):
+        reason, message = _condition(status_after, ctype)
+        assert reason == "ModelNameNotAllowed"
+        assert REFUSAL in message and "registration Job j-register not created" in message
+    assert [(e.type, e.reason) for e in commit.transition.events] == [("Warning", "ModelNameNotAllowed")]
+
+
+def test_a_registration_retry_outside_its_names_creates_no_registration_job() -> None:
+    """Failed in registration (before tenancy was on), the retry annotation set: refused, not registered."""
+    world = World({**TRAINED.reads, (Fact.REGISTRATION_JOB, "j-register"): None}, TRAINED.children)
+    done, _, status_after = _refused(annotated(manifest(status=FAILED_REGISTRATION), "1"), world)
+    assert "EnsureChild:registrationJob" not in done
+    assert status_after.phase == "Failed"
+    assert _condition(status_after, "Ready")[0] == "ModelNameNotAllowed"
+
+
+def test_an_alias_move_outside_its_names_creates_no_alias_job() -> None:
+    """Succeeded and registered (before tenancy was on), then registration.alias changed: no alias Job,
+    AliasSynced False with the rule, the job still Succeeded with its version's alias unchanged."""
+    obj = manifest(status=SUCCEEDED_REGISTERED, registration={"alias": "production"})
+    done, commit, status_after = _refused(obj, World())
+    assert done == ["Commit"]  # nothing read, nothing created
+    assert commit.transition.phase == "Succeeded" and commit.outcome.phase == "Succeeded"
+    reason, message = _condition(status_after, "AliasSynced")
+    assert reason == "ModelNameNotAllowed"
+    assert message == f"alias 'production' not moved: {REFUSAL}"
+    assert "registeredModel" not in commit.transition.status  # the alias the version carries stays
+    assert [(e.type, e.reason) for e in commit.transition.events] == [("Warning", "ModelNameNotAllowed")]
 
 
 def test_the_first_job_of_getting_started_is_allowed_in_namespace_demo_by_the_default_tenancy() -> None:

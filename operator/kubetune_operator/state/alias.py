@@ -57,3 +57,28 @@ def alias_transition(
     )
     waiting = job.state not in JOB_ENDED
     return Transition(status=status, events=events, phase=str(previous.phase), waiting=waiting)
+
+
+def alias_refused(
+    previous: FineTuneJobStatus, wanted: str | None, refusal: str, *, now: str, generation: int
+) -> Transition:
+    """A Succeeded job whose ``registration.alias`` changed, but whose model name is outside its
+    namespace's names (:mod:`kubetune_api.tenancy`): no alias Job; ``AliasSynced`` is False with
+    reason ``ModelNameNotAllowed`` and the rule, and the phase stays Succeeded."""
+    message = f"alias {wanted!r} not moved: {refusal}"
+    decided = (False, Reason.MODEL_NAME_NOT_ALLOWED, message)
+    previous_conditions = {c.type: c for c in previous.conditions or []}
+    condition = _condition(
+        previous_conditions, ConditionType.ALIAS_SYNCED, decided, now=now, generation=generation
+    )
+    kept = [c for c in previous.conditions or [] if c.type != ConditionType.ALIAS_SYNCED]
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": [
+            c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in [*kept, condition]
+        ],
+    }
+    before = previous_conditions.get(ConditionType.ALIAS_SYNCED)
+    news = before is None or before.reason != decided[1] or before.message != message
+    events = [Event("Warning", decided[1], message)] if news else []
+    return Transition(status=status, events=events, phase=str(previous.phase))

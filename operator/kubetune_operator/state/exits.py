@@ -22,7 +22,7 @@ from ..children import is_ours
 from ..observations import JOB_ENDED, RegistrationObservation, registration_observation, training_observation
 from ..state_types import Transition
 from .actions import Commit, DeleteChild, EnsureChild, Outcome, Plan
-from .alias import alias_transition
+from .alias import alias_refused, alias_transition
 from .observation import Child, Fact, Observation
 from .status_view import (
     Reregister,
@@ -126,6 +126,11 @@ def alias_move(obs: Observation) -> Plan:  # noqa: PLR0911  one return per step 
     settled = synced is None or synced.status == "True"
     if model is None or not job.spec.registration.enabled or ((model.alias or None) == wanted and settled):
         return observed(done, obs.generation)
+    if obs.registry_refusal:
+        # the registry's names are the platform's (kubetune_api.tenancy): a version registered before
+        # tenancy was on (or under a status written by someone else) gets no alias moved by this job
+        t = alias_refused(prev, wanted, obs.registry_refusal, now=obs.now, generation=obs.generation)
+        return Plan((Commit(Outcome(phase=done.phase, message=obs.registry_refusal), t),))
     # One alias move at a time: an earlier change's Job still running finishes first, so the alias
     # MLflow keeps is the one asked for last (two Jobs at once would finish in any order).
     mine = builders.alias_job_name(job)

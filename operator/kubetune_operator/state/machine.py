@@ -420,6 +420,14 @@ def _after_training(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:  #
         out[C.REGISTERED] = (False, Reason.REGISTRATION_DISABLED, disabled)
         out[C.READY] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
         return Phase.SUCCEEDED, out
+    if obs.registry_refusal and not reg.exists:  # no registration Job was created (wanted._registration)
+        refused = (
+            f"{job} not created: {obs.registry_refusal}. The trained model stays on the checkpoint volume; "
+            "re-create the FineTuneJob with a model name of its namespace to register it"
+        )
+        out[C.REGISTERED] = (False, Reason.MODEL_NAME_NOT_ALLOWED, refused)
+        out[C.READY] = (False, Reason.MODEL_NAME_NOT_ALLOWED, refused)
+        return Phase.FAILED, out
     if reg.state == "GateNotMet":  # spec.registration.gate: nothing registered, the job still Succeeds
         return _gate_not_met(gate_not_met_message(reg, retry), out)
     failed = None  # Failed in registration, and the remedy

@@ -67,8 +67,9 @@ def _normal(obs: Observation, prev: FineTuneJobStatus, reregister: Reregister | 
         t = transition(prev, replace(first, invalid_spec=message))
         return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
     # the registry's names are the platform's (kubetune_api.tenancy): refused before anything is
-    # created; a job that started keeps the names it started with (an upgrade that turns tenancy on
-    # stops no running job)
+    # created; a job that started keeps training (an upgrade that turns tenancy on stops no running
+    # job), and the rule is checked again before the registration Job (wanted._registration, the
+    # status: machine._after_training) and before an alias move (exits.alias_move)
     if obs.registry_refusal and prev.phase is None:
         refused = replace(
             first, invalid_spec=obs.registry_refusal, invalid_reason=Reason.MODEL_NAME_NOT_ALLOWED

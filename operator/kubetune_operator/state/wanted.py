@@ -106,6 +106,11 @@ def _registration(obs: Observation, job: api.FineTuneJob) -> Plan | None:
     if Child.REGISTRATION_JOB in obs.had:
         return None
     prev = obs.previous or FineTuneJobStatus()
+    if obs.registry_refusal:
+        # the registry's names are the platform's (kubetune_api.tenancy), checked again here: a job
+        # that started before tenancy was on, or whose status was written by someone else, registers
+        # nothing under another namespace's name; the status decision says why (machine._after_training)
+        return None
     if registration_wanted(job, prev):
         # after GateNotMet, only the retry annotation creates it: it registers past the gate
         return Plan((EnsureChild(Child.REGISTRATION_JOB, job, force=registration_forced(prev)),))
