@@ -62,6 +62,7 @@ from .pod_env import (
     RESERVED_ENV,
     TRAINING_OPERATOR_ENV,  # noqa: F401 (kubetune_api.rules.TRAINING_OPERATOR_ENV, as before pod_env)
 )
+from .rules_ignored import ignored_rules
 from .rules_lineage import lineage_rules, model_source_rule, name_rules, registration_rules
 from .schema import list_type_problems
 from .tuning import TUNING_ENV
@@ -463,6 +464,7 @@ def object_rules() -> tuple[Rule, ...]:
         *credential_shape_rules(),
         *_spec_rules(),
         *lineage_rules(),
+        *ignored_rules(),
     )
 
 

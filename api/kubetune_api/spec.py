@@ -24,6 +24,7 @@ from . import rules as _rules
 from .base import ApiModel
 from .cel import MAX_NAME_LENGTH, NAME_PATTERN
 from .pod_env import OPERATOR_ENV  # noqa: F401 (kubetune_api.spec.OPERATOR_ENV, as before pod_env)
+from .rules_ignored import DEFAULT_ACCESS_MODE, DEFAULT_DATASET_SEED, DEFAULT_STORAGE_SIZE
 from .schema import structural
 from .status import FineTuneJobStatus
 
@@ -179,12 +180,12 @@ class DatasetSource(ApiModel):
         default=None, description="Hugging Face Hub data set id, e.g. trl-lib/Capybara."
     )
     revision: Annotated[str, Field(min_length=1, max_length=200, pattern=GIT_REF_PATTERN)] = Field(
-        default="main", description="Hub revision of the data set."
+        default="main", description="Hub revision of the data set (only with name)."
     )
     subset: Annotated[str, Field(max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] | None = Field(
         default=None,
         description="Data set configuration (subset) name: letters, digits, '.', '_' and '-' (a folder of "
-        "the data set's repository, at its top or under data/).",
+        "the data set's repository, at its top or under data/; only with name).",
     )
     path: Annotated[str, Field(max_length=1024)] | None = Field(
         default=None, description="Absolute path of a .jsonl/.json/.parquet file or a folder of them."
@@ -203,7 +204,11 @@ class DatasetSource(ApiModel):
     eval_fraction: Annotated[float, Field(gt=0, lt=1)] | None = Field(
         default=None, description="Hold out this fraction of the training split for evaluation."
     )
-    seed: Annotated[int, Field(ge=0)] = Field(default=42, description="Seed for the eval hold-out shuffle.")
+    seed: Annotated[int, Field(ge=0)] = Field(
+        default=DEFAULT_DATASET_SEED,
+        description="Seed for the eval hold-out shuffle (only with evalFraction; the training's seed is "
+        "training.seed).",
+    )
 
 
 class LoraSpec(ApiModel):
@@ -390,21 +395,24 @@ class StorageSpec(ApiModel):
     """The checkpoint volume: a new PVC, or an existing claim."""
 
     size: Annotated[str, Field(max_length=32, pattern=QUANTITY_PATTERN)] = Field(
-        default="100Gi", description="Size of the checkpoint PVC kubetune creates."
+        default=DEFAULT_STORAGE_SIZE,
+        description="Size of the checkpoint PVC kubetune creates (not with existingClaim).",
     )
     storage_class_name: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
         default=None, description="StorageClass of the new PVC (cluster default if unset)."
     )
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
-        default="ReadWriteOnce",
-        description="Access mode of the new PVC. Multi-node training needs ReadWriteMany.",
+        default=DEFAULT_ACCESS_MODE,
+        description="Access mode of the new PVC (not with existingClaim). Multi-node training needs "
+        "ReadWriteMany.",
     )
     existing_claim: Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)] | None = Field(
         default=None, description="Use this PVC instead of creating one (never deleted by kubetune)."
     )
     keep_on_delete: bool = Field(
         default=False,
-        description="Keep the created PVC (and its checkpoints) when the FineTuneJob is deleted.",
+        description="Keep the created PVC (and its checkpoints) when the FineTuneJob is deleted (not with "
+        "existingClaim: kubetune never deletes it).",
     )
 
 
@@ -441,7 +449,12 @@ class GateSpec(ApiModel):
 class RegistrationSpec(ApiModel):
     """Registering the trained model in MLflow."""
 
-    enabled: bool = Field(default=True, description="Register the model after training.")
+    enabled: bool = Field(
+        default=True,
+        description="Register the model after training. May be changed later: while false, the other "
+        "registration fields (and budget.register) do nothing yet and take effect once it is turned on "
+        "(the job's Succeeded event and Registered condition name the ones set).",
+    )
     tracking_uri: (
         Annotated[str, Field(max_length=2048, pattern=r"^((https?|file|databricks):/|/)[^\x00-\x20\x7f]*$")]
         | None
@@ -456,7 +469,8 @@ class RegistrationSpec(ApiModel):
         Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^/:%\x00-\x1f\x7f]+$")] | None
     ) = Field(default=None, description="Registered model name (default: the FineTuneJob's name).")
     merge_lora: bool = Field(
-        default=True, description="Merge the LoRA adapter into the base model before logging."
+        default=True,
+        description="Merge the LoRA adapter into the base model before logging (method: lora only).",
     )
     alias: Annotated[str, Field(max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] | None = Field(
         default=None,
@@ -514,7 +528,8 @@ class PreparationSpec(ApiModel):
     max_truncated_fraction: Annotated[float, Field(ge=0, le=1)] = Field(
         default=0.5,
         description="Refuse the data (MostlyTruncated) when more than this share of the training examples "
-        "is longer than training.maxLength. 1 never refuses.",
+        "is longer than training.maxLength. 1 never refuses. Checked by the preparation step: not where the "
+        "platform turned it off (Helm trainer.preparation.enabled).",
     )
 
 

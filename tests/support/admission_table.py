@@ -682,6 +682,49 @@ INVALID: list[Case] = [
         {"spec.resume": "best", "spec.training.evalSteps": 20, "spec.training.saveSteps": 50},
         "spec.training.saveSteps",
     ),
+    # --- nothing silently ignored (kubetune_api.rules_ignored): a field refused where it does nothing ---
+    _C(
+        "data-revision-with-path",
+        {**_data_volume(), "spec.dataset.revision": SHA},
+        "spec.dataset.revision",
+    ),
+    _C("data-subset-with-path", {**_data_volume(), "spec.dataset.subset": "en"}, "spec.dataset.subset"),
+    _C(
+        "data-seed-without-eval-fraction",
+        {"spec.dataset.evalFraction": DELETE, "spec.dataset.evalSplit": "test", "spec.dataset.seed": 7},
+        "spec.dataset.seed",
+    ),
+    _C(
+        "storage-size-with-existing-claim",
+        {"spec.storage": {"existingClaim": "ckpt", "size": "50Gi"}},
+        "spec.storage.size",
+    ),
+    _C(
+        "storage-access-mode-with-existing-claim",
+        {"spec.storage": {"existingClaim": "ckpt", "accessMode": "ReadWriteMany"}},
+        "spec.storage.accessMode",
+    ),
+    _C(
+        "storage-keep-with-existing-claim",
+        {"spec.storage": {"existingClaim": "ckpt", "keepOnDelete": True}},
+        "spec.storage.keepOnDelete",
+    ),
+    _C("warmup-steps-with-constant", {"spec.training.lrScheduler": "constant"}, "spec.training.lrScheduler"),
+    _C(
+        "warmup-ratio-with-constant",
+        {
+            "spec.training.lrScheduler": "constant",
+            "spec.training.warmupSteps": DELETE,
+            "spec.training.warmupRatio": 0.1,
+        },
+        "spec.training.lrScheduler",
+    ),
+    _C(
+        "watchdog-settings-while-off",
+        {"spec.training.lossWatchdog": {"enabled": False, "patience": 5}},
+        "spec.training.lossWatchdog.enabled",
+    ),
+    _C("merge-lora-off-with-full", {"spec.registration.mergeLora": False}, "spec.registration.mergeLora"),
     # --- budgets ---
     _C("budget-empty", {"spec.budget": {}}, "spec.budget"),
     _C("budget-register-only", {"spec.budget": {"register": False}}, "spec.budget"),
@@ -705,6 +748,25 @@ VALID: list[Case] = [
         "",
     ),
     _C("subset-dotted", {"spec.dataset.subset": "20231101.en"}, ""),
+    # ... each field of rules_ignored where it has its effect, or at its default
+    _C("data-seed-with-eval-fraction", {"spec.dataset.seed": 7}, ""),
+    _C("data-path-main-revision", {**_data_volume(), "spec.dataset.revision": "main"}, ""),
+    _C("storage-existing-claim-defaults", {"spec.storage": {"existingClaim": "ckpt", "size": "100Gi"}}, ""),
+    _C(
+        "constant-without-warmup",
+        {"spec.training.lrScheduler": "constant", "spec.training.warmupSteps": DELETE},
+        "",
+    ),
+    _C("constant-with-warmup", {"spec.training.lrScheduler": "constant_with_warmup"}, ""),
+    _C("watchdog-off", {"spec.training.lossWatchdog": {"enabled": False}}, ""),
+    _C("watchdog-tuned", {"spec.training.lossWatchdog": {"patience": 5, "window": 50}}, ""),
+    _C("merge-lora-off-with-lora", {"spec.method": "lora", "spec.registration.mergeLora": False}, ""),
+    # kept: registration can be turned on later (the other fields then apply; the Succeeded event says so)
+    _C(
+        "registration-off-with-alias-and-gate",
+        {"spec.registration.enabled": False, "spec.registration.gate": {"maxEvalLoss": 2}},
+        "",
+    ),
     _C("budget-duration", {"spec.budget": {"maxDuration": "0h90m"}}, ""),
     _C("budget-gpu-hours", {"spec.budget": {"maxGpuHours": 0.5, "register": False}}, ""),
     _C("resume-step", {"spec.resume": "400"}, ""),

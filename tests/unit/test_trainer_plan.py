@@ -227,11 +227,15 @@ def test_local_run_maps_the_tiny_assets_and_relative_paths(
 def test_every_scheduler_the_spec_allows_makes_a_valid_sft_config(tmp_path: Path, scheduler: str) -> None:
     from kubetune_trainer.training.train import build_sft_config
 
-    cfg = _cfg(training={"maxSteps": 10, "lrScheduler": scheduler, "warmupRatio": 0.1})
+    # constant has no warm-up: a warm-up with it is refused (kubetune_api.rules_ignored)
+    warmup = 0.0 if scheduler == "constant" else 0.1
+    cfg = _cfg(
+        training={"maxSteps": 10, "lrScheduler": scheduler, **({"warmupRatio": warmup} if warmup else {})}
+    )
     cfg = cfg.model_copy(update={"output_dir": str(tmp_path)})
     plan = make_plan(cfg.spec.training, CPU)
     args = build_sft_config(cfg, plan, has_eval=False, progress_bar=False)
-    assert args.lr_scheduler_type == scheduler and args.warmup_steps == 0.1
+    assert args.lr_scheduler_type == scheduler and args.warmup_steps == warmup
     assert args.output_dir == str(tmp_path / "checkpoints") and args.save_total_limit is None
 
 

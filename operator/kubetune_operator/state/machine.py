@@ -42,7 +42,7 @@ from dataclasses import replace
 from typing import Any
 
 from kubetune_api.failures import Failure
-from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
+from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION, FineTuneJob
 from kubetune_api.status import Condition, ConditionType, EventReason, FineTuneJobStatus, Phase, Reason
 
 from ..observations import POD_TROUBLE, SHOW_TRANSIENT_AFTER, PreparationObservation, shown_trouble
@@ -388,7 +388,7 @@ def _registration_pending(obs: Observation) -> Decided:
     return Decided(False, Reason.REGISTRATION_DISABLED, "spec.registration.enabled is false")
 
 
-def _after_training(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:  # noqa: PLR0912
+def _after_training(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:
     """Training succeeded: the registration decides (Registering; Succeeded, with the model or with
     registration off; or Failed, with the remedy)."""
     tr, reg = obs.training, obs.registration
@@ -407,18 +407,11 @@ def _after_training(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:  #
         f'{RETRY_REGISTRATION_ANNOTATION}="$(date +%s)" --overwrite'
     )
     kept = "the trained model stays on the checkpoint volume."
-    disabled = None  # Succeeded with nothing registered, and why
-    if not obs.registration_enabled and not reg.exists:
-        disabled = (
-            "spec.budget.register is false: the model trained up to the budget stays on the checkpoint volume"
-            if obs.budget is not None
-            else "spec.registration.enabled is false"
-        )
-    elif reg.state == "Skipped" and not obs.registration_enabled:
-        disabled = f"{job} ended without registering: spec.registration.enabled is false"
+    disabled = _disabled(obs, job)  # Succeeded with nothing registered, and why
     if disabled is not None:
+        unused, ready = registration_fields_set(obs.job), "training finished; registration is disabled"
         out[C.REGISTERED] = (False, Reason.REGISTRATION_DISABLED, disabled)
-        out[C.READY] = (True, Reason.SUCCEEDED, "training finished; registration is disabled")
+        out[C.READY] = (True, Reason.SUCCEEDED, f"{ready} ({unused} unused)" if unused else ready)
         return Phase.SUCCEEDED, out
     if obs.registry_refusal and not reg.exists:  # no registration Job was created (wanted._registration)
         refused = (
@@ -475,6 +468,47 @@ def _after_training(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:  #
         out[C.REGISTERED] = (False, Reason.REGISTRATION_PENDING, "creating the registration Job")
     out[C.READY] = (False, Reason.REGISTRATION_RUNNING, "training finished; registering the model")
     return Phase.REGISTERING, out
+
+
+def _disabled(obs: Observation, job: str) -> str | None:
+    """Why nothing is registered while training succeeded with registration off (None: it is on,
+    or its Job ran), with the registration fields that take effect only once it is turned on."""
+    reg = obs.registration
+    disabled = None
+    if not obs.registration_enabled and not reg.exists:
+        disabled = (
+            "spec.budget.register is false: the model trained up to the budget stays on the checkpoint volume"
+            if obs.budget is not None
+            else "spec.registration.enabled is false"
+        )
+    elif reg.state == "Skipped" and not obs.registration_enabled:
+        disabled = f"{job} ended without registering: spec.registration.enabled is false"
+    unused = registration_fields_set(obs.job)
+    if disabled is not None and unused:  # kept (registration can be turned on later), told here
+        disabled += f"; the registration fields set ({unused}) take effect only once it is true"
+    return disabled
+
+
+def registration_fields_set(job: FineTuneJob | None) -> str:
+    """The registration fields a job sets that do nothing while ``registration.enabled`` is false
+    (they apply once it is turned on, so they are not refused: :mod:`kubetune_api.rules_ignored`),
+    as one phrase; empty when none is set."""
+    if job is None or job.spec.registration.enabled:
+        return ""
+    reg = job.spec.registration
+    names = [
+        f"spec.registration.{wire}"
+        for wire, value in (
+            ("alias", reg.alias),
+            ("gate", reg.gate),
+            ("modelName", reg.model_name),
+            ("select", None if reg.select == "final" else reg.select),
+        )
+        if value is not None
+    ]
+    if job.spec.budget is not None and not job.spec.budget.register_model:
+        names.append("spec.budget.register")
+    return ", ".join(names)
 
 
 def _gate_not_met(msg: str, out: Verdicts) -> tuple[str, Verdicts]:
