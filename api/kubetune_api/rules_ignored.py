@@ -102,7 +102,7 @@ def _training_rules() -> list[Rule]:
     return [
         Rule(
             ("spec.training",),
-            "self.lrScheduler != 'constant' || (!has(self.warmupSteps) && !has(self.warmupRatio))",
+            "!has(self.lrScheduler) || self.lrScheduler != 'constant' || (!has(self.warmupSteps) && !has(self.warmupRatio))",
             "spec.training.warmupSteps and warmupRatio are not used with lrScheduler: constant (it has no "
             "warm-up): use constant_with_warmup",
             lambda s: (
