@@ -1,6 +1,7 @@
 """Tenancy of the model registry: which names a namespace's jobs may use (kubetune_api.tenancy), the
 operator's settings for it, and the state machine's answer to a job outside its names (Failed on its
-first pass, nothing created; a job that started keeps going)."""
+first pass, nothing created; a job that started keeps training, but no registration Job or alias Job
+is created for it: checked again before each)."""
 
 from __future__ import annotations
 
