@@ -12,7 +12,9 @@ without a Hub model, ``spec.model.volume``/``spec.dataset.volume`` without a pat
 Kept, documented on the field and told in an event instead (refusing would break a real use):
 ``spec.registration``'s other fields and ``spec.budget.register`` while ``registration.enabled`` is
 false. ``enabled`` may change after creation, and they apply once it is turned on; the operator says
-so in a ``RegistrationDisabled`` event (:mod:`kubetune_operator.state.machine`).
+so: the job's ``Registered`` condition and ``Succeeded`` event name the ones set
+(:mod:`kubetune_operator.state.machine`), and an alias changed while registration is off is held with
+``AliasSynced`` False, ``RegistrationDisabled``, and a Warning event (:mod:`kubetune_operator.state.exits`).
 
 A field with a default is refused only when it differs from its default: the API server fills the
 default in before the rules run, so an explicit default cannot be told from none (and does nothing

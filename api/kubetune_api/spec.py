@@ -453,7 +453,8 @@ class RegistrationSpec(ApiModel):
         default=True,
         description="Register the model after training. May be changed later: while false, the other "
         "registration fields (and budget.register) do nothing yet and take effect once it is turned on "
-        "(the job's Succeeded event and Registered condition name the ones set).",
+        "(the job's Succeeded event and Registered condition name the ones set; a changed alias waits, "
+        "AliasSynced False with reason RegistrationDisabled).",
     )
     tracking_uri: (
         Annotated[str, Field(max_length=2048, pattern=r"^((https?|file|databricks):/|/)[^\x00-\x20\x7f]*$")]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from tests.support.admission_table import INVALID, VALID
-from tests.unit.test_state_advance import PTJ_SUCCEEDED, World, drive, first, manifest
+from tests.unit.test_state_advance import PTJ_SUCCEEDED, SUCCEEDED_REGISTERED, World, drive, first, manifest
 
 from kubetune_api.admission import problems
 from kubetune_api.rules_ignored import ignored_rules
@@ -98,3 +98,41 @@ def test_registration_fields_kept_while_registration_is_off_are_named_when_the_j
         )
     ]
     assert isinstance(commit, state.Commit)
+
+
+@pytest.mark.parametrize(
+    ("alias", "message"),
+    [
+        (
+            "production",
+            "alias 'production' not moved: spec.registration.enabled is false (done once it is true)",
+        ),
+        (None, "alias not removed: spec.registration.enabled is false (done once it is true)"),
+    ],
+    ids=["changed", "removed"],
+)
+def test_an_alias_changed_while_registration_is_off_is_held_and_said(alias: str | None, message: str) -> None:
+    """Registered, then registration turned off and the alias changed: no alias Job; AliasSynced
+    False (RegistrationDisabled) and a Warning say it waits; the phase stays Succeeded."""
+    registration: dict[str, object] = {"enabled": False}
+    if alias:
+        registration["alias"] = alias
+    obj = manifest(status=SUCCEEDED_REGISTERED, registration=registration)
+    done, commit = drive(first(obj), World())
+    assert done == [commit]  # nothing read, nothing created
+    assert commit.transition.phase == "Succeeded"
+    synced = next(c for c in commit.transition.status["conditions"] if c["type"] == "AliasSynced")
+    assert (synced["status"], synced["reason"], synced["message"]) == (
+        "False",
+        "RegistrationDisabled",
+        message,
+    )
+    assert [(e.type, e.reason, e.message) for e in commit.transition.events] == [
+        ("Warning", "RegistrationDisabled", message)
+    ]
+
+
+def test_the_alias_unchanged_while_registration_is_off_says_nothing() -> None:
+    obj = manifest(status=SUCCEEDED_REGISTERED, registration={"enabled": False, "alias": "champion"})
+    _, commit = drive(first(obj), World())
+    assert commit.transition.events == [] and "conditions" not in commit.transition.status

@@ -59,14 +59,15 @@ def alias_transition(
     return Transition(status=status, events=events, phase=str(previous.phase), waiting=waiting)
 
 
-def alias_refused(
-    previous: FineTuneJobStatus, wanted: str | None, refusal: str, *, now: str, generation: int
+def alias_held(
+    previous: FineTuneJobStatus, reason: str, message: str, *, now: str, generation: int
 ) -> Transition:
-    """A Succeeded job whose ``registration.alias`` changed, but whose model name is outside its
-    namespace's names (:mod:`kubetune_api.tenancy`): no alias Job; ``AliasSynced`` is False with
-    reason ``ModelNameNotAllowed`` and the rule, and the phase stays Succeeded."""
-    message = f"alias {wanted!r} not moved: {refusal}"
-    decided = (False, Reason.MODEL_NAME_NOT_ALLOWED, message)
+    """A Succeeded job whose ``registration.alias`` changed, the move held back (no alias Job):
+    ``AliasSynced`` is False with ``reason`` and ``message``, a Warning event says it once, and the
+    phase stays Succeeded. Held back: a model name outside its namespace's names
+    (:mod:`kubetune_api.tenancy`, ``ModelNameNotAllowed``), or ``registration.enabled`` false (the
+    move waits until it is true, ``RegistrationDisabled``)."""
+    decided = (False, reason, message)
     previous_conditions = {c.type: c for c in previous.conditions or []}
     condition = _condition(
         previous_conditions, ConditionType.ALIAS_SYNCED, decided, now=now, generation=generation
@@ -79,6 +80,6 @@ def alias_refused(
         ],
     }
     before = previous_conditions.get(ConditionType.ALIAS_SYNCED)
-    news = before is None or before.reason != decided[1] or before.message != message
-    events = [Event("Warning", decided[1], message)] if news else []
+    news = before is None or before.reason != reason or before.message != message
+    events = [Event("Warning", reason, message)] if news else []
     return Transition(status=status, events=events, phase=str(previous.phase))

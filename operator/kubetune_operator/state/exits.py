@@ -15,14 +15,14 @@ registration retried, registration turned on later, the alias moved. Pure: what 
 from __future__ import annotations
 
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION
-from kubetune_api.status import ConditionType, FineTuneJobStatus, Phase
+from kubetune_api.status import ConditionType, FineTuneJobStatus, Phase, Reason
 
 from .. import builders
 from ..children import is_ours
 from ..observations import JOB_ENDED, RegistrationObservation, registration_observation, training_observation
 from ..state_types import Transition
 from .actions import Commit, DeleteChild, EnsureChild, Outcome, Plan
-from .alias import alias_refused, alias_transition
+from .alias import alias_held, alias_transition
 from .observation import Child, Fact, Observation
 from .status_view import (
     Reregister,
@@ -124,13 +124,13 @@ def alias_move(obs: Observation) -> Plan:  # noqa: PLR0911  one return per step 
     # An alias the status shows is only settled when no move is under way: after production, then
     # champion again while production's Job runs, that Job would leave production in MLflow.
     settled = synced is None or synced.status == "True"
-    if model is None or not job.spec.registration.enabled or ((model.alias or None) == wanted and settled):
+    if model is None or ((model.alias or None) == wanted and settled):
         return observed(done, obs.generation)
-    if obs.registry_refusal:
-        # the registry's names are the platform's (kubetune_api.tenancy): a version registered before
-        # tenancy was on (or under a status written by someone else) gets no alias moved by this job
-        t = alias_refused(prev, wanted, obs.registry_refusal, now=obs.now, generation=obs.generation)
-        return Plan((Commit(Outcome(phase=done.phase, message=obs.registry_refusal), t),))
+    held = _alias_held(obs, wanted)
+    if held is not None:
+        reason, message = held
+        t = alias_held(prev, reason, message, now=obs.now, generation=obs.generation)
+        return Plan((Commit(Outcome(phase=done.phase, message=message), t),))
     # One alias move at a time: an earlier change's Job still running finishes first, so the alias
     # MLflow keeps is the one asked for last (two Jobs at once would finish in any order).
     mine = builders.alias_job_name(job)
@@ -153,3 +153,23 @@ def alias_move(obs: Observation) -> Plan:  # noqa: PLR0911  one return per step 
         return Plan((EnsureChild(Child.ALIAS_JOB, job, held=False),))
     t = alias_transition(prev, wanted, obs.alias_job, now=obs.now, generation=obs.generation)
     return Plan((Commit(Outcome(phase=done.phase, waiting=t.waiting), t),))
+
+
+def _alias_held(obs: Observation, wanted: str | None) -> tuple[str, str] | None:
+    """Why a changed ``registration.alias`` is not moved now (reason, message), or None.
+
+    The registry's names are the platform's (:mod:`kubetune_api.tenancy`): a version registered
+    before tenancy was on (or under a status someone else wrote) gets no alias moved by this job.
+    With ``registration.enabled`` false the move waits: it is made once registration is on again
+    (the field is kept, not refused, since it may change; the condition and a Warning say so).
+    """
+    assert obs.job is not None
+    move = f"alias {wanted!r} not moved" if wanted else "alias not removed"
+    if obs.registry_refusal:
+        return Reason.MODEL_NAME_NOT_ALLOWED, f"{move}: {obs.registry_refusal}"
+    if not obs.job.spec.registration.enabled:
+        return (
+            Reason.REGISTRATION_DISABLED,
+            f"{move}: spec.registration.enabled is false (done once it is true)",
+        )
+    return None
