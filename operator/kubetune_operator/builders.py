@@ -500,7 +500,7 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
                     "values": list(PERMANENT_EXIT_CODES),
                 },
             },
-            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
     failure_policy = {

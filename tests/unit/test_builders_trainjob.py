@@ -126,7 +126,10 @@ def test_the_failure_policy_restarts_as_the_exit_code_policy_does() -> None:
     assert (
         codes["values"] == sorted(set(codes["values"])) == list(range(1, 128)) and len(codes["values"]) <= 255
     )
-    assert disruption == {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert disruption == {
+        "action": "FailJob",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }
     policy = jobset["failurePolicy"]
     assert policy["maxRestarts"] == SETTINGS.train_backoff_limit
     first, second = policy["rules"]
