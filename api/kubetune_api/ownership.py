@@ -35,6 +35,7 @@ OWNERS: dict[str, Writer] = {
     "observedGeneration": Writer.OPERATOR,
     "conditions": Writer.OPERATOR,
     "children": Writer.OPERATOR,
+    "engine": Writer.OPERATOR,  # chosen once (spec.engine, else the operator's default), never changed
     "startTime": Writer.OPERATOR,
     "completionTime": Writer.OPERATOR,
     "trainingRestarts": Writer.OPERATOR,  # counted from the Training Operator's restart events

@@ -67,6 +67,11 @@ def _inlined(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
             # reads it as absent (has() is false), as the Python models do (ApiModel._null_is_unset).
             # A field with a default needs none: both drop its null and default it.
             inner["nullable"] = True
+            if "enum" in inner:
+                # The API server checks a null against an enum and refuses it (also when the enum
+                # lists null); a pattern it checks only on strings: the same values, as a pattern.
+                values = inner.pop("enum")
+                inner["pattern"] = "^(" + "|".join(re.escape(str(v)) for v in values) + ")$"
         node = inner
     return node
 

@@ -23,6 +23,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 from . import rules as _rules
 from .base import ApiModel
 from .cel import MAX_NAME_LENGTH, NAME_PATTERN
+from .engines import Engine
 from .pod_env import OPERATOR_ENV  # noqa: F401 (kubetune_api.spec.OPERATOR_ENV, as before pod_env)
 from .rules_ignored import DEFAULT_ACCESS_MODE, DEFAULT_DATASET_SEED, DEFAULT_STORAGE_SIZE
 from .schema import structural
@@ -642,6 +643,12 @@ class FineTuneJobSpec(ApiModel):
     )
     suspend: bool = Field(
         default=False, description="Suspend training (pods are removed; resumes from checkpoint)."
+    )
+    engine: Engine | None = Field(
+        default=None,
+        description="The training engine to run on: PyTorchJob (Kubeflow Training Operator v1) or TrainJob "
+        "(Kubeflow Trainer v2). Unset: the operator's default (status.engine records the choice). Forced: "
+        "never another one; while its resource is not served the job waits (EngineNotServed).",
     )
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from .base import ApiModel
+from .engines import Engine
 from .preparation import PreparationReport
 
 
@@ -62,6 +63,10 @@ class Reason(StrEnum):
     INVALID_SPEC = "InvalidSpec"
     MODEL_NAME_NOT_ALLOWED = "ModelNameNotAllowed"  # outside its namespace's registry names (tenancy)
     WAITING_FOR_TRAINING_OPERATOR = "WaitingForTrainingOperator"
+    # the training engine cannot be had (ChildrenReady, Training, Ready; the job waits, nothing created)
+    NO_TRAINING_ENGINE = "NoTrainingEngine"  # auto: neither engine's resource is served
+    ENGINE_NOT_SERVED = "EngineNotServed"  # forced (spec.engine or the operator's default): not served
+    ENGINE_NOT_IMPLEMENTED = "EngineNotImplemented"  # chosen, but this operator version cannot run it yet
     PREPARING = "Preparing"
     PREPARED = "Prepared"
     PREPARATION_FAILED = "PreparationFailed"  # the step crashed (not a refusal with a named reason)
@@ -350,6 +355,11 @@ class FineTuneJobStatus(ApiModel):
     )
     parent: ParentStatus | None = Field(
         default=None, description="The model this job started from (spec.model.fromJob or registered)."
+    )
+    engine: Engine | None = Field(
+        default=None,
+        description="The training engine the job runs on, chosen once (spec.engine, else the operator's "
+        "default) and never changed.",
     )
     children: ChildrenStatus | None = Field(
         default=None, description="Names of the objects kubetune created."

@@ -11,6 +11,9 @@ ConfigMap              ``<job>-config``              key ``config.yaml``: the Tr
 Job                    ``<job>-prepare``             batch/v1, CPU only: downloads, checks,
                                                      tokenizes, estimates (before the PyTorchJob)
 PyTorchJob             ``<job>-train``               kubeflow.org/v1, Master + (nodes-1) Workers
+TrainingRuntime,       ``<job>-train``               trainer.kubeflow.org/v1alpha1, instead of the
+TrainJob                                             PyTorchJob on Kubeflow Trainer v2 (built, not yet
+                                                     created: issue 31)
 Job                    ``<job>-register``            batch/v1, created once training succeeded
 Job                    ``<job>-alias-<hash>``        batch/v1, when ``registration.alias`` changes
                                                      after the model was registered (moves it)
@@ -37,6 +40,7 @@ import hashlib
 from typing import Any
 
 from kubetune_api import spec as api
+from kubetune_api.engines import Engine
 from kubetune_api.preparation import EXIT_REFUSED
 from kubetune_api.registration import EXIT_GATE_NOT_MET
 from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
@@ -71,7 +75,7 @@ TRAIN_CONTAINER = "pytorch"  # the Training Operator finds its container by this
 REGISTER_CONTAINER = "register"
 PREPARE_CONTAINER = "prepare"
 MASTER_PORT = 23456  # the Training Operator's default; named so it need not inject one
-PYTORCHJOB_API_VERSION = "kubeflow.org/v1"
+PYTORCHJOB_API_VERSION = Engine.PYTORCHJOB.api_version
 
 # Where the writable scratch space goes (the root filesystem is read-only): CACHE_MOUNT and TMP_MOUNT,
 # with the variables that point there (kubetune_operator.pod_env); /dev/shm for NCCL and data loaders.
@@ -376,16 +380,24 @@ def _image(job: api.FineTuneJob, settings: Settings) -> str:
     return job.spec.image or settings.trainer_image
 
 
-def build_train_pod_template(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+def build_train_pod_template(
+    job: api.FineTuneJob, settings: Settings, *, container_name: str = TRAIN_CONTAINER
+) -> dict[str, Any]:
+    """The training pods' template, the same on either engine but for the container's name (each
+    engine finds it by its own) and the PyTorchJob's rendezvous port (Trainer v2's torch runtime adds
+    its own, 29500)."""
     volumes, mounts = _volumes_and_mounts(job, settings, shm=True, component=COMPONENT_TRAINING)
     container: dict[str, Any] = {
-        "name": TRAIN_CONTAINER,
+        "name": container_name,
         "image": _image(job, settings),
         "imagePullPolicy": settings.image_pull_policy,
         "command": train_command(),
         "workingDir": CACHE_MOUNT,
-        "env": env(Context(job, settings, Pod.TRAINING, _image(job, settings), TRAIN_CONTAINER)),
-        "ports": [{"name": "pytorchjob-port", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "env": env(Context(job, settings, Pod.TRAINING, _image(job, settings), container_name)),
+    }
+    if container_name == TRAIN_CONTAINER:
+        container["ports"] = [{"name": "pytorchjob-port", "containerPort": MASTER_PORT, "protocol": "TCP"}]
+    container |= {
         "resources": _train_resources(job),
         "volumeMounts": mounts,
         "securityContext": container_security_context(settings),
@@ -445,6 +457,123 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
                 "suspend": job.spec.suspend,
                 # activeDeadlineSeconds (spec.budget) is set once the pods run: children.sync_deadline
             },
+        },
+    }
+
+
+# --- TrainJob (Kubeflow Trainer v2, issue 31 item 2: built, not yet created by the operator) ----------
+
+TRAINJOB_API_VERSION = Engine.TRAINJOB.api_version
+TRAINJOB_CONTAINER = "node"  # Trainer v2 applies `trainer` and the torch env to the container of this name
+TRAINJOB_STEP = "node"  # the replicated job of the training pods (Trainer v2's name for it)
+TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+# Exit codes that end training for good (the trainer's refusals, bad data, a bug), as the PyTorchJob's
+# ExitCode restart policy has it; 128-255 (143 saved on SIGTERM, 137 killed) restart
+PERMANENT_EXIT_CODES = tuple(range(1, 128))
+
+
+def trainjob_name(job: api.FineTuneJob) -> str:
+    """The TrainJob, and its per-job TrainingRuntime: ``<job>-train`` as the PyTorchJob (at most 46
+    characters, so the JobSet's longest pod name ``<tj>-node-0-<index>-<5>`` stays within 63 up to
+    512 nodes)."""
+    return pytorchjob_name(job)
+
+
+def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    """The job's own TrainingRuntime: the JobSet template of its training pods, which a TrainJob
+    cannot set itself (volumes, identity, priority, grace period, pod security, the failure policy).
+
+    Restarts as the PyTorchJob's: an exit code 1-127 fails the Job at once (pod failure policy) and
+    the JobSet with it; a pod disrupted (preempted, evicted, drained) restarts the JobSet without
+    counting; any other failure (128-255) restarts it, counted against ``maxRestarts``
+    (``trainBackoffLimit``). The JobSet webhook's defaults are set here, not left to it.
+    """
+    template = build_train_pod_template(job, settings, container_name=TRAINJOB_CONTAINER)
+    template["spec"]["restartPolicy"] = "Never"  # what a pod failure policy needs
+    pod_failure_policy = {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": TRAINJOB_CONTAINER,
+                    "operator": "In",
+                    "values": list(PERMANENT_EXIT_CODES),
+                },
+            },
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
+    failure_policy = {
+        "maxRestarts": settings.train_backoff_limit,
+        "rules": [
+            {
+                "name": "permanent-exit-code",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": ["failed with exit code"],
+            },
+            {
+                "name": "disrupted",
+                "action": "RestartJobSetAndIgnoreMaxRestarts",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            },
+        ],
+    }
+    replicated = {
+        "name": TRAINJOB_STEP,
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": {TRAINER_ANCESTOR_LABEL: "trainer"}},
+            "spec": {
+                "backoffLimit": 0,
+                "completionMode": "Indexed",
+                "podFailurePolicy": pod_failure_policy,
+                "template": template,
+            },
+        },
+    }
+    return {
+        "apiVersion": TRAINJOB_API_VERSION,
+        "kind": "TrainingRuntime",
+        "metadata": _metadata(job, trainjob_name(job), COMPONENT_TRAINING),
+        "spec": {
+            "mlPolicy": {"numNodes": job.spec.resources.nodes, "torch": {}},
+            "template": {
+                "spec": {
+                    "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                    "successPolicy": {"operator": "All"},
+                    "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
+                    "failurePolicy": failure_policy,
+                    "replicatedJobs": [replicated],
+                }
+            },
+        },
+    }
+
+
+def build_trainjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    """The TrainJob on the job's own runtime (:func:`build_training_runtime`, created first: the
+    trainer's webhook refuses a TrainJob whose runtime does not exist). ``trainer`` is always sent
+    (without it no torch env is set): the nodes and one process per GPU (per pod on CPU)."""
+    res = job.spec.resources
+    meta = _metadata(job, trainjob_name(job), COMPONENT_TRAINING)
+    meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job, settings)}
+    if job.spec.suspend:
+        meta["annotations"][ANNOTATION_SUSPENDED_BY_US] = "true"
+    if res.queue_name:
+        meta["labels"][KUEUE_QUEUE_LABEL] = res.queue_name
+    return {
+        "apiVersion": TRAINJOB_API_VERSION,
+        "kind": "TrainJob",
+        "metadata": meta,
+        "spec": {
+            "runtimeRef": {
+                "name": trainjob_name(job),
+                "apiGroup": Engine.TRAINJOB.group,
+                "kind": "TrainingRuntime",
+            },
+            "trainer": {"numNodes": res.nodes, "numProcPerNode": max(res.gpus_per_node, 1)},
+            "suspend": job.spec.suspend,
         },
     }
 

@@ -84,6 +84,7 @@ PLURALS = {
     "Job": "jobs",
     "Event": "events",
     "PyTorchJob": "pytorchjobs",
+    "TrainJob": "trainjobs",
     "FineTuneJob": "finetunejobs",
 }
 
@@ -129,6 +130,17 @@ class Kube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self.request("GET", f"{collection_path(api_version, PLURALS[kind], namespace)}/{name}")
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
+
+    def resources(self, api_version: str) -> dict[str, Any] | None:
+        """The API server's discovery of one group and version (its ``APIResourceList``); None when
+        it does not serve that group and version."""
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            return self.request("GET", base)
         except ApiError as e:
             if e.not_found:
                 return None

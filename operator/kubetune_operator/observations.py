@@ -68,6 +68,12 @@ class PreparationObservation:
     trouble: tuple[str, str] | None = None
 
 
+def serves(resources: dict[str, Any] | None, plural: str) -> bool:
+    """Whether a discovery answer (an ``APIResourceList``; None: the group and version are not
+    served) lists the resource ``plural``."""
+    return any(r.get("name") == plural for r in (resources or {}).get("resources") or [])
+
+
 # --- the training pods ---------------------------------------------------------------------------------
 
 # A pod the scheduler has not placed for this long is shown (``Unschedulable``). A shorter wait is

@@ -164,6 +164,7 @@ def observe(ctx: Context, obj: dict[str, Any]) -> state.Observation:
         restart_limit=settings.train_backoff_limit,
         retry_seconds=settings.retry_seconds,
         resync_seconds=settings.resync_seconds,
+        default_engine=settings.engine,
     )
 
 
@@ -222,6 +223,8 @@ def carry_out(  # noqa: PLR0911  one return per kind of action
     match action:
         case state.Read(fact, name, held):
             return replace(obs, reads={**obs.reads, (fact, name, held): _read(ctx, obs, action)})
+        case state.UseEngine(engine):
+            return replace(obs, engine=engine)
         case state.EnsureChild():
             return _ensure_child(ctx, obs, action, created)
         case state.FollowChild(child, job, live):
@@ -240,7 +243,7 @@ def carry_out(  # noqa: PLR0911  one return per kind of action
             ctx.kube.delete(api_version, kind, ns, name, uid=uid)
             return replace(obs, deleted=obs.deleted | {name})
         case state.StopTraining(name):
-            _stop_training(ctx, _TRAINING_KINDS[obs.engine], ns, name, obs.job_name)
+            _stop_training(ctx, _training_kind(obs), ns, name, obs.job_name)
             return obs
     raise TypeError(f"not an action a pass carries out: {action!r}")
 
@@ -261,25 +264,33 @@ def _read(ctx: Context, obs: state.Observation, action: state.Read) -> Any:
     if action.fact == state.Fact.ALIAS_JOBS:
         assert obs.job is not None
         return ctx.kube.list("batch/v1", "Job", ns, _selector(obs.job, builders.COMPONENT_ALIAS))
-    api_version, kind = (
-        _TRAINING_KINDS[obs.engine] if action.fact == state.Fact.TRAINING_JOB else _KINDS[action.fact]
-    )
+    if action.fact == state.Fact.SERVED:  # the API server's discovery of the engine's group and version
+        engine = state.Engine(name)
+        return observations.serves(ctx.kube.resources(engine.api_version), engine.plural)
+    api_version, kind = _training_kind(obs) if action.fact == state.Fact.TRAINING_JOB else _KINDS[action.fact]
     if action.held:
         with about_child("get", kind, name):
             return ctx.kube.get(api_version, kind, ns, name)
     return ctx.kube.get(api_version, kind, ns, name)
 
 
-# the training object of each engine (a second engine is one more row here and in _TRAINING_BUILDERS)
-_TRAINING_KINDS = {state.Engine.PYTORCHJOB: (builders.PYTORCHJOB_API_VERSION, "PyTorchJob")}
+# the training object's builder of each engine the operator runs (state.engine.IMPLEMENTED)
 _TRAINING_BUILDERS = {state.Engine.PYTORCHJOB: builders.build_pytorchjob}
+
+
+def _training_kind(obs: state.Observation) -> tuple[str, str]:
+    """The API version and kind of the pass's training object (its engine's: state.UseEngine)."""
+    assert obs.engine is not None, "the state machine names the engine before the training object"
+    return obs.engine.api_version, str(obs.engine)
+
+
 _KINDS = {
     state.Fact.REGISTRATION_JOB: ("batch/v1", "Job"),
     state.Fact.FINETUNEJOB: (api.API_VERSION, api.KIND),
 }
 
 
-def _manifests(ctx: Context, engine: state.Engine, action: state.EnsureChild) -> list[dict[str, Any]]:
+def _manifests(ctx: Context, engine: state.Engine | None, action: state.EnsureChild) -> list[dict[str, Any]]:
     """The objects one child is made of, as built from the job."""
     job, settings, child = action.job, ctx.settings, action.child
     if child == state.Child.IDENTITY:
@@ -290,11 +301,13 @@ def _manifests(ctx: Context, engine: state.Engine, action: state.EnsureChild) ->
     build = {
         state.Child.CONFIG_MAP: builders.build_config_map,
         state.Child.PREPARATION_JOB: builders.build_preparation_job,
-        state.Child.TRAINING_JOB: _TRAINING_BUILDERS[engine],
         state.Child.ALIAS_JOB: builders.build_alias_job,
     }
     if child == state.Child.REGISTRATION_JOB:
         return [builders.build_registration_job(job, settings, force=action.force)]
+    if child == state.Child.TRAINING_JOB:
+        assert engine is not None, "the state machine names the engine before the training object"
+        return [_TRAINING_BUILDERS[engine](job, settings)]
     return [build[child](job, settings)]
 
 

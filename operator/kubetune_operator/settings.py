@@ -41,6 +41,10 @@ Variable                               Meaning (default)
                                        sets ``namespace-prefix``): :mod:`kubetune_api.tenancy`
 ``KUBETUNE_REGISTRY_MODEL_NAMES``      names granted beyond the prefix, a JSON object of namespace
                                        to glob patterns (``{"team-a": ["shared-*"]}``)
+``KUBETUNE_ENGINE``                    the training engine of a job whose spec names none: ``auto``
+                                       (PyTorchJob where ``pytorchjobs.kubeflow.org`` is served, else
+                                       TrainJob where ``trainjobs.trainer.kubeflow.org`` is), or
+                                       ``PyTorchJob`` or ``TrainJob`` (that one only) (``auto``)
 =====================================  ===========================================================
 """
 
@@ -50,7 +54,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kubetune_api import tenancy
+from kubetune_api import engines, tenancy
 
 PREFIX = "KUBETUNE_"
 
@@ -94,6 +98,8 @@ class Settings:
     registry_tenancy: str = "off"
     # namespace -> glob patterns of the model names (and experiments) it may use beyond its prefix
     registry_model_names: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # a job's engine when its spec names none: "auto" or an Engine (kubetune_api.engines)
+    engine: engines.Engine | str = engines.AUTO
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -135,6 +141,7 @@ class Settings:
             retry_seconds=float(get("RETRY_SECONDS") or defaults.retry_seconds),
             registry_tenancy=tenancy.parse_mode(get("REGISTRY_TENANCY")),
             registry_model_names=tuple(tenancy.parse_grants(get("REGISTRY_MODEL_NAMES")).items()),
+            engine=engines.parse_default(get("ENGINE")),
         )
 
 

@@ -47,6 +47,7 @@ FULL: dict[str, Any] = {
     "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
     "image": "trainer:1",
     "suspend": False,
+    "engine": "PyTorchJob",
 }
 # a valid value different from FULL's, for each path the walk finds
 CHANGED: dict[str, Any] = {
@@ -72,6 +73,7 @@ CHANGED: dict[str, Any] = {
     "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
     "image": "trainer:2",
     "suspend": True,
+    "engine": "TrainJob",
 }
 
 

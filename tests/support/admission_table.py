@@ -734,9 +734,14 @@ INVALID: list[Case] = [
     _C("model-null", {"spec.model": None}, "spec.model"),
     _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
     _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
+    # the training engine: one kubetune runs on (issue 31), spelt as the kind
+    _C("engine-unknown", {"spec.engine": "MPIJob"}, "spec.engine"),
+    _C("engine-lowercase", {"spec.engine": "trainjob"}, "spec.engine"),
 ]
 
 VALID: list[Case] = [
+    _C("engine-trainjob", {"spec.engine": "TrainJob"}, ""),
+    _C("engine-pytorchjob", {"spec.engine": "PyTorchJob"}, ""),
     _C(
         "best-eval-every-second-save",
         {"spec.registration.select": "bestEval", "spec.training.evalSteps": 4, "spec.training.saveSteps": 2},
@@ -900,6 +905,15 @@ NULLS: list[Case] = [
     _C("null-storage", {"spec.storage": None}, ""),
     _C("null-loss-watchdog", {"spec.training.lossWatchdog": None}, ""),
     _C("null-method", {"spec.method": None}, ""),
+    _C("null-engine", {"spec.engine": None}, ""),
+    # a nullable field with a few values (operator, effect): a pattern the API server skips for null
+    _C(
+        "null-toleration-operator-effect",
+        _resources(
+            tolerations=[{"key": "nvidia.com/gpu", "operator": None, "value": "present", "effect": None}]
+        ),
+        "",
+    ),
 ]
 
 

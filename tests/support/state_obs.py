@@ -33,7 +33,8 @@ def _settled(ctx: Any, obj: dict[str, Any], previous: Any, decide: Any) -> Any:
     from kubetune_operator import reconcile, state
     from kubetune_operator.state.observation import Unread
 
-    seen = replace(reconcile.observe(ctx, obj), previous=previous)
+    # a job that ran on the PyTorchJob (the pass names its engine before any exit: state.engine)
+    seen = replace(reconcile.observe(ctx, obj), previous=previous, engine=state.Engine.PYTORCHJOB)
     while True:
         try:
             return seen, decide(seen)

@@ -489,6 +489,21 @@ def test_registry_tenancy_is_on_by_default_and_the_values_reach_the_operator() -
     assert refused.returncode != 0 and "registry/tenancy" in refused.stderr
 
 
+def test_the_default_engine_reaches_the_operator() -> None:
+    """engine (auto unless set) becomes KUBETUNE_ENGINE; a misspelt engine is refused by the schema; a
+    release upgraded with --reuse-values (no engine value) gets auto (issue 31 item 1)."""
+
+    def engine(*args: str) -> Any:
+        env = {e["name"]: e.get("value") for e in operator_container(render(*args))["env"]}
+        return Settings.from_env(env).engine
+
+    assert engine() == "auto"
+    assert engine("--set", "engine=TrainJob") == "TrainJob"
+    assert engine("--set", "engine=null") == "auto"
+    refused = helm("template", "k", str(CHART), "--set", "engine=trainjob", check=False)
+    assert refused.returncode != 0 and "engine" in refused.stderr
+
+
 def test_external_tracking_uri_wins_over_the_in_cluster_server() -> None:
     objs = render(
         "--set", "mlflow.server.enabled=true", "--set", "mlflow.trackingUri=https://mlflow.example.com"

@@ -285,6 +285,40 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
         "Degraded",
         FORBIDDEN,
     ),
+    # no training engine to run on (issue 31): a person installs one or fixes the setting
+    "no-training-engine": (
+        job(
+            {
+                "phase": "Pending",
+                "conditions": [
+                    cond("ChildrenReady", "False", "NoTrainingEngine", "no training engine: install one"),
+                    cond("Training", "False", "NoTrainingEngine", "no training engine: install one"),
+                ],
+            }
+        ),
+        "Degraded",
+        "no training engine: install one",
+    ),
+    "engine-not-served": (
+        job(
+            {
+                "phase": "Pending",
+                "conditions": [cond("ChildrenReady", "False", "EngineNotServed", "not served")],
+            }
+        ),
+        "Degraded",
+        "not served",
+    ),
+    "engine-not-implemented": (
+        job(
+            {
+                "phase": "Pending",
+                "conditions": [cond("ChildrenReady", "False", "EngineNotImplemented", "later")],
+            }
+        ),
+        "Degraded",
+        "later",
+    ),
     "child-forbidden-reason-only": (
         job({"phase": "Pending", "conditions": [cond("ChildrenReady", "False", "ChildForbidden")]}),
         "Degraded",

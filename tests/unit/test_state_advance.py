@@ -95,6 +95,8 @@ def drive(obs: state.Observation, world: World) -> tuple[list[Any], state.Commit
             match action:
                 case state.Commit():
                     return done, action
+                case state.UseEngine(engine):
+                    obs = replace(obs, engine=engine)
                 case state.Read(fact, name, held):
                     found = world.reads.get((fact, name), world.reads.get((fact, "*")))
                     obs = replace(obs, reads={**obs.reads, (fact, name, held): found})
@@ -119,8 +121,10 @@ def drive(obs: state.Observation, world: World) -> tuple[list[Any], state.Commit
 
 
 def first(obj: dict[str, Any], **kw: Any) -> state.Observation:
-    """A pass's first observation of ``obj`` (as the reconciler makes it)."""
+    """A pass's first observation of ``obj`` (as the reconciler makes it), on the PyTorchJob unless
+    ``engine`` says otherwise (the engine's own rows: tests/unit/test_state_engine.py)."""
     raw = obj.get("status") or {}
+    kw.setdefault("engine", state.Engine.PYTORCHJOB)
     return state.Observation(
         generation=1,
         now=T0,

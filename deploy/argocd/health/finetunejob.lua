@@ -11,6 +11,7 @@
 -- ("training stopped at spec.budget maxDuration 2h: step 300 of 500 planned; ...").
 -- Degraded too, while not final, when a person is needed: a child object kubetune will not overwrite
 -- or that the API server forbids (ChildrenReady=False, ChildConflict or ChildForbidden: its message),
+-- no training engine to run on (NoTrainingEngine, EngineNotServed, EngineNotImplemented: its message),
 -- and training (or preparation: Prepared=False) pods that cannot start (Training=False, Unschedulable, PodsNotCreated,
 -- ImagePullFailed or MountFailed: its message; the operator shows a pod waiting for a node only
 -- after a while).
@@ -293,7 +294,13 @@ if phase == "Suspended" then
   return hs
 end
 
-local DEGRADED_CHILDREN = { ChildConflict = true, ChildForbidden = true }
+local DEGRADED_CHILDREN = {
+  ChildConflict = true,
+  ChildForbidden = true,
+  NoTrainingEngine = true,
+  EngineNotServed = true,
+  EngineNotImplemented = true,
+}
 local PODS_CANNOT_START = {
   Unschedulable = true,
   PodsNotCreated = true,

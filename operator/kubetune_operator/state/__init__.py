@@ -5,6 +5,7 @@
 - :func:`wanted` (:mod:`.wanted`): which children the normal path needs.
 - :class:`Observation` (:mod:`.observation`): the raw facts (the job as read, its annotations, the
   objects read, the children had, the engine) and what the pass made of the children.
+- :mod:`.engine`: the training engine a job runs on, chosen once and recorded.
 - :func:`transition` (:mod:`.machine`): the status decision, from the previous status and the
   children's state; :mod:`.exits`: the ways out of a final phase; :mod:`.chaining`: the parent job's
   verdict; :mod:`.alias`: an alias move's condition; :mod:`.status_view`: what a status says.
@@ -27,7 +28,7 @@ from ..observations import (
     TrainingObservation,
 )
 from ..state_types import Decided, Decision, Event, Transition, Verdicts
-from . import actions, chaining, exits
+from . import actions, chaining, engine, exits
 from .actions import (
     Commit,
     DeleteChild,
@@ -40,6 +41,7 @@ from .actions import (
     StopTraining,
     SyncDeadline,
     SyncSuspend,
+    UseEngine,
 )
 from .alias import alias_transition
 from .chaining import ParentObservation
@@ -96,12 +98,14 @@ __all__ = [
     "SyncSuspend",
     "TrainingObservation",
     "Transition",
+    "UseEngine",
     "Verdicts",
     "actions",
     "advance",
     "alias_transition",
     "chaining",
     "decide",
+    "engine",
     "exits",
     "failed_in_registration",
     "finished_without_registration",

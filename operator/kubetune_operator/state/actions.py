@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune_api import spec as api
+from kubetune_api.engines import Engine
 
 from ..state_types import Transition
 from .observation import Child, Fact
@@ -26,6 +27,14 @@ class Read:
     fact: Fact
     name: str
     held: bool = False
+
+
+@dataclass(frozen=True)
+class UseEngine:
+    """The pass runs on this training engine (recorded, or chosen now: :mod:`.engine`): the reconciler
+    reads, creates and follows that engine's training object, and asks again."""
+
+    engine: Engine
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,7 @@ class Commit:
 
 Action = (
     Read
+    | UseEngine
     | EnsureChild
     | FollowChild
     | SyncSuspend

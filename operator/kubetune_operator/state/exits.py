@@ -49,6 +49,8 @@ def trained(obs: Observation) -> bool:
     again."""
     if training_succeeded(previous(obs)):
         return True
+    if obs.engine is None:  # no engine was ever chosen (state.engine): nothing was trained
+        return False
     assert obs.job is not None
     live = obs.read(Fact.TRAINING_JOB, builders.pytorchjob_name(obs.job))
     return training_observation(live).condition == "Succeeded"

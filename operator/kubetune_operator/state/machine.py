@@ -120,6 +120,8 @@ def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transiti
         "children": obs.children,
     }
     status.update(_reports(obs))
+    if obs.engine is not None:  # the training engine, recorded once chosen (state.engine)
+        status["engine"] = str(obs.engine)
     if obs.parent is not None and obs.parent.status is not None:
         status["parent"] = obs.parent.status.wire()  # spec.model.fromJob: what it started from
     if phase == Phase.TRAINING and not prev.start_time:
@@ -232,6 +234,8 @@ def _held(
         "conditions": [c.model_dump(by_alias=True, exclude_none=True, mode="json") for c in conditions],
         "children": obs.children,
     }
+    if obs.engine is not None:
+        status["engine"] = str(obs.engine)
     events = _events(prev_phase, str(phase), reasons.by_type, prev_conditions)
     return Transition(status=status, events=events, phase=str(phase), waiting=True)
 
@@ -253,10 +257,8 @@ def _decide(obs: Observation) -> tuple[str, Verdicts]:
     tr = obs.training
     out = Verdicts()
 
-    if obs.invalid_spec:
-        out[C.CHILDREN_READY] = (False, obs.invalid_reason, obs.invalid_spec)
-        out[C.READY] = (False, obs.invalid_reason, obs.invalid_spec)
-        return Phase.FAILED, out
+    if obs.invalid_spec or obs.engine_refusal is not None:
+        return _nothing_created(obs, out)
 
     if obs.parent is not None:  # spec.model.fromJob, the parent Succeeded (``decide`` holds the rest)
         out[C.PARENT_READY] = (True, obs.parent.reason, obs.parent.message)
@@ -295,6 +297,21 @@ def _decide(obs: Observation) -> tuple[str, Verdicts]:
     if tr.condition == "Succeeded":
         return _after_training(obs, out)
     return _before_training_ends(obs, out)
+
+
+def _nothing_created(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:
+    """A spec that cannot be used fails the job; a job without its training engine (yet) waits
+    (:mod:`.engine`). Either way nothing is created."""
+    if obs.invalid_spec:
+        out[C.CHILDREN_READY] = (False, obs.invalid_reason, obs.invalid_spec)
+        out[C.READY] = (False, obs.invalid_reason, obs.invalid_spec)
+        return Phase.FAILED, out
+    assert obs.engine_refusal is not None
+    reason, msg = obs.engine_refusal
+    for type_ in (C.CHILDREN_READY, C.TRAINING, C.READY):
+        out[type_] = (False, reason, msg)
+    out.waiting = True
+    return Phase.PENDING, out
 
 
 def _training_failed(obs: Observation, out: Verdicts, logs_hint: str) -> tuple[str, Verdicts]:
@@ -616,13 +633,24 @@ def _conditions(
     return out
 
 
+# ChildrenReady=False reasons that a Warning event announces once, when they start
+_CHILD_TROUBLE = (
+    Reason.CHILD_CONFLICT,
+    Reason.CHILD_FORBIDDEN,
+    Reason.CHILD_API_ERROR,
+    Reason.NO_TRAINING_ENGINE,
+    Reason.ENGINE_NOT_SERVED,
+    Reason.ENGINE_NOT_IMPLEMENTED,
+)
+
+
 def _events(
     prev_phase: str, phase: str, reasons: Mapping[ConditionType, Decided], prev: dict[str, Condition]
 ) -> list[Event]:
     events: list[Event] = []
     children = reasons.get(C.CHILDREN_READY)
     # a child that cannot be had: once when it starts (ChildRejected is the Failed event below)
-    if children and children[1] in (Reason.CHILD_CONFLICT, Reason.CHILD_FORBIDDEN, Reason.CHILD_API_ERROR):
+    if children and children[1] in _CHILD_TROUBLE:
         old = prev.get(ConditionType.CHILDREN_READY)
         if old is None or old.reason != children[1]:
             events.append(Event("Warning", children[1], children[2]))

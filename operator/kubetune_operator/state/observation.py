@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from kubetune_api import spec as api
+from kubetune_api.engines import AUTO, Engine
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import BudgetStatus, FineTuneJobStatus, TrainingRestarts
 
@@ -31,12 +32,6 @@ from .chaining import ParentObservation
 from .status_view import Reregister
 
 
-class Engine(StrEnum):
-    """What runs the training pods (one input among others: the machine asks it of nothing else)."""
-
-    PYTORCHJOB = "PyTorchJob"  # the Kubeflow Training Operator's PyTorchJob
-
-
 class Fact(StrEnum):
     """What a pass may have to read before it can decide (:class:`~.actions.Read`)."""
 
@@ -44,6 +39,7 @@ class Fact(StrEnum):
     REGISTRATION_JOB = "registrationJob"
     ALIAS_JOBS = "aliasJobs"  # every alias Job of the FineTuneJob (a list)
     FINETUNEJOB = "fineTuneJob"  # a FineTuneJob of the namespace (the parent, and up its chain)
+    SERVED = "served"  # whether the API server serves an engine's resource (by the engine's name): a bool
 
 
 class Child(StrEnum):
@@ -75,7 +71,10 @@ class Observation:
     previous: FineTuneJobStatus | None = None  # the status as read (None: a new job)
     job: api.FineTuneJob | None = None  # the spec, parsed (None: invalid_spec says why, or not given)
     annotations: Mapping[str, str] = field(default_factory=dict)
-    engine: Engine = Engine.PYTORCHJOB
+    # the training engine of this pass (None: not decided yet; the machine decides it, state.engine,
+    # and the reconciler sets it: UseEngine) and the operator's default for a spec that names none
+    engine: Engine | None = None
+    default_engine: Engine | str = AUTO
     preparation_enabled: bool = True  # the operator's settings: a preparation Job before training
     retry_seconds: float = 15.0  # the operator's settings: backoff of a refused child request ...
     resync_seconds: float = 300.0  # ... capped at the slow re-sync
@@ -104,6 +103,8 @@ class Observation:
     queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
     invalid_spec: str | None = None
     invalid_reason: str = "InvalidSpec"  # the condition's reason when invalid_spec is set
+    # the job cannot have its training engine yet (state.engine): the condition's reason and message
+    engine_refusal: tuple[str, str] | None = None
     # why the job may not use the registry names it names (kubetune_api.tenancy), if so
     registry_refusal: str | None = None
     conflict: str | None = None  # message naming the foreign object, if any

@@ -18,8 +18,8 @@ from kubetune_api.status import FineTuneJobStatus, Phase, Reason
 
 from .. import builders
 from ..observations import TrainingObservation, retry_delay, training_observation
-from . import chaining, exits, wanted
-from .actions import Action, Commit, DeleteChild, Outcome, Plan, Read, StopTraining
+from . import chaining, engine, exits, wanted
+from .actions import Action, Commit, DeleteChild, Outcome, Plan, Read, StopTraining, UseEngine
 from .machine import transition
 from .observation import Child, Fact, Observation, Unread
 from .status_view import FINAL_PHASES, Reregister, registration_wanted, reopens, training_succeeded
@@ -39,6 +39,10 @@ def advance(obs: Observation) -> Plan:
 
 def _advance(obs: Observation) -> Plan:
     prev = obs.previous or FineTuneJobStatus()
+    if obs.engine is None:  # the engine the status records, first of all (state.engine)
+        recorded = engine.recorded(prev)
+        if recorded is not None:
+            return Plan((UseEngine(recorded),))
     reregister: Reregister | None = None
     deletes: tuple[DeleteChild, ...] = ()
     if prev.phase == Phase.SUCCEEDED:
@@ -62,20 +66,10 @@ def _normal(obs: Observation, prev: FineTuneJobStatus, reregister: Reregister | 
     """A job that is not final, reopened, or registered again."""
     retry_request = exits.retry_requested(obs) if reregister in _ASKED else None
     first = replace(obs, reregister=reregister, retry_request=retry_request)
-    if obs.job is None:
-        message = obs.invalid_spec or "the spec cannot be used"
-        t = transition(prev, replace(first, invalid_spec=message))
-        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
-    # the registry's names are the platform's (kubetune_api.tenancy): refused before anything is
-    # created; a job that started keeps training (an upgrade that turns tenancy on stops no running
-    # job), and the rule is checked again before the registration Job (wanted._registration, the
-    # status: machine._after_training) and before an alias move (exits.alias_move)
-    if obs.registry_refusal and prev.phase is None:
-        refused = replace(
-            first, invalid_spec=obs.registry_refusal, invalid_reason=Reason.MODEL_NAME_NOT_ALLOWED
-        )
-        t = transition(prev, refused)
-        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=obs.registry_refusal), t),))
+    before = _before_children(first, prev)
+    if before is not None:
+        return before
+    assert obs.job is not None
     # spec.model.fromJob: nothing is created before the parent job has Succeeded
     job, found = chaining.for_pass(
         obs.job,
@@ -118,6 +112,45 @@ def _normal(obs: Observation, prev: FineTuneJobStatus, reregister: Reregister | 
     forget = starts and (error is None or error.verdict == "rejected")
     actions.append(Commit(outcome, t, forget_refusals=forget))
     return Plan(tuple(actions))
+
+
+def _before_children(obs: Observation, prev: FineTuneJobStatus) -> Plan | None:
+    """What stops a job before anything is created: a spec that cannot be used or names in the
+    registry that are not the namespace's (Failed), no training engine (yet: waiting). Otherwise
+    the pass goes on with its engine (None)."""
+    if obs.job is None:
+        message = obs.invalid_spec or "the spec cannot be used"
+        t = transition(prev, replace(obs, invalid_spec=message))
+        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
+    # the registry's names are the platform's (kubetune_api.tenancy): refused before anything is
+    # created; a job that started keeps training (an upgrade that turns tenancy on stops no running
+    # job), and the rule is checked again before the registration Job (wanted._registration, the
+    # status: machine._after_training) and before an alias move (exits.alias_move)
+    if obs.registry_refusal and prev.phase is None:
+        refused = replace(
+            obs, invalid_spec=obs.registry_refusal, invalid_reason=Reason.MODEL_NAME_NOT_ALLOWED
+        )
+        t = transition(prev, refused)
+        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=obs.registry_refusal), t),))
+    # the training engine: chosen once, before anything is created (state.engine)
+    if obs.engine is None:
+        chosen = engine.choose(obs, obs.job)
+        if isinstance(chosen, tuple):
+            return _no_engine(prev, obs, chosen, obs.retry_seconds)
+        return Plan((UseEngine(chosen),))
+    if obs.engine not in engine.IMPLEMENTED:
+        return _no_engine(prev, obs, engine.not_implemented(obs.engine), obs.resync_seconds)
+    return None
+
+
+def _no_engine(
+    prev: FineTuneJobStatus, obs: Observation, refusal: tuple[str, str], look_again: float
+) -> Plan:
+    """The job cannot have its training engine (yet): it waits, Pending, with the condition saying
+    why, and nothing is created; the pass looks again in ``look_again`` seconds."""
+    t = transition(prev, replace(obs, engine_refusal=refusal))
+    outcome = Outcome(phase=t.phase, waiting=True, message=refusal[1], retry_in=look_again)
+    return Plan((Commit(outcome, t),))
 
 
 def _trained_and_gone(obs: Observation, job: api.FineTuneJob) -> bool:
