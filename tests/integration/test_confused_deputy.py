@@ -85,7 +85,7 @@ class Attempt:
     in kubectl's error) or the operator (``reason`` on the Ready condition, ``message`` in it)."""
 
     id: str
-    goal: str
+    goal: str  # one of GOALS
     change: Change
     by: str  # "admission" | "operator"
     message: str  # formatted with a= and b=, the namespaces
@@ -262,6 +262,16 @@ ATTEMPTS = [
 # fmt: on
 
 
+# What issue 33 item 8 lists: another namespace's volume or Secret, another ServiceAccount or a
+# privileged pod, a chain from another namespace's job, another team's model name, the gate skipped.
+GOALS = ("volume", "secret", "identity", "chain", "registry", "gate")
+
+
+def test_the_table_tries_every_goal() -> None:
+    assert sorted({a.goal for a in ATTEMPTS}) == sorted(GOALS)
+    assert len({a.id for a in ATTEMPTS}) == len(ATTEMPTS)
+
+
 # --- the two teams, the user, the operator -----------------------------------------------------------
 
 
@@ -370,9 +380,7 @@ def snapshot(kube: Any, namespace: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def teams(
-    control_plane: ControlPlane, kube: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Teams]:
+def teams(control_plane: ControlPlane, kube: Any) -> Iterator[Teams]:
     suffix = uuid.uuid4().hex[:5]
     t = Teams(
         a=f"team-a-{suffix}", b=f"team-b-{suffix}", system=f"kubetune-system-{suffix}", cp=control_plane
@@ -444,7 +452,8 @@ def _manifest(teams: Teams, name: str, change: Change) -> dict[str, Any]:
 
 
 def _children(kube: Any, namespace: str, job: str) -> list[str]:
-    """Objects in ``namespace`` made for ``job``: named after it, or labelled with it."""
+    """Objects of :data:`KINDS` in ``namespace`` named after ``job`` (every child's name is
+    ``<job>-<suffix>``)."""
     found = []
     for key in snapshot(kube, namespace):
         kind, _, name = key.partition("/")
@@ -652,4 +661,59 @@ def test_a_service_account_of_the_trainers_name_that_is_not_the_jobs_is_never_us
     assert kube.get("kubeflow.org/v1", "PyTorchJob", teams.a, f"{name}-train") is None
     assert kube.get("rbac.authorization.k8s.io/v1", "RoleBinding", teams.a, sa) is None
     assert kube.get("rbac.authorization.k8s.io/v1", "Role", teams.a, sa) is None
+    assert snapshot(kube, teams.b) == before
+
+
+def test_a_jobs_trainer_identity_cannot_unlock_another_refused_job(
+    teams: Teams, kube: Any, operator: Any, before: dict[str, str], tmp_path: Path
+) -> None:
+    """The user may mint a token for any ServiceAccount of A (``edit`` grants
+    ``serviceaccounts/token``), so for a job's trainer identity too; it may patch that one job's
+    status. The status says whether a job was checked (its phase): the identity of a job that
+    proceeds cannot write the status of another one, refused for its model name, to make it look
+    started, so the refused job stays Failed and gets no child."""
+    from kubernetes import client, config
+
+    from kubetune_operator.kube import ApiError, Kube
+
+    own, outside = "own-names", "outside-names"
+    for name, change in ((own, _set("spec.registration.alias", "staging")),
+                         (outside, _set("spec.registration.modelName", "{b}.assistant"))):  # fmt: skip
+        out = _create_as_user(teams, _manifest(teams, name, change))
+        assert out.returncode == 0, out.stderr
+    wait_for(lambda: kube.get("v1", "ServiceAccount", teams.a, f"{own}-trainer"), what="the trainer identity")
+    wait_phase(kube, teams.a, outside, "Failed")
+    minted = teams.as_user("create", "token", f"{own}-trainer", "-n", teams.a, "--duration=10m")
+    assert minted.returncode == 0, minted.stderr
+    admin = yaml.safe_load(teams.cp.kubeconfig.read_text())
+    kc = tmp_path / "trainer-kc"
+    kc.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": admin["clusters"],
+                "users": [{"name": "t", "user": {"token": minted.stdout.strip()}}],
+                "contexts": [
+                    {"name": "t", "context": {"cluster": admin["clusters"][0]["name"], "user": "t"}}
+                ],
+                "current-context": "t",
+            }
+        )
+    )
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kc), client_configuration=cfg)
+    forged = {"status": {"phase": "Pending", "conditions": []}}
+    with client.ApiClient(cfg) as api:
+        trainer = Kube(api)
+        # its own job's status: allowed (the trainer reports progress there)
+        trainer.patch(API, "FineTuneJob", teams.a, own, {}, subresource="status")
+        with pytest.raises(ApiError) as refused:
+            trainer.patch(API, "FineTuneJob", teams.a, outside, forged, subresource="status")
+    assert refused.value.status == 403, refused.value
+    teams.as_user("annotate", "finetunejob", outside, "-n", teams.a, "touch=1")  # another pass
+    time.sleep(1)
+    obj = wait_phase(kube, teams.a, outside, "Failed")
+    assert condition(obj, "Ready")["reason"] == "ModelNameNotAllowed"
+    assert _children(kube, teams.a, outside) == []
     assert snapshot(kube, teams.b) == before
