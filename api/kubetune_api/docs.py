@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import sys
 from typing import Any
 
@@ -15,11 +16,23 @@ from . import admission
 from .crd import generated_file_main, openapi_schema
 from .spec import MUTABLE_SPEC_PATHS
 
+# A fixed set of values written as a pattern (the CRD generator writes an optional enum so, for an
+# explicit null to pass the API server): shown as the values, like an enum.
+_CHOICES = re.compile(r"\^\(([A-Za-z0-9_]+(?:\|[A-Za-z0-9_]+)+)\)\$")
+
+
+def _choices(node: dict[str, Any]) -> list[str] | None:
+    if "enum" in node:
+        return [str(v) for v in node["enum"]]
+    found = _CHOICES.fullmatch(str(node.get("pattern", "")))
+    return found.group(1).split("|") if found else None
+
 
 def _type(node: dict[str, Any]) -> str:
     t = node.get("type", "")
-    if "enum" in node:
-        return " \\| ".join(f"`{v}`" for v in node["enum"])
+    choices = _choices(node)
+    if choices:
+        return " \\| ".join(f"`{v}`" for v in choices)
     if t == "array":
         return f"list of {_type(node.get('items', {}))}"
     if t == "object" and "additionalProperties" in node:
@@ -46,7 +59,7 @@ def _limits(node: dict[str, Any]) -> str:
         parts.append(f"≤ {node['maxItems']} items")
     if "maxLength" in node:
         parts.append(f"≤ {node['maxLength']} characters")
-    if "pattern" in node:
+    if "pattern" in node and not _choices(node):
         parts.append(f"matches `{node['pattern']}`")
     extra = node.get("additionalProperties")
     if isinstance(extra, dict) and "pattern" in extra:
