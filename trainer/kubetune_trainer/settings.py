@@ -12,15 +12,15 @@ compile threads) stays where that library is set up.
 **Control settings are not read from the environment at all** (the second wall behind the rules,
 issue 33): what decides the evaluation gate, the registration, where the report the operator reads
 is written, the retries and the shutdown grace comes from the command line the operator builds
-(:mod:`kubetune_operator.builders`) or the trainer config it mounts (``--config``), with the
-defaults below; a local run passes the same flags. A variable of :data:`IGNORED_CONTROL_ENV` in the
+(:mod:`kubetune_operator.builders`) or the trainer config it mounts (``--config``), else the
+step's own default; a local run passes the same flags. A variable of :data:`IGNORED_CONTROL_ENV` in the
 environment (an older operator's, or a pod's free environment) changes nothing: :class:`Settings`
 only lists its name (:attr:`Settings.ignored_control`), and each step's entry point logs it.
 
 =====================================  ==============================================================
 control input                          read from (pod: the operator writes it; local: the same flag)
 =====================================  ==============================================================
-the gate, forced past it               ``register --force`` (only a ``kubetune.io/retry-registration``)
+forced past the gate                   ``register --force`` (only a ``kubetune.io/retry-registration``)
 the gate itself, the selection         the trainer config (``spec.registration``), ``--config``
 registration's report path             ``register --termination-message-path``, else the kubelet's file
 training's and preparation's report    ``--termination-log`` (train, prepare), else the kubelet's file

@@ -608,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     failures.use_termination_log(args.termination_log)
-    settings.warn_ignored_control(log, "train")
+    if settings.current().rank == 0:  # once per job (the launcher says it once per pod)
+        settings.warn_ignored_control(log, "train")
     try:
         cfg = load_config(args.config)
     except BadInputError as e:
