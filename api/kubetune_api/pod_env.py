@@ -20,13 +20,15 @@ from .tuning import TUNING_ENV
 
 CONFIG_ENV = "KUBETUNE_CONFIG"  # where the trainer config is mounted
 CPUS_ENV = "KUBETUNE_CPUS"  # the training container's CPU request, whole CPUs (Downward API)
-SHUTDOWN_GRACE_ENV = "KUBETUNE_SHUTDOWN_GRACE_S"  # the workers' time to checkpoint after SIGTERM
 IMAGE_ENV = "KUBETUNE_IMAGE"  # the trainer image (lineage: the registered version is tagged with it)
 # Variables the operator sets on the trainer's pods itself. A spec.env entry of the same name would
 # replace KUBETUNE_CONFIG (set before spec.env: the later entry wins, and the trainer finds no
-# config) and silently lose to the other two (set after it); refused, so what the spec says runs.
-OPERATOR_ENV = (CONFIG_ENV, CPUS_ENV, SHUTDOWN_GRACE_ENV, IMAGE_ENV)
-# (and kubetune_api.registration.FORCE_ENV: a registration retried past its gate)
+# config) and silently lose to the others (set after it); refused, so what the spec says runs.
+OPERATOR_ENV = (CONFIG_ENV, CPUS_ENV, IMAGE_ENV)
+# Control settings earlier versions passed in the environment; now on the command line the operator
+# builds (launch --shutdown-grace-s, register --force): the trainer ignores these names, and spec.env
+# may not set them (KUBETUNE_CONTROL below). The others it ignores: kubetune_trainer.settings.
+SHUTDOWN_GRACE_ENV = "KUBETUNE_SHUTDOWN_GRACE_S"
 # The trainer's test hook (tests inject a CUDA out-of-memory error, a kill, an NCCL timeout into real
 # training processes; tests/cluster sets it through spec.env). Left to spec.env: it makes the job that
 # sets it fail or restart, and decides nothing about what is registered or where.
@@ -109,11 +111,11 @@ def _names(*names: str) -> str:
     return "(?i)^(" + "|".join(names) + ")$"
 
 
-# kubetune's own: the operator sets them (KUBETUNE_CONFIG, _CPUS, _SHUTDOWN_GRACE_S, _IMAGE, and
-# KUBETUNE_REGISTER_FORCE only on a registration that kubetune.io/retry-registration asked for), or the
-# trainer and the registration read them for control (where failures are reported, the registration's
-# retry budget and claim wait). Every KUBETUNE_* name, now and later, is reserved, less the tuning
-# variables (kubetune_api.tuning: how fast, checked value by value) and the test hook.
+# kubetune's own: the operator sets them (KUBETUNE_CONFIG, _CPUS, _IMAGE), or earlier versions read
+# them for control (KUBETUNE_REGISTER_FORCE, _SHUTDOWN_GRACE_S, where failures are reported, the
+# registration's retry budget and claim wait: now the command line's, and ignored in the environment).
+# Every KUBETUNE_* name, now and later, is reserved, less the tuning variables (kubetune_api.tuning:
+# how fast, checked value by value) and the test hook.
 USER_KUBETUNE_ENV = (*TUNING_ENV, FAULT_INJECT_ENV)
 KUBETUNE_CONTROL = Reserved(
     "a kubetune control variable (KUBETUNE_*)",

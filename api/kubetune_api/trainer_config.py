@@ -33,6 +33,12 @@ CONFIG_KEY = "config.yaml"
 CONFIG_MOUNT_DIR = "/etc/kubetune"
 CONFIG_PATH = f"{CONFIG_MOUNT_DIR}/{CONFIG_KEY}"
 CHECKPOINT_MOUNT = "/var/lib/kubetune"
+# Where each step leaves its report for the operator: the kubelet's terminationMessagePath (the
+# builders set it; the trainer writes there unless a local run names another file on the command line)
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+# kubetune_trainer.launch's own option (first, before torchrun's): the workers' time to checkpoint
+# after SIGTERM; the operator writes it into the training command (never an environment variable)
+SHUTDOWN_GRACE_FLAG = "--shutdown-grace-s"
 COMPLETE_MARKER = "COMPLETE"
 FINAL_DIR = "final"
 CHECKPOINTS_DIR = "checkpoints"

@@ -424,11 +424,10 @@ def run_restart(options: StartupOptions) -> StartupResult:
             ("prepare", prepare_cmd(cfg_volume), env("prepare", cpu=True), False),
             ("after", trainer_cmd(cfg_volume), env("after", offline=True), True),
         ):
-            environ["KUBETUNE_TERMINATION_LOG"] = str(work / f"{name}.termination-log")
             mark = hub.request_count()
             timed = timed_process(
                 name,
-                cmd,
+                [*cmd, "--termination-log", str(work / f"{name}.termination-log")],
                 environ,
                 options.out / f"startup-{name}.log",
                 timeout=options.timeout,

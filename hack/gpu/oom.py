@@ -58,9 +58,9 @@ def config(name: str) -> Path:
 def attempt(cfg: Path, name: str, env: dict[str, str]) -> dict[str, object]:
     term = out / f"{name}.termination-log"
     cmd = [sys.executable, "-m", "kubetune_trainer.launch", "--nproc_per_node", "1",
-           "-m", "kubetune_trainer.train", "--config", str(cfg)]  # fmt: skip
+           "-m", "kubetune_trainer.train", "--config", str(cfg), "--termination-log", str(term)]  # fmt: skip
     with (out / f"{name}.log").open("w") as log:
-        code = subprocess.call(cmd, env={**os.environ, **env, "KUBETUNE_TERMINATION_LOG": str(term)},
+        code = subprocess.call(cmd, env={**os.environ, **env},
                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     failure = parse_failure(term.read_text() if term.exists() else "")
     return {"exit": code, "failure": failure.wire() if failure else None}

@@ -42,11 +42,19 @@ from typing import Any
 from kubetune_api import spec as api
 from kubetune_api.engines import Engine
 from kubetune_api.preparation import EXIT_REFUSED
-from kubetune_api.registration import EXIT_GATE_NOT_MET
-from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_KEY, CONFIG_MOUNT_DIR, CONFIG_PATH, resolve
+from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_FLAG
+from kubetune_api.trainer_config import (
+    CHECKPOINT_MOUNT,
+    CONFIG_KEY,
+    CONFIG_MOUNT_DIR,
+    CONFIG_PATH,
+    SHUTDOWN_GRACE_FLAG,
+    TERMINATION_MESSAGE_PATH,
+    resolve,
+)
 
 from . import parent
-from .pod_env import CACHE_MOUNT, TMP_MOUNT, Context, Pod, env
+from .pod_env import CACHE_MOUNT, TMP_MOUNT, Context, Pod, env, shutdown_grace_seconds
 from .settings import Settings
 
 # --- names and labels -------------------------------------------------------------------------------
@@ -354,10 +362,12 @@ def _train_resources(job: api.FineTuneJob) -> dict[str, Any]:
     return out
 
 
-def train_command() -> list[str]:
+def train_command(settings: Settings) -> list[str]:
     # kubetune_trainer.launch is torchrun (same arguments) that exits 143, retryable under the
     # ExitCode restart policy, when the pod is preempted (plain torchrun exits 1: permanent), and
-    # gives the workers KUBETUNE_SHUTDOWN_GRACE_S to checkpoint instead of torchrun's 30 s.
+    # gives the workers --shutdown-grace-s (its own option, first) to checkpoint instead of torchrun's
+    # 30 s: here, inside the pod's terminationGracePeriodSeconds. The trainer reads its control
+    # settings from this command and the mounted config only, never from the pod's environment.
     # torchrun reads its rendezvous settings from the PET_* variables the Training Operator sets
     # (PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT) and runs
     # `python -m kubetune_trainer.train --config ...` once per GPU.
@@ -365,6 +375,8 @@ def train_command() -> list[str]:
         "python",
         "-m",
         "kubetune_trainer.launch",
+        SHUTDOWN_GRACE_FLAG,
+        str(shutdown_grace_seconds(settings)),
         "--module",
         "kubetune_trainer.train",
         "--config",
@@ -372,8 +384,17 @@ def train_command() -> list[str]:
     ]
 
 
-def register_command() -> list[str]:
-    return ["python", "-m", "kubetune_trainer.register", "--config", CONFIG_PATH]
+def register_command(*, force: bool = False) -> list[str]:
+    """``force``: past the gate (FORCE_FLAG: a registration retried by kubetune.io/retry-registration).
+    The only way a registration is forced: the trainer ignores the environment for it."""
+    return [
+        "python",
+        "-m",
+        "kubetune_trainer.register",
+        "--config",
+        CONFIG_PATH,
+        *([FORCE_FLAG] if force else []),
+    ]
 
 
 def _image(job: api.FineTuneJob, settings: Settings) -> str:
@@ -391,7 +412,7 @@ def build_train_pod_template(
         "name": container_name,
         "image": _image(job, settings),
         "imagePullPolicy": settings.image_pull_policy,
-        "command": train_command(),
+        "command": train_command(settings),
         "workingDir": CACHE_MOUNT,
         "env": env(Context(job, settings, Pod.TRAINING, _image(job, settings), container_name)),
     }
@@ -627,7 +648,6 @@ def _cpu_job(
     deadline_seconds: int,
     pod: Pod,
     priority: bool = True,
-    force: bool = False,
 ) -> dict[str, Any]:
     """A batch/v1 Job of one CPU pod in the trainer image (registration, preparation), with the
     checkpoint volume and the trainer config mounted, and its result in the termination message."""
@@ -639,12 +659,12 @@ def _cpu_job(
         "command": command,
         # The image's working directory lies under the cache mount, which hides it.
         "workingDir": CACHE_MOUNT,
-        "env": env(Context(job, settings, pod, _image(job, settings), container_name, force=force)),
+        "env": env(Context(job, settings, pod, _image(job, settings), container_name)),
         "resources": resources,
         "volumeMounts": mounts,
         "securityContext": container_security_context(settings),
         # The result JSON goes to /dev/termination-log; a crash leaves the log tail there instead.
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_spec: dict[str, Any] = {
@@ -686,12 +706,11 @@ def build_registration_job(
         name=registration_job_name(job),
         component=COMPONENT_REGISTRATION,
         container_name=REGISTER_CONTAINER,
-        command=register_command(),
+        command=register_command(force=force),
         resources=register_resources(settings),
         backoff_limit=settings.register_backoff_limit,
         deadline_seconds=settings.register_deadline_seconds,
         pod=Pod.REGISTRATION,
-        force=force,
     )
     gate = {"containerName": REGISTER_CONTAINER, "operator": "In", "values": [EXIT_GATE_NOT_MET]}
     manifest["spec"]["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": gate}]}

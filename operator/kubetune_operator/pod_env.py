@@ -9,13 +9,15 @@ without those whose value this job leaves unset (:func:`env`); the builders
 What the operator sets is never overridden by the spec: the rules refuse every reserved name in
 ``spec.env`` (:data:`kubetune_api.pod_env.RESERVED_ENV`), and a job admitted before a rule existed
 (the operator does not check a started job again) still gets none of them: :func:`env` leaves out a
-``spec.env`` entry that is reserved or that a row of this pod sets, whatever its case. So the
-trainer's and the registration's control variables (``KUBETUNE_REGISTER_FORCE`` above all: only a
-registration that the ``kubetune.io/retry-registration`` annotation asked for is forced) come from
-the table alone.
+``spec.env`` entry that is reserved or that a row of this pod sets, whatever its case. And behind
+that wall a second one: no control setting travels in the environment at all. Whether a registration
+is forced past its gate (only one that the ``kubetune.io/retry-registration`` annotation asked for),
+the workers' shutdown grace, where each step writes its report, the registration's retry budget and
+claim wait: the containers' commands (:mod:`kubetune_operator.builders`) and the mounted trainer
+config say them, and the trainer reads them nowhere else (:mod:`kubetune_trainer.settings`).
 
-The names come from :mod:`kubetune_api.pod_env` (and :data:`kubetune_api.registration.FORCE_ENV`):
-the trainer reads its own by those names, and the rules refuse them in ``spec.env``. A new variable is
+The names come from :mod:`kubetune_api.pod_env`: the trainer reads its own by those names, and the
+rules refuse them in ``spec.env``. A new variable is
 one row here (and its name there); tests/unit/test_pod_env.py holds the two together.
 """
 
@@ -28,7 +30,6 @@ from typing import Any
 
 from kubetune_api import pod_env as names
 from kubetune_api import spec as api
-from kubetune_api.registration import FORCE_ENV
 from kubetune_api.trainer_config import CHECKPOINT_MOUNT, CONFIG_PATH
 
 from .settings import Settings
@@ -48,14 +49,13 @@ class Pod(StrEnum):
 @dataclass(frozen=True)
 class Context:
     """What a value may come from: the job, the operator's settings, the pod, and what the builder
-    decided for it (the image it runs, its container's name, a registration forced past its gate)."""
+    decided for it (the image it runs, its container's name)."""
 
     job: api.FineTuneJob
     settings: Settings
     pod: Pod
     image: str
     container: str
-    force: bool = False
 
 
 # A row's value for one pod: a string (``value``), a dict (``valueFrom``), or None (not set for this job)
@@ -130,10 +130,7 @@ TABLE: tuple[Var | SpecEnv, ...] = (
     *(Var(name, TRAINING, _defaulted) for name in names.DEFAULTED_ENV),
     *(Var(name, ALL, _secret(field)) for field, name in names.SECRET_ENV.items()),
     SpecEnv(ALL),
-    Var(names.SHUTDOWN_GRACE_ENV, TRAINING, lambda ctx: str(shutdown_grace_seconds(ctx.settings))),
     Var(names.CPUS_ENV, TRAINING, _cpus),
-    # a registration retried past its gate (kubetune.io/retry-registration)
-    Var(FORCE_ENV, frozenset({Pod.REGISTRATION}), lambda ctx: "1" if ctx.force else None),
 )
 
 

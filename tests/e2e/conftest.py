@@ -100,13 +100,19 @@ def trainer_env() -> dict[str, str]:
 
 
 def start_trainer(
-    config: Path, log: Path, *, extra_env: dict[str, str] | None = None
+    config: Path,
+    log: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    termination_log: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``python -m kubetune_trainer.train --config ...`` as its own process, output to ``log``."""
+    """``python -m kubetune_trainer.train --config ...`` as its own process, output to ``log``;
+    ``termination_log``: its ``--termination-log`` (the pod's report, never from the environment)."""
     env = {**trainer_env(), **(extra_env or {})}
+    report = ["--termination-log", str(termination_log)] if termination_log is not None else []
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "kubetune_trainer.train", "--config", str(config)],
+            [sys.executable, "-m", "kubetune_trainer.train", "--config", str(config), *report],
             cwd=REPO,
             env=env,
             stdout=out,
@@ -115,9 +121,16 @@ def start_trainer(
 
 
 def run_trainer(
-    config: Path, log: Path, *, timeout: float = 300, extra_env: dict[str, str] | None = None
+    config: Path,
+    log: Path,
+    *,
+    timeout: float = 300,
+    extra_env: dict[str, str] | None = None,
+    termination_log: Path | None = None,
 ) -> int:
-    return wait_or_kill(start_trainer(config, log, extra_env=extra_env), timeout)
+    return wait_or_kill(
+        start_trainer(config, log, extra_env=extra_env, termination_log=termination_log), timeout
+    )
 
 
 def wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> int:

@@ -23,7 +23,7 @@ from tests.e2e.conftest import TINY_DATA, run_trainer, trainer_config
 
 from kubetune_api.failures import Failure, parse_failure
 from kubetune_api.trainer_config import COMPLETE_MARKER, TRAIN_RESULT_FILE
-from kubetune_trainer.settings import FAULT_ENV, TERMINATION_LOG_ENV
+from kubetune_trainer.settings import FAULT_ENV
 from kubetune_trainer.sources.data_check import EXIT_BAD_INPUT
 from kubetune_trainer.volume import catalog, checkpoints, resume
 
@@ -35,7 +35,7 @@ WITH_EVAL = {"path": str(TINY_DATA), "format": "messages", "evalFraction": 0.2}
 def _train(config: Path, tmp: Path, name: str, **env: str) -> tuple[int, Any, str]:
     term = tmp / f"{name}.termination-log"
     log = tmp / f"{name}.log"
-    code = run_trainer(config, log, extra_env={TERMINATION_LOG_ENV: str(term), **env})
+    code = run_trainer(config, log, extra_env=env, termination_log=term)
     return code, parse_failure(term.read_text() if term.exists() else ""), log.read_text()
 
 

@@ -53,9 +53,17 @@ def register_tiny(server: Any, model_dir: Path, name: str, alias: str, seed_shif
 
 def prepare(config: Path, tmp_path: Path) -> tuple[int, str, str]:
     term = tmp_path / "termination-log"
-    env = {**trainer_env(), "KUBETUNE_TERMINATION_LOG": str(term), "HF_HUB_OFFLINE": "1"}
+    env = {**trainer_env(), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "kubetune_trainer.prepare", "--config", str(config)],
+        [
+            sys.executable,
+            "-m",
+            "kubetune_trainer.prepare",
+            "--config",
+            str(config),
+            "--termination-log",
+            str(term),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -22,7 +22,7 @@ from tests.e2e.conftest import REPO, run_trainer, trainer_config, trainer_env
 
 from kubetune_api.failures import EXIT_FAILED, EXIT_RETRY, Failure, parse_failure
 from kubetune_api.trainer_config import COMPLETE_MARKER, TRAIN_RESULT_FILE
-from kubetune_trainer.settings import FAULT_ENV, TERMINATION_LOG_ENV
+from kubetune_trainer.settings import FAULT_ENV
 from kubetune_trainer.training import oom
 from kubetune_trainer.volume import checkpoints
 
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.training]
 def _run(config: Path, tmp: Path, name: str, **env: str) -> tuple[int, Any, str]:
     term = tmp / f"{name}.termination-log"
     log = tmp / f"{name}.log"
-    code = run_trainer(config, log, extra_env={TERMINATION_LOG_ENV: str(term), **env})
+    code = run_trainer(config, log, extra_env=env, termination_log=term)
     text = term.read_text() if term.exists() else ""
     return code, parse_failure(text), log.read_text()
 
@@ -204,9 +204,9 @@ def test_a_full_checkpoint_volume_is_disk_full_with_its_free_bytes(tmp_path: Pat
     term = tmp_path / "full.termination-log"
     script = (
         f"mount -t tmpfs -o size=3m tmpfs {out} && "
-        f"exec {sys.executable} -m kubetune_trainer.train --config {config}"
+        f"exec {sys.executable} -m kubetune_trainer.train --config {config} --termination-log {term}"
     )
-    env = {**trainer_env(), TERMINATION_LOG_ENV: str(term)}
+    env = trainer_env()
     proc = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
         cwd=REPO,
@@ -250,7 +250,7 @@ def test_sigterm_saves_and_says_preempted(tmp_path: Path, tiny_model: Path) -> N
     out = tmp_path / "run"
     term = tmp_path / "preempted.termination-log"
     config = trainer_config(out, tiny_model, maxSteps=100000, saveSteps=50)
-    proc = start_trainer(config, tmp_path / "preempted.log", extra_env={TERMINATION_LOG_ENV: str(term)})
+    proc = start_trainer(config, tmp_path / "preempted.log", termination_log=term)
     root = checkpoints.checkpoints_root(out)
     deadline = time.monotonic() + 240
     while not checkpoints.complete_checkpoints(root) and time.monotonic() < deadline and proc.poll() is None:

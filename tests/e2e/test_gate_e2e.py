@@ -8,7 +8,7 @@ registrations, each on its own copy of the output folder with its own model name
 - select bestEval: the checkpoint with the lowest eval loss is registered (the checkpoint folder as
   the trainer saved it, tokenizer included) and loads back.
 - Gate not met: no version, GateNotMet (exit code 5) with both numbers in register-result.json and
-  the termination message; then forced (KUBETUNE_REGISTER_FORCE=1): exactly one version, tagged
+  the termination message; then forced (--force, as the operator writes it): exactly one version, tagged
   kubetune.gate.forced=true; the step again, unforced (as an alias move runs it): still that one.
 """
 
@@ -26,7 +26,7 @@ import pytest
 from tests.e2e.conftest import REPO, TINY_DATA, run_trainer, trainer_config, trainer_env
 from tests.support.mlflow_server import MlflowServer
 
-from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV
+from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV, FORCE_FLAG
 from kubetune_api.trainer_config import COMPLETE_MARKER, FINAL_DIR
 from kubetune_trainer.volume import catalog
 
@@ -77,11 +77,20 @@ def _job(
     return out, config
 
 
-def _register(config: Path, term: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """The registration Job's container, as its own process."""
+def _register(config: Path, term: Path, *flags: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The registration Job's container, as its own process (``flags``: what the operator adds)."""
     return subprocess.run(
-        [sys.executable, "-m", "kubetune_trainer.register", "--config", str(config)],
-        env={**trainer_env(), "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term), **env},
+        [
+            sys.executable,
+            "-m",
+            "kubetune_trainer.register",
+            "--config",
+            str(config),
+            "--termination-message-path",
+            str(term),
+            *flags,
+        ],
+        env={**trainer_env(), **env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -195,7 +204,8 @@ def test_gate_not_met_registers_nothing_until_forced_then_exactly_one_version(
     threshold = base * (1 - 0.99)
     term = tmp_path / "term"
 
-    refused = _register(config, term)
+    # the variable earlier versions read forces nothing (the second wall): refused all the same
+    refused = _register(config, term, **{FORCE_ENV: "1"})
     assert refused.returncode == EXIT_GATE_NOT_MET, refused.stderr[-4000:]
     assert _versions(uri, name) == []
     said = json.loads(term.read_text())
@@ -211,7 +221,7 @@ def test_gate_not_met_registers_nothing_until_forced_then_exactly_one_version(
     assert metrics["kubetune.gate.passed"] == 0.0
     assert metrics["kubetune.gate.base_eval_loss"] == pytest.approx(base)
 
-    forced = _register(config, term, **{FORCE_ENV: "1"})
+    forced = _register(config, term, FORCE_FLAG)
     assert forced.returncode == 0, forced.stderr[-4000:]
     result = json.loads(term.read_text())
     assert result["version"] == "1"
@@ -222,7 +232,7 @@ def test_gate_not_met_registers_nothing_until_forced_then_exactly_one_version(
     assert version.tags["kubetune.selected"] == "final"
 
     # again, forced and not (an alias move runs the step without the flag): still that one version
-    assert _register(config, term, **{FORCE_ENV: "1"}).returncode == 0
+    assert _register(config, term, FORCE_FLAG).returncode == 0
     unforced = _register(config, term)
     assert unforced.returncode == 0, unforced.stderr[-4000:]
     assert json.loads(term.read_text())["evaluation"]["forced"] is True

@@ -61,13 +61,20 @@ def prepare(config: Path, hub: HubStandIn, home: Path, **env: str) -> tuple[int,
         **trainer_env(),
         "HF_ENDPOINT": hub.endpoint,
         "HF_HOME": str(home),
-        "KUBETUNE_TERMINATION_LOG": str(term),
         **env,
     }
     if "HF_TOKEN" not in env:
         full.pop("HF_TOKEN", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "kubetune_trainer.prepare", "--config", str(config)],
+        [
+            sys.executable,
+            "-m",
+            "kubetune_trainer.prepare",
+            "--config",
+            str(config),
+            "--termination-log",
+            str(term),
+        ],
         cwd=REPO,
         env=full,
         check=False,

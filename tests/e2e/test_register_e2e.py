@@ -186,7 +186,7 @@ def test_lora_merged_registers_into_the_training_run_once(
     )
     term = tmp_path / "termination-log"
 
-    first = run_register_process(config, {**secret_env, "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term)})
+    first = run_register_process(config, secret_env, "--termination-message-path", str(term))
     assert first.returncode == 0, first.stderr[-4000:]
     assert_no_secrets(first.stdout, first.stderr)
 
@@ -361,11 +361,11 @@ def test_full_model_waits_out_an_outage_then_registers(
         started = time.monotonic()
         down = run_register_process(
             config,
-            {
-                **secret_env,
-                "KUBETUNE_REGISTER_RETRY_BUDGET_S": str(budget),
-                "KUBETUNE_TERMINATION_MESSAGE_PATH": str(term),
-            },
+            secret_env,
+            "--retry-budget",
+            str(budget),
+            "--termination-message-path",
+            str(term),
         )
         elapsed = time.monotonic() - started
         assert down.returncode == register.EXIT_UNAVAILABLE, down.stderr[-3000:]

@@ -4,8 +4,8 @@ termination message, as tests/integration/test_operator_flow.py does it):
 
 GateNotMet (exit code 5) → the job Succeeded with Registered=False GateNotMet, both numbers in the
 message, status.evaluation, a Warning event, Argo CD Healthy with that message; then the
-kubetune.io/retry-registration annotation → a registration Job created anew with
-KUBETUNE_REGISTER_FORCE=1 → Registered, with the version's and the run's UI links.
+kubetune.io/retry-registration annotation → a registration Job created anew with ``--force`` in
+its command (never an environment variable) → Registered, with the version's and the run's UI links.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tests.integration.conftest import (
 from tests.support.controlplane import REPO
 from tests.support.lua import run_health
 
-from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV
+from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV, FORCE_FLAG
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION as RETRY
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -66,6 +66,10 @@ def _env(job: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env") or []}
 
 
+def _command(job: dict[str, Any]) -> list[str]:
+    return list(job["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
 def test_gate_not_met_succeeds_then_the_retry_registers_it_forced(
     kube: Any, namespace: str, operator: Any
 ) -> None:
@@ -77,7 +81,7 @@ def test_gate_not_met_succeeds_then_the_retry_registers_it_forced(
     wait_for(lambda: kube.get("kubeflow.org/v1", "PyTorchJob", namespace, ptj), what="the PyTorchJob")
     set_pytorchjob_condition(kube, namespace, ptj, "Succeeded")
     first = wait_for(lambda: kube.get("batch/v1", "Job", namespace, reg), what="the registration Job")
-    assert FORCE_ENV not in _env(first)
+    assert FORCE_ENV not in _env(first) and FORCE_FLAG not in _command(first)
     (rule,) = first["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [EXIT_GATE_NOT_MET]
 
@@ -114,7 +118,7 @@ def test_gate_not_met_succeeds_then_the_retry_registers_it_forced(
         ),
         what="the registration Job created anew",
     )
-    assert _env(forced)[FORCE_ENV] == "1"
+    assert _command(forced)[-1] == FORCE_FLAG and FORCE_ENV not in _env(forced)  # where the trainer reads it
     wait_phase(kube, namespace, name, "Registering")
     wait_for(
         lambda: [e for e in events_for(kube, namespace, name) if e["reason"] == "RegistrationRetried"],

@@ -84,13 +84,17 @@ def test_eight_gpus_one_master() -> None:
         "python",
         "-m",
         "kubetune_trainer.launch",  # torchrun that exits 143 (retryable) when preempted
+        "--shutdown-grace-s",  # the launcher's own option, read there (never from the environment)
+        "540",  # inside terminationGracePeriodSeconds (600)
         "--module",
         "kubetune_trainer.train",
         "--config",
         CONFIG_PATH,
     ]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["KUBETUNE_SHUTDOWN_GRACE_S"] == "540"  # inside terminationGracePeriodSeconds (600)
+    from kubetune_trainer.training import launch
+
+    assert launch.split_args(container["command"][3:])[0] == 540  # where the launcher reads it
+    assert "KUBETUNE_SHUTDOWN_GRACE_S" not in {e["name"] for e in container["env"]}
     assert _master(ptj)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 

@@ -153,14 +153,14 @@ def test_credentials_never_reach_the_failure(monkeypatch: pytest.MonkeyPatch, tm
     the log line."""
     monkeypatch.setenv("HF_TOKEN", "hf_SECRETsecretSECRET123")
     term = tmp_path / "termination-log"
-    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(term))
+    from kubetune_trainer.training import failures
+
+    monkeypatch.setattr(failures, "_explicit_termination_log", [term])  # train --termination-log
     exc = _chained(
         RuntimeError("API request to https://alice:s3c@ret@mlflow.example.com/api/2.0 failed"),
         OSError("GET https://hub.example.com/x?token=hf_other_value&b=1 as hf_SECRETsecretSECRET123"),
     )
     got = classify(exc, RunContext())
-    from kubetune_trainer.training import failures
-
     failures.report(got)
     for text in (got.message, term.read_text()):
         for secret in ("hf_SECRETsecretSECRET123", "s3c", "ret@", "hf_other_value"):
@@ -186,11 +186,12 @@ def test_outside_a_pod_no_termination_file_is_made(monkeypatch: pytest.MonkeyPat
     from kubetune_trainer.training import failures
 
     missing = tmp_path / "dev" / "termination-log"
-    monkeypatch.delenv("KUBETUNE_TERMINATION_LOG", raising=False)
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(tmp_path / "elsewhere"))  # ignored
+    monkeypatch.setattr(failures, "_explicit_termination_log", [])  # no --termination-log
     monkeypatch.setattr(failures, "DEFAULT_TERMINATION_LOG", str(missing))
     (tmp_path / "dev").mkdir()
     failures.write_termination_log("x")
     assert not missing.exists()
     missing.write_text("")  # the kubelet made it: written
     failures.write_termination_log("x")
-    assert missing.read_text() == "x"
+    assert missing.read_text() == "x" and not (tmp_path / "elsewhere").exists()

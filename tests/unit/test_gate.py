@@ -15,14 +15,14 @@ from tests.support.state_obs import T0, obs
 
 from kubetune_api import spec as api
 from kubetune_api.mlflow_links import model_version_url, run_url, ui_base
-from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV
+from kubetune_api.registration import EXIT_GATE_NOT_MET, FORCE_ENV, FORCE_FLAG
 from kubetune_api.spec import GateSpec
 from kubetune_api.status import ConditionType, FineTuneJobStatus, Phase, Reason
 from kubetune_cli import watch
 from kubetune_operator import builders, observations, state
 from kubetune_operator.settings import Settings
 from kubetune_trainer import settings
-from kubetune_trainer.registration import gate
+from kubetune_trainer.registration import gate, register
 
 # --- links ----------------------------------------------------------------------------------------
 
@@ -138,10 +138,14 @@ def test_a_gate_not_met_says_both_numbers_and_forcing_tags_it() -> None:
     assert "base model's eval loss was not measured" in unknown.message()
 
 
-@pytest.mark.parametrize(("value", "forced"), [("1", True), ("true", True), ("0", False), ("", False)])
-def test_forced_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, forced: bool) -> None:
+@pytest.mark.parametrize("value", ["1", "true", "yes", "0", ""])
+def test_forced_only_by_the_command_line_never_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setenv(FORCE_ENV, value)
-    assert settings.current().register_force is forced
+    assert settings.current().ignored_control == (FORCE_ENV,)  # named in a warning, nothing more
+    assert register.build_parser().parse_args(["--config", "c.yaml"]).force is False
+    assert register.build_parser().parse_args(["--config", "c.yaml", FORCE_FLAG]).force is True
 
 
 # --- the operator ------------------------------------------------------------------------------------
@@ -255,11 +259,12 @@ def test_the_registration_job_fails_at_once_on_the_gate_and_is_forced_on_request
     plain = builders.build_registration_job(job, settings)
     (rule,) = plain["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [EXIT_GATE_NOT_MET]
-    env = plain["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert FORCE_ENV not in {e["name"] for e in env}
+    container = plain["spec"]["template"]["spec"]["containers"][0]
+    assert FORCE_FLAG not in container["command"] and FORCE_ENV not in {e["name"] for e in container["env"]}
     forced = builders.build_registration_job(job, settings, force=True)
-    env = forced["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": FORCE_ENV, "value": "1"} in env
+    container = forced["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][-1] == FORCE_FLAG  # where the trainer reads it (test_control_settings)
+    assert FORCE_ENV not in {e["name"] for e in container["env"]}
 
 
 # --- kubetune watch ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import yaml
 
 from kubetune_api import pod_env as names
 from kubetune_api import spec
-from kubetune_api.registration import FORCE_ENV
+from kubetune_api.registration import FORCE_ENV, FORCE_FLAG
 from kubetune_api.tuning import TUNING_ENV
 from kubetune_operator import builders
 from kubetune_operator.pod_env import TABLE, Context, Pod, SpecEnv, Var, env, names_set
@@ -59,13 +59,12 @@ def test_every_variable_is_one_row_and_its_name_is_declared_in_the_api() -> None
     rows = [row.name for row in TABLE if isinstance(row, Var)]
     assert len(rows) == len(set(rows)), rows
     declared = (
-        set(names.OPERATOR_ENV)
-        | set(names.DEFAULTED_ENV)
-        | set(names.POD_ENV)
-        | {names.HF_ENDPOINT_ENV, FORCE_ENV}
+        set(names.OPERATOR_ENV) | set(names.DEFAULTED_ENV) | set(names.POD_ENV) | {names.HF_ENDPOINT_ENV}
     )
     assert set(rows) <= declared, set(rows) - declared
-    assert {n for n in rows if n.startswith("KUBETUNE_")} - {FORCE_ENV} == set(names.OPERATOR_ENV)
+    assert {n for n in rows if n.startswith("KUBETUNE_")} == set(names.OPERATOR_ENV)
+    # no control setting travels in the environment: the commands carry them (test_control_settings)
+    assert not set(rows) & set(trainer_settings.IGNORED_CONTROL_ENV)
     assert sum(isinstance(row, SpecEnv) for row in TABLE) == 1
 
 
@@ -79,6 +78,7 @@ def test_every_control_name_the_trainer_reads_is_refused_in_spec_env() -> None:
     env = _Reads()
     read = trainer_settings.from_environ(env)
     read.tuning()
+    # the former control variables are looked at (to say they are ignored), never used
     assert FORCE_ENV in env.read and names.CONFIG_ENV not in env.read  # the config: a path, below
     control = env.read - USER_SETTABLE
     assert {FORCE_ENV, "RANK", "HF_TOKEN", "MLFLOW_TRACKING_TOKEN", "TORCHELASTIC_RUN_ID"} <= control
@@ -112,35 +112,27 @@ def test_a_spec_env_entry_never_replaces_what_the_operator_sets() -> None:
     job = _job(started=True, env=attack)
     settings = Settings(hf_endpoint="https://hub.mirror")
     for pod in Pod:
-        for force in (False, True):
-            got = env(Context(job, settings, pod, "img", "c", force=force))
-            from_spec = [e for e in got if e["name"].upper() in {a["name"].upper() for a in attack}]
-            assert [e["name"] for e in from_spec if e["name"] not in names_set(pod)] == ["NCCL_DEBUG"]
-            by_name = {e["name"]: e for e in got}
-            assert len(by_name) == len(got), pod  # each name once
-            assert (
-                by_name["HOME"]["value"] != "/root"
-                and by_name["HF_ENDPOINT"]["value"] == "https://hub.mirror"
-            )
-            assert "home" not in by_name and "kubetune_register_force" not in by_name
-            # forced only where the operator forces it: the registration retried past its gate
-            forced = [e for e in got if e["name"].upper() == FORCE_ENV]
-            assert forced == (
-                [{"name": FORCE_ENV, "value": "1"}] if force and pod is Pod.REGISTRATION else []
-            )
-    # and the trainer, reading such a pod's environment, registers past the gate only when forced
-    registration = env(Context(job, settings, Pod.REGISTRATION, "img", "c", force=False))
-    plain = {e["name"]: e.get("value", "") for e in registration}
-    assert trainer_settings.from_environ(plain).register_force is False
-    assert trainer_settings.from_environ({"kubetune_register_force": "1"}).register_force is False
+        got = env(Context(job, settings, pod, "img", "c"))
+        from_spec = [e for e in got if e["name"].upper() in {a["name"].upper() for a in attack}]
+        assert [e["name"] for e in from_spec if e["name"] not in names_set(pod)] == ["NCCL_DEBUG"]
+        by_name = {e["name"]: e for e in got}
+        assert len(by_name) == len(got), pod  # each name once
+        assert by_name["HOME"]["value"] != "/root" and by_name["HF_ENDPOINT"]["value"] == "https://hub.mirror"
+        assert "home" not in by_name and "kubetune_register_force" not in by_name
+        assert not [e for e in got if e["name"].upper() == FORCE_ENV]
+    # forced only where the operator forces it, and on the command line: the registration retried
+    # past its gate; the trainer ignores the variable whatever its value (test_control_settings)
+    for force in (False, True):
+        reg = builders.build_registration_job(job, settings, force=force)["spec"]["template"]["spec"]
+        (container,) = reg["containers"]
+        assert (FORCE_FLAG in container["command"]) is force
+        assert FORCE_ENV not in {e["name"].upper() for e in container["env"]}
 
 
 def test_the_trainer_reads_the_names_the_operator_sets() -> None:
     # kubetune_trainer.settings is where the trainer reads its environment
-    read = trainer_settings.from_environ(
-        {names.IMAGE_ENV: "img:1", names.CPUS_ENV: "6", names.SHUTDOWN_GRACE_ENV: "42"}
-    )
-    assert (read.image, read.cpus_requested, read.shutdown_grace_s()) == ("img:1", 6, 42)
+    read = trainer_settings.from_environ({names.IMAGE_ENV: "img:1", names.CPUS_ENV: "6"})
+    assert (read.image, read.cpus_requested, read.ignored_control) == ("img:1", 6, ())
 
 
 def test_each_pod_gets_its_rows_in_table_order_with_the_jobs_own_entries_in_place() -> None:
@@ -151,7 +143,7 @@ def test_each_pod_gets_its_rows_in_table_order_with_the_jobs_own_entries_in_plac
     )
     job.spec.resources.cpu = "8"
     settings = Settings(hf_endpoint="https://hub.mirror")
-    got = {pod: env(Context(job, settings, pod, "img", "c", force=True)) for pod in Pod}
+    got = {pod: env(Context(job, settings, pod, "img", "c")) for pod in Pod}
     order = {name: i for i, name in enumerate(row.name if isinstance(row, Var) else "*" for row in TABLE)}
     for pod, entries in got.items():
         own = [e["name"] for e in entries if e["name"] in ("NCCL_DEBUG", "HF_HUB_DOWNLOAD_TIMEOUT")]
@@ -167,8 +159,8 @@ def test_each_pod_gets_its_rows_in_table_order_with_the_jobs_own_entries_in_plac
     assert training["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": ref}
     assert "MLFLOW_TRACKING_TOKEN" not in training  # a Secret not referenced: no variable
     registration = [e["name"] for e in got[Pod.REGISTRATION]]
-    assert registration[0] == "PYTHONUNBUFFERED" and registration[-1] == FORCE_ENV
-    assert FORCE_ENV not in [e["name"] for e in got[Pod.PREPARATION]]
+    assert registration[0] == "PYTHONUNBUFFERED"
+    assert not [e for pod in Pod for e in got[pod] if e["name"] in trainer_settings.IGNORED_CONTROL_ENV]
 
 
 def test_the_builders_take_each_pods_env_from_the_table() -> None:
@@ -181,9 +173,8 @@ def test_the_builders_take_each_pods_env_from_the_table() -> None:
     assert prep["env"] == env(Context(job, settings, Pod.PREPARATION, image, builders.PREPARE_CONTAINER))
     forced = builders.build_registration_job(job, settings, force=True)
     reg = forced["spec"]["template"]["spec"]["containers"][0]
-    assert reg["env"] == env(
-        Context(job, settings, Pod.REGISTRATION, image, builders.REGISTER_CONTAINER, True)
-    )
+    assert reg["env"] == env(Context(job, settings, Pod.REGISTRATION, image, builders.REGISTER_CONTAINER))
+    assert reg["command"] == builders.register_command(force=True) and reg["command"][-1] == FORCE_FLAG
 
 
 @pytest.mark.parametrize(

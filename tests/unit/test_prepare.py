@@ -156,16 +156,19 @@ def test_the_command_exit_codes_and_termination_messages(
     from kubetune_trainer.preparation.prepare import main
 
     term = tmp_path / "termination-log"
-    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(term))
+    hostile = tmp_path / "elsewhere"
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(hostile))  # ignored: never from the environment
+    report = ["--termination-log", str(term)]
     good = trainer_config(tmp_path / "good", tiny_model)
-    assert main(["--config", str(good)]) == 0
+    assert main(["--config", str(good), *report]) == 0
     assert isinstance(parse_termination_message(term.read_text()), PreparationReport)
     (tmp_path / "empty.jsonl").write_text("")
     bad = trainer_config(tmp_path / "bad", tiny_model, dataset={"path": str(tmp_path / "empty.jsonl")})
-    assert main(["--config", str(bad)]) == 2
+    assert main(["--config", str(bad), *report]) == 2
     refusal = parse_termination_message(term.read_text())
     assert isinstance(refusal, PreparationRefusal) and refusal.reason == Refusal.DATASET_EMPTY
-    assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert main(["--config", str(tmp_path / "missing.yaml"), *report]) == 2
+    assert not hostile.exists()
 
 
 def _text_rows(path: Path) -> Path:

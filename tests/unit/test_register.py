@@ -253,7 +253,7 @@ def test_termination_message_fits_the_kubelet_limit() -> None:
 def test_termination_message_is_not_created_outside_a_container(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv(settings.TERMINATION_MESSAGE_ENV, raising=False)
+    monkeypatch.setenv(settings.TERMINATION_MESSAGE_ENV, str(tmp_path / "elsewhere"))  # ignored
     absent = tmp_path / "termination-log"
     monkeypatch.setattr(register, "DEFAULT_TERMINATION_MESSAGE_PATH", str(absent))
     register.write_termination_message({"name": "m"}, None)
@@ -261,6 +261,7 @@ def test_termination_message_is_not_created_outside_a_container(
     absent.write_text("")  # the kubelet creates it in a pod
     register.write_termination_message({"name": "m"}, None)
     assert json.loads(absent.read_text()) == {"name": "m"}
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_refuses_a_final_model_without_its_complete_marker(tmp_path: Path) -> None:
@@ -441,7 +442,7 @@ def test_main_fails_clearly_while_another_registration_holds_the_claim(tmp_path:
         proc.wait()
     failure = json.loads(term.read_text())
     assert failure["reason"] == "RegistrationInProgress"
-    assert f"pid {proc.pid}" in failure["error"] and "KUBETUNE_REGISTER_CLAIM_WAIT_S" in failure["error"]
+    assert f"pid {proc.pid}" in failure["error"] and "--claim-wait" in failure["error"]
 
 
 # --- through MLflow's client, against a stub server --------------------------------------------------------

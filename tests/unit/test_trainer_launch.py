@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kubetune_api.trainer_config import EXIT_PREEMPTED
@@ -17,14 +19,21 @@ def test_preempted_workers_give_a_retryable_exit_code() -> None:
     assert launch.exit_code_for_failures([]) is None
 
 
-def test_shutdown_grace_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(settings.GRACE_ENV, raising=False)
-    assert launch.shutdown_grace_s() == settings.DEFAULT_GRACE_S
-    monkeypatch.setenv(settings.GRACE_ENV, "900")
-    assert launch.shutdown_grace_s() == 900
-    monkeypatch.setenv(settings.GRACE_ENV, "soon")
-    with pytest.raises(SystemExit, match="whole number"):
-        launch.shutdown_grace_s()
+def test_shutdown_grace_comes_from_the_command_never_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(settings.GRACE_ENV, "1")  # ignored: the operator writes it into the command
+    torchrun_args = ["--nproc_per_node", "2", "--module", "kubetune_trainer.train", "--config", "c.yaml"]
+    assert launch.split_args(torchrun_args) == (launch.DEFAULT_GRACE_S, torchrun_args)
+    assert launch.split_args([launch.GRACE_FLAG, "900", *torchrun_args]) == (900, torchrun_args)
+    assert launch.split_args([f"{launch.GRACE_FLAG}=0", *torchrun_args]) == (1, torchrun_args)
+    with pytest.raises(SystemExit, match="--shutdown-grace-s 'soon' is not a whole number"):
+        launch.split_args([launch.GRACE_FLAG, "soon", *torchrun_args])
+
+
+def test_the_launcher_reads_the_report_where_its_workers_write_it() -> None:
+    args = ["--module", "kubetune_trainer.train", "--config", "c.yaml", "--termination-log", "/tmp/t"]
+    assert launch.termination_log_of(args) == Path("/tmp/t")
+    assert launch.termination_log_of(["--config", "c.yaml", "--termination-log=/tmp/u"]) == Path("/tmp/u")
+    assert launch.termination_log_of(["--config", "c.yaml"]) is None  # the kubelet's file
 
 
 def test_torchrun_waits_the_grace_for_its_workers(monkeypatch: pytest.MonkeyPatch) -> None:

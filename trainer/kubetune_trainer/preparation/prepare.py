@@ -52,7 +52,7 @@ from kubetune_api.preparation import (
     termination_message,
 )
 from kubetune_api.spec import DatasetFormat
-from kubetune_api.trainer_config import TrainerConfig, dump_json
+from kubetune_api.trainer_config import TERMINATION_MESSAGE_PATH, TrainerConfig, dump_json
 
 from .. import settings
 from ..plan import estimate
@@ -578,10 +578,12 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
 # --- the command ------------------------------------------------------------------------------------
 
 
-def write_termination_log(text: str) -> None:
-    path = Path(settings.current().termination_log or settings.DEFAULT_TERMINATION_LOG)
+def write_termination_log(text: str, path: Path | None = None) -> None:
+    """The report for the operator, at ``path`` (``--termination-log``) or the kubelet's file (never a
+    path from the environment: kubetune_trainer.settings)."""
+    target = path or Path(TERMINATION_MESSAGE_PATH)
     with contextlib.suppress(OSError):  # not in a pod
-        path.write_text(text)
+        target.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -589,8 +591,17 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m kubetune_trainer.prepare", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--config", type=Path, required=True, help="the trainer config (YAML)")
+    parser.add_argument(
+        "--termination-log",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"where the report for the operator goes (default: {TERMINATION_MESSAGE_PATH}, the kubelet's "
+        "file; never from the environment)",
+    )
     args = parser.parse_args(argv)
     setup_logging(Dist.from_env())
+    settings.warn_ignored_control(log, "prepare")
     if not sys.stderr.isatty():
         import datasets
 
@@ -605,9 +616,9 @@ def main(argv: list[str] | None = None) -> int:
         r = e.refusal
         log.error("refused (%s): %s", r.reason, r.message)
         log.error("what to do: %s", r.hint)
-        write_termination_log(termination_message(r))
+        write_termination_log(termination_message(r), args.termination_log)
         return EXIT_REFUSED
-    write_termination_log(termination_message(report))
+    write_termination_log(termination_message(report), args.termination_log)
     log.info("prepared: %s", report.summary())
     print(json.dumps(report.wire(), indent=2, sort_keys=True))
     return 0

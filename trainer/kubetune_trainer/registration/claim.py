@@ -17,8 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..settings import CLAIM_WAIT_ENV, DEFAULT_CLAIM_WAIT_S
-
+DEFAULT_CLAIM_WAIT_S = 3600.0  # register --claim-wait's default (never from the environment)
 log = logging.getLogger("kubetune_trainer.register")
 
 CLAIM_FILE = "register.lock"
@@ -117,7 +116,7 @@ class RegistrationClaim:
                 if left <= 0:
                     raise ClaimError(
                         f"another registration of this model ({holder}) held {self.path} for the whole "
-                        f"{self.wait_s:g}s this one waits ({CLAIM_WAIT_ENV}); it is still running",
+                        f"{self.wait_s:g}s this one waits (register --claim-wait); it is still running",
                         "RegistrationInProgress",
                     ) from None
                 if not waiting:

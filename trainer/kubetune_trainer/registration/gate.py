@@ -10,8 +10,8 @@ checkpoint with the lowest eval loss) with a threshold:
 
 An eval loss that is not known (no evaluation of that model), or a base eval loss that was not
 measured, does not meet the gate. A gate not met registers nothing unless the registration is forced
-(``--force``, ``KUBETUNE_REGISTER_FORCE=1``: the operator sets it when the retry annotation asks for
-a registration after ``GateNotMet``); the forced version is tagged ``kubetune.gate.forced=true``.
+(``register --force``, on the command line only: the operator writes it when the retry annotation
+asks for a registration after ``GateNotMet``); the forced version is tagged ``kubetune.gate.forced=true``.
 
 No torch here: the arithmetic is plain and tested on its own.
 

@@ -35,15 +35,14 @@ Exactly once, also when registrations overlap (a Job's replacement pod while the
 runs, a retry racing a slow pod): looking before writing is not enough, as both would look, find
 nothing and write. So the whole step runs under a claim, an exclusive ``flock`` on
 ``<output_dir>/register.lock`` on the job's checkpoint volume (:class:`RegistrationClaim`): one
-process registers, the others wait for it (``--claim-wait``, default an hour,
-``KUBETUNE_REGISTER_CLAIM_WAIT_S``), then find its version and report the same result. The lock
+process registers, the others wait for it (``--claim-wait``, default an hour), then find its version and report the same result. The lock
 ends with its holder, however it dies; the next one takes over at once and deletes the holder's
 unfinished upload (a logged model left ``PENDING``). The operator's Job also starts a retry's
 pod only once the previous pod has ended (``podReplacementPolicy: Failed``).
 
 MLflow unreachable (connection errors, timeouts, 5xx, 408, 429): retried with exponential backoff
 (1 s, doubling, at most 30 s, +-20% jitter) until it has been unreachable for ``--retry-budget``
-seconds in total over the whole registration (default 600; ``KUBETUNE_REGISTER_RETRY_BUDGET_S``);
+seconds in total over the whole registration (default 600);
 failed attempts and waits both count, and no wait runs past the budget, so the process gives up
 within the budget plus one attempt (an attempt ends by ``MLFLOW_HTTP_REQUEST_TIMEOUT``, 120 s by
 default). MLflow's own per-request retries are off unless ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` is
@@ -57,8 +56,9 @@ or ``bestEval``: the checkpoint (or final model) with the lowest eval loss
 checkpoint without the tokenizer takes final/'s). The version is tagged ``kubetune.selected``
 (``final`` or ``checkpoint-<step>``). With ``spec.registration.gate`` its eval loss must beat the
 threshold (:mod:`kubetune_trainer.registration.gate`): not met, nothing is registered, the gate's numbers are
-logged in the run, and the result says ``GateNotMet`` (exit code 5); ``--force`` (or
-``KUBETUNE_REGISTER_FORCE=1``) registers it anyway, tagged ``kubetune.gate.forced=true``. A gate
+logged in the run, and the result says ``GateNotMet`` (exit code 5); ``--force`` (only on the
+command line: the operator writes it for a ``kubetune.io/retry-registration``; never from the
+environment) registers it anyway, tagged ``kubetune.gate.forced=true``. A gate
 met tags the version ``kubetune.gate.*`` (threshold, eval_loss, base_eval_loss, passed). A
 version already registered for this job is reported as it is, gate or not (idempotent).
 
@@ -92,6 +92,7 @@ from kubetune_api.trainer_config import (
     COMPLETE_MARKER,
     FINAL_DIR,
     REGISTER_RESULT_FILE,
+    TERMINATION_MESSAGE_PATH,
     TrainerConfig,
     dump_json,
 )
@@ -110,7 +111,7 @@ from ..mlflow.run import JobRun, identity_tags, redact, resolve_tracking_uri, sa
 from ..sources.model import model_source
 from ..volume import checkpoints
 from ..volume.catalog import Selected, base_eval_loss, select_for_registration
-from .claim import ClaimError, RegistrationClaim
+from .claim import DEFAULT_CLAIM_WAIT_S, ClaimError, RegistrationClaim
 from .gate import REASON_GATE_NOT_MET, TAG_FORCED, GateNotMetError, Verdict, decide
 from .lineage import provenance_tags
 
@@ -118,7 +119,10 @@ log = logging.getLogger("kubetune_trainer.register")
 
 TASK = "llm/v1/chat"
 MODEL_NAME_IN_RUN = "model"
-DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+DEFAULT_TERMINATION_MESSAGE_PATH = TERMINATION_MESSAGE_PATH
+# The registration's control settings: the command line's (the operator writes it), else these; never
+# the environment (kubetune_trainer.settings)
+DEFAULT_RETRY_BUDGET_S = 600.0
 # The kubelet keeps at most 4096 bytes of a termination message.
 TERMINATION_MESSAGE_LIMIT = 4096
 # Seconds to wait for a new model version to become READY (OSS servers create it READY at once).
@@ -560,9 +564,8 @@ def termination_message(data: dict[str, Any]) -> str:
 
 
 def write_termination_message(data: dict[str, Any], path: str | None) -> None:
-    """Write to the explicit path, or to /dev/termination-log where the kubelet provides it."""
-    if path is None:
-        path = settings.current().termination_message_path
+    """Write to the explicit path (``--termination-message-path``), or to /dev/termination-log where
+    the kubelet provides it."""
     explicit = path is not None
     target = Path(path or DEFAULT_TERMINATION_MESSAGE_PATH)
     if not explicit and not target.exists():
@@ -590,14 +593,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help=f"give up once MLflow has been unreachable this long in total "
-        f"(default: ${settings.RETRY_BUDGET_ENV} or {settings.DEFAULT_RETRY_BUDGET_S:g})",
+        help=f"give up once MLflow has been unreachable this long in total (default: {DEFAULT_RETRY_BUDGET_S:g})",
     )
     p.add_argument(
         "--termination-message-path",
         default=None,
-        help=f"where to write the JSON result for the operator (default: ${settings.TERMINATION_MESSAGE_ENV} "
-        f"or {DEFAULT_TERMINATION_MESSAGE_PATH} when it exists)",
+        help=f"where to write the JSON result for the operator (default: {DEFAULT_TERMINATION_MESSAGE_PATH} "
+        "when it exists)",
     )
     p.add_argument(
         "--claim-wait",
@@ -605,15 +607,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SECONDS",
         help=f"how long to wait while another registration of the same output folder runs "
-        f"(default: ${settings.CLAIM_WAIT_ENV} or {settings.DEFAULT_CLAIM_WAIT_S:g})",
+        f"(default: {DEFAULT_CLAIM_WAIT_S:g})",
     )
     p.add_argument("--tracking-uri", default=None, help="override the config's MLflow tracking URI")
     p.add_argument(
-        "--force",
+        registration_contract.FORCE_FLAG,
         action="store_true",
-        default=None,
-        help="register even when spec.registration.gate is not met (tagged kubetune.gate.forced=true; "
-        "default: $KUBETUNE_REGISTER_FORCE)",
+        default=False,
+        help="register even when spec.registration.gate is not met (tagged kubetune.gate.forced=true; the "
+        "operator passes it for a kubetune.io/retry-registration; never read from the environment)",
     )
     return p
 
@@ -646,12 +648,9 @@ _FAILURES: tuple[tuple[type[Exception], int, str], ...] = (
 def _register(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
-    budget = (
-        args.retry_budget if args.retry_budget is not None else settings.current().register_retry_budget_s()
-    )
-    claim_wait = (
-        args.claim_wait if args.claim_wait is not None else settings.current().register_claim_wait_s()
-    )
+    settings.warn_ignored_control(log, "register")
+    budget = args.retry_budget if args.retry_budget is not None else DEFAULT_RETRY_BUDGET_S
+    claim_wait = args.claim_wait if args.claim_wait is not None else DEFAULT_CLAIM_WAIT_S
     term_path = args.termination_message_path
 
     try:
@@ -670,7 +669,7 @@ def _register(args: argparse.Namespace) -> int:
     # The model's requirements are pinned above; the uv project in the current directory (the
     # image's, or a developer's checkout) says nothing about the model, and MLflow would copy it in.
     os.environ.setdefault("MLFLOW_UV_AUTO_DETECT", "false")
-    force = bool(args.force) or settings.current().register_force
+    force = bool(args.force)  # the command line only (the operator's, or a local run's)
     try:
         result = _register_under_claim(cfg, tracking_uri, budget, claim_wait, force=force)
     except GateNotMetError as exc:
@@ -711,7 +710,7 @@ def _gate_not_met(exc: GateNotMetError, cfg: TrainerConfig, term_path: str | Non
     write_termination_message(data, term_path)
     print(f"kubetune register: {REASON_GATE_NOT_MET}: {exc}", file=sys.stderr)
     print(
-        "kubetune register: to register it anyway: --force (or KUBETUNE_REGISTER_FORCE=1); in a cluster, "
+        "kubetune register: to register it anyway: --force; in a cluster, "
         "set the kubetune.io/retry-registration annotation",
         file=sys.stderr,
     )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubetune_api.failures import Failure, TrainingFailure
+from kubetune_api.trainer_config import TERMINATION_MESSAGE_PATH
 
 from .. import settings
 from ..mlflow.run import redact
@@ -30,7 +31,9 @@ from ..settings import FAULT_ENV
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TERMINATION_LOG = settings.DEFAULT_TERMINATION_LOG
+# The kubelet's file in a pod; a local run names another with --termination-log (use_termination_log).
+# Never from the environment (kubetune_trainer.settings: control settings).
+DEFAULT_TERMINATION_LOG = TERMINATION_MESSAGE_PATH
 # A volume with less free space than this, when a save failed with torch's stream errors, is full.
 FULL_BELOW_BYTES = 64 * 2**20
 LOG_TAIL_LINES = 12
@@ -53,15 +56,25 @@ class RunContext:
 context = RunContext()
 
 
+TERMINATION_LOG_FLAG = "--termination-log"  # train's and prepare's option
+_explicit_termination_log: list[Path] = []  # the --termination-log of this process, when given
+
+
+def use_termination_log(path: Path | None) -> None:
+    """Write (and read) the termination message at ``path`` (the step's ``--termination-log``);
+    None: the kubelet's file, :data:`DEFAULT_TERMINATION_LOG`."""
+    _explicit_termination_log[:] = [] if path is None else [Path(path)]
+
+
 def termination_log_path() -> Path:
-    return Path(settings.current().termination_log or DEFAULT_TERMINATION_LOG)
+    return _explicit_termination_log[0] if _explicit_termination_log else Path(DEFAULT_TERMINATION_LOG)
 
 
 def write_termination_log(text: str, *, first_only: bool = False) -> None:
     """Write the termination message (not in a pod: nothing). ``first_only``: keep one already there
     (another process of the pod failed first: its cause is the one that matters)."""
     path = termination_log_path()
-    if not settings.current().termination_log and not path.exists():
+    if not _explicit_termination_log and not path.exists():
         return  # not in a Kubernetes container (the kubelet makes the file): nothing under /dev here
     try:
         if first_only and path.exists() and path.stat().st_size > 0:

@@ -594,11 +594,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--debug", action="store_true", help="show the traceback of a bad-input error (bad data, bad config)"
     )
+    p.add_argument(
+        failures.TERMINATION_LOG_FLAG,
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"where a failure's one-line report goes (default: {failures.DEFAULT_TERMINATION_LOG}, "
+        "the kubelet's file, when it exists; never from the environment)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    failures.use_termination_log(args.termination_log)
+    if settings.current().rank == 0:  # once per job (the launcher says it once per pod)
+        settings.warn_ignored_control(log, "train")
     try:
         cfg = load_config(args.config)
     except BadInputError as e:
