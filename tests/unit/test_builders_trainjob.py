@@ -61,7 +61,7 @@ def test_what_the_pods_get_from_the_multinode_example() -> None:
     assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]
     (container,) = pod["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"]
-    assert container["command"] == builders.train_command()
+    assert container["command"] == builders.train_command(SETTINGS)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
 
 
