@@ -17,10 +17,12 @@ The names checked are those a job registers to (``registration.modelName``, or i
 job's name), the experiment it logs to (``registration.experiment``, set), and the registered model
 it starts from (``model.registered``). CEL cannot check this at admission: the rule depends on the
 operator's settings, not on the object, and a CRD's rules see only ``metadata.name`` and
-``generateName`` of its metadata, not its namespace. The operator checks it (:func:`refusal`) on a
-job's first pass, before creating anything, and again before it creates the registration Job or moves
-an alias (:mod:`kubetune_operator.state`): a job that started before tenancy was on, or whose status
-someone else wrote, registers nothing outside its names.
+``generateName`` of its metadata, not its namespace. The operator checks it (:func:`refusal`) on
+every pass until the job's training object exists (read from the API server: the status alone,
+which a shared trainer ServiceAccount may write, is no proof that a job started), so before creating
+anything, and again before it creates the registration Job or moves an alias
+(:mod:`kubetune_operator.state`): a job that started before tenancy was on registers nothing outside
+its names.
 """
 
 from __future__ import annotations

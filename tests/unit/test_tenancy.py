@@ -1,12 +1,13 @@
 """Tenancy of the model registry: which names a namespace's jobs may use (kubetune_api.tenancy), the
-operator's settings for it, and the state machine's answer to a job outside its names (Failed on its
-first pass, nothing created; a job that started keeps training, but no registration Job or alias Job
-is created for it: checked again before each)."""
+operator's settings for it, and the state machine's answer to a job outside its names (Failed before
+anything is created, whatever its status says; a job whose training object exists keeps training, but
+no registration Job or alias Job is created for it: checked again before each)."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,11 +15,13 @@ import yaml
 from tests.support.controlplane import REPO
 from tests.unit.test_state_advance import (
     FAILED_REGISTRATION,
+    PTJ_RUNNING,
     PTJ_SUCCEEDED,
     SUCCEEDED_REGISTERED,
     TRAINED_COND,
     World,
     annotated,
+    cond,
     drive,
     first,
     kinds,
@@ -27,7 +30,7 @@ from tests.unit.test_state_advance import (
 
 from kubetune_api import tenancy
 from kubetune_api.spec import parse_job
-from kubetune_api.status import FineTuneJobStatus
+from kubetune_api.status import ConditionType, FineTuneJobStatus, Reason
 from kubetune_operator import state
 from kubetune_operator.settings import Settings
 from kubetune_operator.state import Child, Fact
@@ -100,6 +103,7 @@ def test_settings_read_the_mode_and_the_grants() -> None:
         Settings.from_env({"KUBETUNE_REGISTRY_MODEL_NAMES": '["shared-*"]'})
 
 
+REJECTED_COND = cond(ConditionType.READY, False, Reason.CHILD_REJECTED)
 REFUSAL = "spec.registration.modelName 'team-b.m' is outside its namespace's names (registry tenancy ...)"
 
 
@@ -120,11 +124,47 @@ def test_a_new_job_outside_its_names_fails_on_its_first_pass_and_creates_nothing
 
 
 def test_a_job_that_started_keeps_the_names_it_started_with() -> None:
-    """An operator upgraded with tenancy on stops no job that had started."""
+    """An operator upgraded with tenancy on stops no job that had started: its training object
+    exists and is the job's (read from the API server)."""
     obs = first(manifest("j", status={"phase": "Training"}))
-    actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), World())
-    assert any(isinstance(a, state.EnsureChild) for a in actions)
-    assert commit.outcome.phase != "Failed"
+    world = World({(Fact.TRAINING_JOB, "j-train"): PTJ_RUNNING}, {Child.TRAINING_JOB: PTJ_RUNNING})
+    actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), world)
+    assert state.Read(Fact.TRAINING_JOB, "j-train") in actions
+    assert "EnsureChild:trainingJob" in kinds(actions)
+    assert commit.outcome.phase == "Training"
+
+
+FORGED = [
+    {"phase": "Pending", "conditions": []},  # what a user with the shared trainer identity's token writes
+    {"phase": "Training"},
+    {"phase": "Training", "engine": "PyTorchJob"},
+    {"phase": "Registering", "conditions": [TRAINED_COND]},
+    {"phase": "Pending", "children": {"checkpointClaim": "j-ckpt", "pytorchJob": "j-train"}},
+    {"phase": "Failed", "conditions": [REJECTED_COND]},  # Failed with ChildRejected, the spec changed since
+]
+
+
+@pytest.mark.parametrize("status", FORGED, ids=lambda s: "-".join(f"{k}" for k in s))
+@pytest.mark.parametrize("engine", [state.Engine.PYTORCHJOB, None], ids=["engine-known", "engine-unknown"])
+@pytest.mark.parametrize(
+    "training_object",
+    [None, {"metadata": {"name": "j-train", "ownerReferences": [{"uid": "uid-other"}]}}],
+    ids=["no-training-object", "not-ours"],
+)
+def test_a_status_that_says_started_without_a_training_object_of_the_job_is_refused(
+    status: dict[str, Any], engine: Any, training_object: Any
+) -> None:
+    """The status is no proof that a job started: whoever may patch it (a shared trainer
+    ServiceAccount) can write any phase, engine or children. Without the job's own training object
+    the job is refused before anything is created, however its status reads."""
+    obs = replace(first(manifest("j", status=status), engine=engine), generation=2)  # the spec changed
+    world = World({(Fact.TRAINING_JOB, "j-train"): training_object, (Fact.SERVED, "*"): True})
+    actions, commit = drive(state.Observation(**{**obs.__dict__, "registry_refusal": REFUSAL}), world)
+    assert not [a for a in actions if isinstance(a, (state.EnsureChild, state.FollowChild))], kinds(actions)
+    assert commit.outcome.phase == "Failed" and commit.outcome.invalid
+    raw = {k: v for k, v in commit.transition.status.items() if v is not None}
+    ready = next(c for c in FineTuneJobStatus.model_validate(raw).conditions or [] if c.type == "Ready")
+    assert (ready.reason, ready.message) == ("ModelNameNotAllowed", REFUSAL)
 
 
 def _refused(obj: dict[str, Any], world: World) -> tuple[list[str], state.Commit, FineTuneJobStatus]:
@@ -145,7 +185,7 @@ TRAINED = World({(Fact.TRAINING_JOB, "j-train"): PTJ_SUCCEEDED}, {Child.TRAINING
 @pytest.mark.parametrize(
     "status",
     [
-        {"phase": "Training"},  # forged past the first pass (or started before tenancy was on)
+        {"phase": "Training"},  # started before tenancy was on (its training object exists)
         {"phase": "Registering", "conditions": [TRAINED_COND]},  # training finished (the status says)
     ],
     ids=["training", "registering"],

@@ -17,6 +17,7 @@ from kubetune_api import spec as api
 from kubetune_api.status import FineTuneJobStatus, Phase, Reason
 
 from .. import builders
+from ..children import is_ours
 from ..observations import TrainingObservation, retry_delay, training_observation
 from . import chaining, engine, exits, wanted
 from .actions import Action, Commit, DeleteChild, Outcome, Plan, Read, StopTraining, UseEngine
@@ -122,11 +123,11 @@ def _before_children(obs: Observation, prev: FineTuneJobStatus) -> Plan | None:
         message = obs.invalid_spec or "the spec cannot be used"
         t = transition(prev, replace(obs, invalid_spec=message))
         return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
-    # the registry's names are the platform's (kubetune_api.tenancy): refused before anything is
-    # created; a job that started keeps training (an upgrade that turns tenancy on stops no running
-    # job), and the rule is checked again before the registration Job (wanted._registration, the
-    # status: machine._after_training) and before an alias move (exits.alias_move)
-    if obs.registry_refusal and prev.phase is None:
+    # the registry's names are the platform's (kubetune_api.tenancy): refused until the training
+    # object exists; a job that started keeps training (an upgrade that turns tenancy on stops no
+    # running job), and the rule is checked again before the registration Job (wanted._registration,
+    # the status: machine._after_training) and before an alias move (exits.alias_move)
+    if obs.registry_refusal and not _training_started(obs, prev):
         refused = replace(
             obs, invalid_spec=obs.registry_refusal, invalid_reason=Reason.MODEL_NAME_NOT_ALLOWED
         )
@@ -141,6 +142,19 @@ def _before_children(obs: Observation, prev: FineTuneJobStatus) -> Plan | None:
     if obs.engine not in engine.IMPLEMENTED:
         return _no_engine(prev, obs, engine.not_implemented(obs.engine), obs.resync_seconds)
     return None
+
+
+def _training_started(obs: Observation, prev: FineTuneJobStatus) -> bool:
+    """Whether the job's training object exists and is ours, as the API server says: never the
+    status alone, which whoever may patch the job's status can write (a shared trainer
+    ServiceAccount, ``KUBETUNE_TRAINER_SERVICE_ACCOUNT``, may patch every job's status in its
+    namespace, and a user who can mint its token can reset a refused job to Pending). A status
+    without a phase or an engine had nothing created: no read."""
+    if prev.phase is None or obs.engine is None or obs.engine not in engine.IMPLEMENTED:
+        return False
+    assert obs.job is not None
+    live = obs.read(Fact.TRAINING_JOB, builders.pytorchjob_name(obs.job))
+    return live is not None and is_ours(live, obs.job)
 
 
 def _no_engine(
