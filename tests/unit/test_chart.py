@@ -76,13 +76,23 @@ def operator_container(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
+# the component of the ClusterRoles aggregated into the default user roles (rbac.aggregateToDefaultRoles):
+# rights for people, not kubetune's own identities
+USER_ROLES = "user-roles"
+
+
 def rbac_rules(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """The rules of kubetune's own identities (the operator's, the trainer's), not the users'."""
     return [
         (f"{o['kind']}/{o['metadata']['name']}", rule)
         for o in objs
-        if o["kind"] in ("ClusterRole", "Role")
+        if o["kind"] in ("ClusterRole", "Role") and not _for_users(o)
         for rule in o.get("rules") or []
     ]
+
+
+def _for_users(obj: dict[str, Any]) -> bool:
+    return bool(obj["metadata"]["labels"].get("app.kubernetes.io/component") == USER_ROLES)
 
 
 # --- helm lint / template / schema --------------------------------------------------------------------
@@ -317,7 +327,9 @@ def test_operator_rbac_is_exactly_what_the_operator_declares(variant: str) -> No
         [
             r
             for o in objs
-            if o["kind"] == "ClusterRole" and o["metadata"]["name"] != "kubetune-trainer"
+            if o["kind"] == "ClusterRole"
+            and o["metadata"]["name"] != "kubetune-trainer"
+            and not _for_users(o)
             for r in o["rules"]
         ]
     )
@@ -385,6 +397,60 @@ def test_namespaced_mode_binds_the_operator_role_per_namespace_only() -> None:
             "name": "kubetune-operator",
         }
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "kubetune", "namespace": NAMESPACE}]
+
+
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+ALL_VERBS = ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
+
+
+def _aggregated_to(role: dict[str, Any]) -> set[str]:
+    labels = role["metadata"]["labels"]
+    return {k.removeprefix(AGGREGATE) for k, v in labels.items() if k.startswith(AGGREGATE) and v == "true"}
+
+
+@pytest.mark.parametrize(
+    ("args", "fullname"),
+    [
+        ([], "kubetune"),
+        (["--set", "fullnameOverride=ml-tune"], "ml-tune"),
+        (["-f", str(CI_VALUES)], "kubetune"),
+    ],
+    ids=["default", "fullname", "ci"],
+)
+def test_the_default_user_roles_get_finetunejobs_by_aggregation(args: list[str], fullname: str) -> None:
+    """``edit`` (and ``admin``) gain every verb on FineTuneJobs but none on their status; ``view`` reads
+    both. Only these two ClusterRoles carry the aggregation labels."""
+    objs = render(*args)
+    roles = {o["metadata"]["name"]: o for o in by_kind(objs, "ClusterRole") if _for_users(o)}
+    assert sorted(roles) == [f"{fullname}-edit", f"{fullname}-view"]
+    edit, view = roles[f"{fullname}-edit"], roles[f"{fullname}-view"]
+    assert _aggregated_to(edit) == {"edit", "admin"}
+    assert edit["rules"] == [
+        {"apiGroups": ["kubetune.io"], "resources": ["finetunejobs"], "verbs": ALL_VERBS}
+    ]
+    assert _aggregated_to(view) == {"view"}
+    assert view["rules"] == [
+        {
+            "apiGroups": ["kubetune.io"],
+            "resources": ["finetunejobs", "finetunejobs/status"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    others = [o for o in objs if o not in (edit, view)]
+    assert not [o["metadata"]["name"] for o in others if _aggregated_to(o)]
+    bindings = [o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert not [b for b in bindings if b["roleRef"]["name"] in roles]  # bound by the default roles only
+
+
+def test_the_user_roles_can_be_left_out_and_are_independent_of_rbac_create() -> None:
+    off = render("--set", "rbac.aggregateToDefaultRoles=false")
+    assert not [o for o in off if _for_users(o) or _aggregated_to(o)]
+    assert rbac_rules(off) == rbac_rules(render())  # the operator's rights are unchanged
+    without_operator_rbac = render("--set", "rbac.create=false")
+    assert sorted(o["metadata"]["name"] for o in without_operator_rbac if _for_users(o)) == [
+        "kubetune-edit",
+        "kubetune-view",
+    ]
 
 
 def test_rbac_create_is_independent_of_the_service_account() -> None:
