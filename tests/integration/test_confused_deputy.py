@@ -2,22 +2,24 @@
 reach what the user may not (issue 33 item 8).
 
 On the real API server: the user ``alice`` holds the built-in ``edit`` role in namespace A and no
-more (bound by a RoleBinding there), plus what a platform adds for kubetune's own resource (every verb
-on finetunejobs, as a ClusterRole aggregated to ``edit`` would give); the test acts as that user by
-impersonation (``kubectl --as``). The operator runs as a ServiceAccount holding exactly the chart's
-rules (:mod:`kubetune_operator.rbac`), bound cluster-wide as the chart does by default: the operator
-*could* read and create in namespace B, so only kubetune's own rules keep a job inside its namespace.
-Registry tenancy is on, as the chart's default (``namespace-prefix``).
+more (bound by a RoleBinding there), with what the chart aggregates into it for kubetune's own
+resource (its ``<fullname>-edit`` ClusterRole, rendered by helm: every verb on finetunejobs, not their
+status); the test acts as that user by impersonation (``kubectl --as``). The operator runs as a
+ServiceAccount holding exactly the chart's rules (:mod:`kubetune_operator.rbac`), bound cluster-wide
+as the chart does by default: the operator *could* read and create in namespace B, so only
+kubetune's own rules keep a job inside its namespace. Registry tenancy is on, as the chart's default
+(``namespace-prefix``).
 
 Namespace B holds what the user wants: a Secret ``hf``, a PersistentVolumeClaim ``data`` and a
 Succeeded FineTuneJob ``base`` (its model, its checkpoint volume). Each attempt of :data:`ATTEMPTS`
 must fail with a message naming the field or the rule: the API server refuses the create (the
 structural schema with strict field validation, a CEL rule, a transition rule), or the operator
-fails the job on its first pass, before creating any child, with a condition and a Warning event.
+fails the job before creating any child, with a condition and a Warning event.
 Afterwards namespace B is exactly as it was (no object added or changed), no child of a refused job
 exists, and the user still cannot read B's Secret directly (the control). :data:`OWN_NAMESPACE` are
 the forms that the API admits because they name an object without a namespace: each resolves in
-the job's own namespace, never B's.
+the job's own namespace, never B's. Last, with the chart's shared trainer ServiceAccount (whose token
+the user may mint), a refused job whose status the user resets to ``Pending`` is refused again.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from tests.integration.conftest import (
     wait_phase,
 )
 from tests.support.controlplane import ControlPlane
+from tests.support.operator import OperatorProcess
+from tests.unit.test_chart import render
 
 from kubetune_operator import rbac
 
@@ -71,6 +75,7 @@ class Teams:
     b: str  # another team's
     system: str  # the operator's
     cp: ControlPlane
+    user_role: str  # the ClusterRole alice holds in A (bound there): edit, as the chart aggregates it
 
     def as_user(self, *args: str, input: str | None = None) -> Any:
         return self.cp.kubectl(f"--as={USER}", *args, input=input, check=False)
@@ -291,21 +296,34 @@ def _aggregated_rules(cp: ControlPlane, name: str, seen: set[str] | None = None)
     return rules
 
 
+def _chart_roles(suffix: str, component: str, *values: str) -> list[dict[str, Any]]:
+    """The chart's ClusterRoles of ``component`` (helm template with ``values``), named for this
+    module: ``user-roles``, aggregated into the default roles (rbac.aggregateToDefaultRoles), or
+    ``trainer``, the shared trainer identity's (trainer.serviceAccount.name)."""
+    objs = render(*values, release=f"deputy-{suffix}")
+    return [
+        o
+        for o in objs
+        if o["kind"] == "ClusterRole"
+        and o["metadata"]["labels"].get("app.kubernetes.io/component") == component
+    ]
+
+
 def _user_role(cp: ControlPlane, name: str) -> dict[str, Any]:
-    """``edit``, and what a platform adds to it for kubetune (a ClusterRole aggregated to edit):
-    FineTuneJobs, not their status."""
+    """``edit`` as the controller manager's aggregation makes it, with the chart's ClusterRoles applied:
+    the built-in rules and the chart's on FineTuneJobs (not their status)."""
     rules = _aggregated_rules(cp, "edit")
     assert any("secrets" in r.get("resources", []) for r in rules), "edit reads its own namespace's Secrets"
-    finetunejobs = {
-        "apiGroups": ["kubetune.io"],
-        "resources": ["finetunejobs"],
-        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"],
+    kubetune = [r for r in rules if "kubetune.io" in r.get("apiGroups", [])]
+    assert {"create", "patch", "delete"} <= {
+        v for r in kubetune if "finetunejobs" in r["resources"] for v in r["verbs"]
     }
+    assert not [r for r in kubetune if "finetunejobs/status" in r["resources"] and "patch" in r["verbs"]]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
         "metadata": {"name": name},
-        "rules": [*rules, finetunejobs],
+        "rules": rules,
     }
 
 
@@ -382,16 +400,24 @@ def snapshot(kube: Any, namespace: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def teams(control_plane: ControlPlane, kube: Any) -> Iterator[Teams]:
     suffix = uuid.uuid4().hex[:5]
+    role = f"deputy-edit-{suffix}"
     t = Teams(
-        a=f"team-a-{suffix}", b=f"team-b-{suffix}", system=f"kubetune-system-{suffix}", cp=control_plane
+        a=f"team-a-{suffix}",
+        b=f"team-b-{suffix}",
+        system=f"kubetune-system-{suffix}",
+        cp=control_plane,
+        user_role=role,
     )
     system = t.system
-    role = f"deputy-edit-{suffix}"
     operator_role = f"deputy-operator-{suffix}"
+    chart_roles = _chart_roles(suffix, "user-roles")
+    assert len(chart_roles) == 2, chart_roles
     for ns in (t.a, t.b, system):
         control_plane.kubectl("create", "namespace", ns)
     try:
-        # the user: edit (and finetunejobs) in A only
+        # the user: edit in A only, with the chart's roles aggregated into it (finetunejobs)
+        for chart_role in chart_roles:
+            control_plane.kubectl("apply", "-f", "-", input=json.dumps(chart_role))
         control_plane.kubectl("apply", "-f", "-", input=json.dumps(_user_role(control_plane, role)))
         control_plane.kubectl(
             "create", "rolebinding", "alice-edit", "-n", t.a, f"--clusterrole={role}", f"--user={USER}"
@@ -410,7 +436,7 @@ def teams(control_plane: ControlPlane, kube: Any) -> Iterator[Teams]:
         yield t
     finally:
         control_plane.kubectl("delete", "clusterrolebinding", operator_role, check=False)
-        for name in (operator_role, role):
+        for name in (operator_role, role, *(r["metadata"]["name"] for r in chart_roles)):
             control_plane.kubectl("delete", "clusterrole", name, check=False)
         for ns in (t.a, t.b, system):
             control_plane.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -669,10 +695,11 @@ def test_a_jobs_trainer_identity_cannot_unlock_another_refused_job(
 ) -> None:
     """The user may mint a token for any ServiceAccount of A (``edit`` grants
     ``serviceaccounts/token``), so for a job's trainer identity too; it may patch that one job's
-    status. The status says whether a job was checked (its phase): the identity of a job that
-    proceeds cannot write the status of another one, refused for its model name, to make it look
-    started, so the refused job stays Failed and gets no child."""
-    from kubernetes import client, config
+    status. The identity of a job that proceeds cannot write the status of another one, refused for
+    its model name, at all, so the refused job stays Failed and gets no child (a shared identity can
+    write it, and the job is refused all the same:
+    :func:`test_a_shared_trainer_identity_cannot_unlock_a_refused_job`)."""
+    from kubernetes import client
 
     from kubetune_operator.kube import ApiError, Kube
 
@@ -685,24 +712,7 @@ def test_a_jobs_trainer_identity_cannot_unlock_another_refused_job(
     wait_phase(kube, teams.a, outside, "Failed")
     minted = teams.as_user("create", "token", f"{own}-trainer", "-n", teams.a, "--duration=10m")
     assert minted.returncode == 0, minted.stderr
-    admin = yaml.safe_load(teams.cp.kubeconfig.read_text())
-    kc = tmp_path / "trainer-kc"
-    kc.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": admin["clusters"],
-                "users": [{"name": "t", "user": {"token": minted.stdout.strip()}}],
-                "contexts": [
-                    {"name": "t", "context": {"cluster": admin["clusters"][0]["name"], "user": "t"}}
-                ],
-                "current-context": "t",
-            }
-        )
-    )
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(kc), client_configuration=cfg)
+    cfg = _token_config(teams, minted.stdout.strip(), tmp_path / "trainer-kc")
     forged = {"status": {"phase": "Pending", "conditions": []}}
     with client.ApiClient(cfg) as api:
         trainer = Kube(api)
@@ -716,4 +726,101 @@ def test_a_jobs_trainer_identity_cannot_unlock_another_refused_job(
     obj = wait_phase(kube, teams.a, outside, "Failed")
     assert condition(obj, "Ready")["reason"] == "ModelNameNotAllowed"
     assert _children(kube, teams.a, outside) == []
+    assert snapshot(kube, teams.b) == before
+
+
+def _token_config(teams: Teams, token: str, path: Path) -> Any:
+    """A client configuration that acts with ``token`` (a ServiceAccount's, as the user minted it)."""
+    from kubernetes import client, config
+
+    admin = yaml.safe_load(teams.cp.kubeconfig.read_text())
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": admin["clusters"],
+                "users": [{"name": "t", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "t", "context": {"cluster": admin["clusters"][0]["name"], "user": "t"}}
+                ],
+                "current-context": "t",
+            }
+        )
+    )
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(path), client_configuration=cfg)
+    return cfg
+
+
+SHARED_TRAINER = "kubetune-trainer"
+
+
+def test_a_shared_trainer_identity_cannot_unlock_a_refused_job(
+    teams: Teams, kube: Any, before: dict[str, str], tmp_path: Path
+) -> None:
+    """With one trainer ServiceAccount for every job (the chart's ``trainer.serviceAccount.name``, bound
+    to its trainer ClusterRole: ``patch`` on every FineTuneJob's status in the namespace), the user
+    mints its token (``edit`` grants ``serviceaccounts/token``) and resets a job refused for its model
+    name to ``Pending``, then touches the job: the status is no proof that the job started, so the
+    operator refuses it again and creates nothing."""
+    from kubernetes import client
+
+    from kubetune_operator.kube import Kube
+
+    ns = f"{teams.a}-shared"
+    suffix = teams.a.removeprefix("team-a-")
+    trainer_roles = _chart_roles(suffix, "trainer", "--set", f"trainer.serviceAccount.name={SHARED_TRAINER}")
+    assert len(trainer_roles) == 1, trainer_roles
+    trainer_role = trainer_roles[0]["metadata"]["name"]
+    cp = teams.cp
+    cp.kubectl("create", "namespace", ns)
+    proc = OperatorProcess(ns, {}, tmp_path / "operator.log")
+    try:
+        cp.kubectl("create", "rolebinding", "alice-edit", "-n", ns, f"--clusterrole={teams.user_role}",
+                   f"--user={USER}")  # fmt: skip
+        cp.kubectl("create", "serviceaccount", SHARED_TRAINER, "-n", ns)
+        cp.kubectl("apply", "-f", "-", input=json.dumps(trainer_roles[0]))
+        cp.kubectl("create", "rolebinding", SHARED_TRAINER, "-n", ns, f"--clusterrole={trainer_role}",
+                   f"--serviceaccount={ns}:{SHARED_TRAINER}")  # fmt: skip
+        proc.env.update(
+            {
+                "KUBECONFIG": str(_operator_kubeconfig(cp, teams.system, tmp_path / "op-kc")),
+                "KUBETUNE_TRAINER_IMAGE": "registry.example.com/kubetune/trainer:test",
+                "KUBETUNE_MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc:5000",
+                "KUBETUNE_RETRY_SECONDS": "1",
+                "KUBETUNE_PREPARATION": "false",
+                "KUBETUNE_REGISTRY_TENANCY": "namespace-prefix",
+                "KUBETUNE_TRAINER_SERVICE_ACCOUNT": SHARED_TRAINER,
+            }
+        )
+        proc.start()
+        name = "forged"
+        doc = _manifest(teams, name, _set("spec.registration.modelName", "{b}.assistant"))
+        doc["metadata"]["namespace"] = ns
+        out = teams.as_user("create", "-n", ns, "-f", "-", input=json.dumps(doc))
+        assert out.returncode == 0, out.stderr
+        refused = f"spec.registration.modelName '{teams.b}.assistant' is outside its namespace's names"
+        obj = wait_phase(kube, ns, name, "Failed", timeout=60)
+        assert condition(obj, "Ready")["reason"] == "ModelNameNotAllowed"
+        minted = teams.as_user("create", "token", SHARED_TRAINER, "-n", ns, "--duration=10m")
+        assert minted.returncode == 0, minted.stderr
+        cfg = _token_config(teams, minted.stdout.strip(), tmp_path / "trainer-kc")
+        with client.ApiClient(cfg) as api:  # allowed: the shared identity patches every job's status
+            Kube(api).patch(API, "FineTuneJob", ns, name, {"status": {"phase": "Pending", "conditions": []}},
+                            subresource="status")  # fmt: skip
+        touched = teams.as_user("annotate", "finetunejob", name, "-n", ns, "touch=1")
+        assert touched.returncode == 0, touched.stderr
+        obj = wait_phase(kube, ns, name, "Failed", timeout=60)
+        ready = condition(obj, "Ready")
+        assert ready["reason"] == "ModelNameNotAllowed" and refused in ready["message"], ready
+        time.sleep(2)  # more passes: still nothing
+        assert _children(kube, ns, name) == []
+        assert kube.get("kubeflow.org/v1", "PyTorchJob", ns, f"{name}-train") is None
+    finally:
+        proc.kill()
+        cp.kubectl("delete", "clusterrole", trainer_role, check=False)
+        cp.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    log = (tmp_path / "operator.log").read_text()
+    assert not denials(log), "\n".join(denials(log))
     assert snapshot(kube, teams.b) == before
