@@ -29,9 +29,13 @@ echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp
 # suite is CPU-bound (tiny trainings), and four workers took longer than one and starved the cluster
 # tests into time-outs (docs/contributing.md, "Where the time goes"). The 30 slowest are printed.
 workers="${KUBETUNE_TEST_WORKERS:-0}"
-echo "== pytest ($workers workers)"
+# The files' order by default; KUBETUNE_TEST_ORDER=random shuffles it (pytest-randomly: modules,
+# then the tests in each; the seed is printed first, and `--randomly-seed=N` replays an order).
+order=()
+if [ "${KUBETUNE_TEST_ORDER:-file}" = file ]; then order=(-p no:randomly); fi
+echo "== pytest ($workers workers, ${KUBETUNE_TEST_ORDER:-file} order)"
 set +e
-pytest -n "$workers" --durations=30 "$@"
+pytest -n "$workers" "${order[@]}" --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
