@@ -85,6 +85,7 @@ PLURALS = {
     "Event": "events",
     "PyTorchJob": "pytorchjobs",
     "TrainJob": "trainjobs",
+    "TrainingRuntime": "trainingruntimes",
     "FineTuneJob": "finetunejobs",
 }
 
