@@ -236,3 +236,38 @@ def test_the_training_child_on_trainjob_is_the_runtime_then_the_trainjob() -> No
     assert [
         m["kind"] for m in builders.build_training(state.Engine.PYTORCHJOB, job, Settings.from_env({}))
     ] == ["PyTorchJob"]
+
+
+def test_a_trainjob_pod_the_scheduler_cannot_place_is_shown() -> None:
+    """The TrainJob's pods (selected by the JobSet's label, owned by its Jobs) are read as the
+    PyTorchJob's: a pod waiting for a node long enough is ``Unschedulable``."""
+    pod = {
+        "metadata": {
+            "name": "j-train-node-0-0-abcde",
+            "uid": "uid-pod",
+            "labels": {observations.JOBSET_NAME_LABEL: "j-train"},
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                    "lastTransitionTime": "2026-12-01T00:00:00Z",
+                }
+            ],
+        },
+    }
+    live = trainjob(active=1, ready=0)
+    pods = observations.pods_observation(live, [pod], [])
+    assert pods.trouble is not None and pods.trouble.reason == Reason.UNSCHEDULABLE
+    shown = observations.shown_trouble(
+        pods,
+        observations.training_observation(live),
+        now="2026-12-01T00:05:00Z",
+        namespace="ml",
+        pytorchjob_name="j-train",
+    )
+    assert shown is not None and shown[0] == Reason.UNSCHEDULABLE and "j-train-node-0-0-abcde" in shown[1]
