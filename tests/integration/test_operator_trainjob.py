@@ -289,3 +289,70 @@ def test_trainjob_held_by_kueue_is_queued(
     )
     assert kube.get(API, "TrainJob", namespace, tj)["spec"]["suspend"] is True
     assert doc["spec"]["resources"]["queueName"] == "team-a" and obj["status"]["engine"] == "TrainJob"
+
+
+def test_trainjob_flow_with_least_privilege(
+    kube: Any,
+    control_plane: ControlPlane,
+    namespace: str,
+    trainer_crds: None,
+    operator_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The operator as a ServiceAccount holding only ``kubetune_operator.rbac``'s rules (the chart's)
+    runs a TrainJob job through suspend, resume and registration, and is never denied."""
+    from tests.integration.conftest import denials, kopf_runner
+    from tests.integration.test_operator_rbac import _kubeconfig_for_service_account
+
+    from kubetune_operator import rbac
+
+    role_name = f"kubetune-operator-{namespace}"
+    control_plane.kubectl("create", "serviceaccount", "kubetune-operator", "-n", namespace)
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(rbac.cluster_role(role_name)))
+    control_plane.kubectl(
+        "create",
+        "clusterrolebinding",
+        role_name,
+        f"--clusterrole={role_name}",
+        f"--serviceaccount={namespace}:kubetune-operator",
+    )
+    kubeconfig = _kubeconfig_for_service_account(
+        control_plane, namespace, "kubetune-operator", tmp_path / "kc"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    try:
+        with kopf_runner(namespace) as runner:
+            name, _ = _create(kube, namespace)
+            tj = f"{name}-train"
+            wait_for(lambda: kube.get(API, "TrainJob", namespace, tj), what="the TrainJob")
+            _trainer_status(kube, namespace, tj, active=1)
+            wait_phase(kube, namespace, name, "Training")
+            kube.patch("kubetune.io/v1alpha1", "FineTuneJob", namespace, name, {"spec": {"suspend": True}})
+            wait_for(
+                lambda: kube.get(API, "TrainJob", namespace, tj)["spec"].get("suspend"), what="suspended"
+            )
+            _trainer_status(kube, namespace, tj, ("Suspended", "True", "Suspended", "TrainJob is suspended"))
+            wait_phase(kube, namespace, name, "Suspended")
+            kube.patch("kubetune.io/v1alpha1", "FineTuneJob", namespace, name, {"spec": {"suspend": False}})
+            wait_for(
+                lambda: kube.get(API, "TrainJob", namespace, tj)["spec"].get("suspend") is False,
+                what="resumed",
+            )
+            _trainer_status(
+                kube,
+                namespace,
+                tj,
+                ("Suspended", "False", "Resumed", "TrainJob is resumed"),
+                ("Complete", "True", "AllJobsCompleted", "jobset completed successfully"),
+            )
+            wait_for(
+                lambda: kube.get("batch/v1", "Job", namespace, f"{name}-register"), what="registration Job"
+            )
+            finish_registration_job(kube, namespace, f"{name}-register", message=json.dumps(RESULT))
+            obj = wait_phase(kube, namespace, name, "Succeeded")
+        assert obj["status"]["registeredModel"]["version"] == "1"
+        assert not denials(runner.output), "\n".join(denials(runner.output))
+    finally:
+        control_plane.kubectl("delete", "clusterrolebinding", role_name, check=False)
+        control_plane.kubectl("delete", "clusterrole", role_name, check=False)
