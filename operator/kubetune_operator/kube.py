@@ -86,6 +86,7 @@ PLURALS = {
     "PyTorchJob": "pytorchjobs",
     "TrainJob": "trainjobs",
     "TrainingRuntime": "trainingruntimes",
+    "JobSet": "jobsets",
     "FineTuneJob": "finetunejobs",
 }
 

@@ -115,6 +115,17 @@ TRAINING_POD_LABEL = {Engine.PYTORCHJOB: TRAINING_OPERATOR_JOB_LABEL, Engine.TRA
 TRAINING_CONTAINER = {Engine.PYTORCHJOB: TRAIN_CONTAINER, Engine.TRAINJOB: TRAINJOB_CONTAINER}
 
 
+# The JobSet a TrainJob runs on (Trainer v2 names it as the TrainJob): its ``status.restarts`` counts
+# every restart of the whole gang (a TrainJob's status does not say it restarted).
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+
+
+def jobset_restarts(jobset: dict[str, Any]) -> int:
+    """How many times the JobSet restarted its Jobs (``status.restarts``: counted or not against its
+    ``maxRestarts``)."""
+    return int((jobset.get("status") or {}).get("restarts") or 0)
+
+
 def engine_of(training: dict[str, Any]) -> Engine:
     """The engine of a training object, by its kind."""
     return Engine.TRAINJOB if training.get("kind") == str(Engine.TRAINJOB) else Engine.PYTORCHJOB

@@ -14,7 +14,8 @@ Why each rule:
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
 - trainingruntimes (get/create), trainjobs (get/list/watch/create/patch): the same on Kubeflow
   Trainer v2 (a job whose engine is TrainJob): the job's own TrainingRuntime, created once before
-  its TrainJob, and the TrainJob, watched, its ``spec.suspend`` flipped.
+  its TrainJob, and the TrainJob, watched, its ``spec.suspend`` flipped. jobsets (get): the
+  TrainJob's JobSet, read while its pods restart: its ``status.restarts`` counts the restarts.
 - jobs (get/list/watch/create/delete): the registration Job; a failed one is deleted when the user
   asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by its
   uid). pods (list/watch): its termination message; the training pods, watched, and listed while
@@ -61,6 +62,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": [Engine.TRAINJOB.plural],
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},

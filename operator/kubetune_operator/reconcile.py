@@ -413,14 +413,13 @@ def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.
 def _restarts(
     ctx: Context, job_name: str, pytorchjob: dict[str, Any]
 ) -> tuple[int, TrainingFailure | None] | None:
-    """The Training Operator's restart events of the PyTorchJob, and why the last attempt ended when
-    its failed pod is still there (best effort, like the pods' trouble). A TrainJob's restarts are
-    its JobSet's, limited by the runtime's ``failurePolicy.maxRestarts`` (the operator's
-    trainBackoffLimit): not counted here (None)."""
+    """The Training Operator's restart events of the PyTorchJob (a TrainJob's: its JobSet's
+    ``status.restarts``), and why the last attempt ended when its failed pod is still there (best
+    effort, like the pods' trouble)."""
     meta = pytorchjob["metadata"]
     ns = meta["namespace"]
     if observations.engine_of(pytorchjob) == state.Engine.TRAINJOB:
-        return None
+        return _jobset_restarts(ctx, job_name, pytorchjob)
     try:
         events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
         pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
@@ -431,6 +430,28 @@ def _restarts(
     with _attempt_failures_guard:
         noted = _attempt_failures.pop((ns, job_name), None)
     return counted, training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER) or noted
+
+
+def _jobset_restarts(
+    ctx: Context, job_name: str, trainjob: dict[str, Any]
+) -> tuple[int, TrainingFailure | None] | None:
+    """A TrainJob's restarts: its JobSet's count (None while there is no JobSet, or it cannot be
+    read), and why the last attempt ended (its failed pod, if the restart has not deleted it yet,
+    else the one the pod watch noted)."""
+    meta = trainjob["metadata"]
+    ns = meta["namespace"]
+    try:
+        jobset = ctx.kube.get(observations.JOBSET_API_VERSION, "JobSet", ns, meta["name"])
+        pods = ctx.kube.list("v1", "Pod", ns, observations.training_pod_selector(trainjob)) if jobset else []
+    except ApiError as e:
+        ctx.logger.warning("cannot read the restarts of TrainJob %s/%s (its JobSet): %s", ns, meta["name"], e)
+        return None
+    if jobset is None:
+        return None
+    with _attempt_failures_guard:
+        noted = _attempt_failures.pop((ns, job_name), None)
+    failed = training_failures.failed_attempt(pods, builders.TRAINJOB_CONTAINER)
+    return observations.jobset_restarts(jobset), failed or noted
 
 
 def _stop_training(ctx: Context, obs: state.Observation, name: str) -> None:

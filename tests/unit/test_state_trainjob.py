@@ -271,3 +271,46 @@ def test_a_trainjob_pod_the_scheduler_cannot_place_is_shown() -> None:
         pytorchjob_name="j-train",
     )
     assert shown is not None and shown[0] == Reason.UNSCHEDULABLE and "j-train-node-0-0-abcde" in shown[1]
+
+
+def test_a_trainjobs_restarts_are_its_jobsets() -> None:
+    """JobSet ``status.restarts`` counts the gang's restarts (the TrainJob says nothing of them); the
+    failed pod of the last attempt, when still there, says why it ended. No JobSet yet: not counted."""
+    from kubetune_operator import reconcile
+
+    failure = TrainingFailure.of(Failure.CUDA_OUT_OF_MEMORY, "CUDA out of memory on rank 0")
+    pod = {
+        "metadata": {"name": "j-train-node-0-0-abcde", "labels": {observations.JOBSET_NAME_LABEL: "j-train"}},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "node",
+                    "state": {"terminated": {"exitCode": 142, "message": failure.termination_message()}},
+                }
+            ],
+        },
+    }
+
+    class Kube:
+        def __init__(self, jobset: dict[str, Any] | None) -> None:
+            self.jobset = jobset
+            self.asked: list[tuple[str, str]] = []
+
+        def get(self, api_version: str, kind: str, ns: str, name: str) -> dict[str, Any] | None:
+            self.asked.append((api_version, kind))
+            return self.jobset
+
+        def list(self, api_version: str, kind: str, ns: str, selector: str = "") -> list[dict[str, Any]]:
+            assert selector == "jobset.sigs.k8s.io/jobset-name=j-train"
+            return [pod]
+
+    live = {**trainjob(active=1), "metadata": {"name": "j-train", "namespace": "ml", "uid": "uid-tj"}}
+    kube = Kube({"status": {"restarts": 2, "restartsCountTowardsMax": 1}})
+    ctx = reconcile.Context(kube=kube, settings=Settings.from_env({}), emit=lambda *_: None)  # type: ignore[arg-type]
+    counted = reconcile._restarts(ctx, "j", live)
+    assert kube.asked == [("jobset.x-k8s.io/v1alpha2", "JobSet")]
+    assert counted is not None and counted[0] == 2
+    assert counted[1] is not None and counted[1].reason == Failure.CUDA_OUT_OF_MEMORY
+    none_yet = reconcile.Context(kube=Kube(None), settings=Settings.from_env({}), emit=lambda *_: None)  # type: ignore[arg-type]
+    assert reconcile._restarts(none_yet, "j", live) is None
