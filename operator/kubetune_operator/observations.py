@@ -143,6 +143,9 @@ def training_container_of_pod(pod: dict[str, Any]) -> str:
 
 
 _POD_IN_ERROR = re.compile(r'\bpods? "([^"]+)"')
+# What the Job controller records on a Job (a TrainJob's JobSet's) for a pod it cannot create
+JOB_FAILED_CREATE = "FailedCreate"
+JOB_SUCCESSFUL_CREATE = "SuccessfulCreate"
 _POD_CREATED = re.compile(r"Created pod: (\S+)")
 
 
@@ -229,6 +232,8 @@ def pods_observation(
     live = _live_pods(pytorchjob, pods)
     missing = missing_pods(pytorchjob, pods)
     troubles: list[PodTrouble] = []
+    if engine_of(pytorchjob) == Engine.TRAINJOB and trainjob_pods_missing(pytorchjob, pods):
+        troubles.extend(_trainjob_not_created(pytorchjob, events))
     unexplained: list[str] = []
     failures = _creation_failures(events, uid) if missing else {}
     for name in missing:
@@ -249,6 +254,38 @@ def pods_observation(
         trouble=PodTrouble(first.reason, first.pod, first.message, first.since, len(same) - 1),
         missing=tuple(unexplained),
     )
+
+
+def trainjob_step_job(trainjob: dict[str, Any]) -> str:
+    """The Job of a TrainJob's training pods: ``<name>-node-0`` (JobSet's ``<jobset>-<step>-<index>``)."""
+    return f"{(trainjob.get('metadata') or {}).get('name')}-{TRAINJOB_STEP}-0"
+
+
+def trainjob_pods_missing(trainjob: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether fewer of a TrainJob's pods exist than its nodes (``spec.trainer.numNodes``)."""
+    nodes = int(((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
+    return len(_live_pods(trainjob, pods)) < nodes
+
+
+def _trainjob_not_created(trainjob: dict[str, Any], events: list[dict[str, Any]]) -> list[PodTrouble]:
+    """Why a TrainJob's pod is missing: the Job controller's newest ``FailedCreate`` on its Job
+    (``events``), unless a pod was created since (its names are generated: any later
+    ``SuccessfulCreate`` outdates it)."""
+    failed: tuple[datetime, str] | None = None
+    created: datetime | None = None
+    for e in events:
+        when = _event_time(e)
+        if when is None:
+            continue
+        if e.get("reason") == JOB_FAILED_CREATE and (failed is None or failed[0] < when):
+            failed = (when, str(e.get("message") or ""))
+        elif e.get("reason") == JOB_SUCCESSFUL_CREATE and (created is None or created < when):
+            created = when
+    if failed is None or (created is not None and created >= failed[0]):
+        return []
+    match = _POD_IN_ERROR.search(failed[1])
+    pod = match.group(1) if match else f"a pod of Job {trainjob_step_job(trainjob)}"
+    return [PodTrouble(Reason.PODS_NOT_CREATED, pod, failed[1], since=_rfc3339(failed[0]))]
 
 
 def missing_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
@@ -662,7 +699,13 @@ def parse_registration_result(message: str) -> dict[str, Any] | None:
 
 
 def shown_trouble(
-    pods: PodsObservation, training: TrainingObservation, *, now: str, namespace: str, pytorchjob_name: str
+    pods: PodsObservation,
+    training: TrainingObservation,
+    *,
+    now: str,
+    namespace: str,
+    pytorchjob_name: str,
+    kind: str = str(Engine.PYTORCHJOB),
 ) -> tuple[str, str] | None:
     """The pods' trouble as (reason, message) for the conditions; None when there is none to show
     (yet: a pod waits for a node ``SHOW_UNSCHEDULABLE_AFTER`` seconds before that is news)."""
@@ -687,10 +730,16 @@ def shown_trouble(
             "itself once a node fits"
         )
     if t.reason == Reason.PODS_NOT_CREATED:
+        creator = (
+            f"the Job controller cannot create {pod} of TrainJob {pytorchjob_name}"
+            if kind == str(Engine.TRAINJOB)
+            else f"the Training Operator cannot create {pod} of PyTorchJob {pytorchjob_name}"
+        )
+        retries = "the Job controller" if kind == str(Engine.TRAINJOB) else "the Training Operator"
         return Reason.PODS_NOT_CREATED, (
-            f"the Training Operator cannot create {pod} of PyTorchJob {pytorchjob_name}: {t.message}. "
+            f"{creator}: {t.message}. "
             "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
-            "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
+            f"ResourceQuota or an admission policy may refuse the pod); {retries} keeps retrying, "
             "with a growing backoff"
         )
     if t.reason == Reason.MOUNT_FAILED:

@@ -467,7 +467,7 @@ def _stop_training(ctx: Context, obs: state.Observation, name: str) -> None:
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:
     """Why the PyTorchJob's pods do not run, if they cannot start: one list of its pods and, only
-    when one is missing, one of its events. Called only while its status does not count every pod
+    when one is missing, one of its events (a TrainJob's: its JobSet's Job's, the Job controller's). Called only while its status does not count every pod
     as running. Best effort: a refused read (the RBAC of an older install) is logged, never holds
     the job."""
     meta = pytorchjob["metadata"]
@@ -478,6 +478,14 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
         pod_events: list[dict[str, Any]] = []
         if observations.missing_pods(pytorchjob, pods):
             events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
+        elif observations.engine_of(
+            pytorchjob
+        ) == state.Engine.TRAINJOB and observations.trainjob_pods_missing(pytorchjob, pods):
+            # the Job controller says on the JobSet's Job why it cannot create a pod
+            step_job = ctx.kube.get("batch/v1", "Job", ns, observations.trainjob_step_job(pytorchjob))
+            if step_job is not None:
+                uid = step_job["metadata"]["uid"]
+                events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={uid}")
         if any((p.get("status") or {}).get("phase") in (None, "Pending") for p in pods):
             # a pending pod may wait for its volumes: the kubelet says so only in events
             for reason in sorted(observations.MOUNT_EVENT_REASONS):

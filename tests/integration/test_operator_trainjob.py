@@ -356,3 +356,62 @@ def test_trainjob_flow_with_least_privilege(
     finally:
         control_plane.kubectl("delete", "clusterrolebinding", role_name, check=False)
         control_plane.kubectl("delete", "clusterrole", role_name, check=False)
+
+
+def test_trainjob_pod_not_created_is_explained(
+    kube: Any, namespace: str, trainer_crds: None, operator: Any
+) -> None:
+    """Play JobSet and the Job controller: the Job ``<tj>-node-0`` exists, its pod is refused (a
+    ``FailedCreate`` event on the Job), the TrainJob's Job is not active: the job says why."""
+    name, _ = _create(kube, namespace)
+    tj = f"{name}-train"
+    wait_for(lambda: kube.get(API, "TrainJob", namespace, tj), what="the TrainJob")
+    step = kube.create(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": f"{tj}-node-0", "namespace": namespace},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {"name": "node", "image": "registry.example.com/kubetune/trainer:test"}
+                        ],
+                    }
+                }
+            },
+        }
+    )
+    refusal = f'Error creating: pods "{tj}-node-0-0-q8x2v" is forbidden: exceeded quota: gpu-quota'
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{tj}-node-0.failedcreate", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": f"{tj}-node-0",
+                "namespace": namespace,
+                "uid": step["metadata"]["uid"],
+            },
+            "reason": "FailedCreate",
+            "type": "Warning",
+            "message": refusal,
+            "firstTimestamp": now(),
+            "lastTimestamp": now(),
+            "count": 1,
+            "source": {"component": "job-controller"},
+        }
+    )
+    _trainer_status(kube, namespace, tj, active=0)  # its Job exists, no pod active
+
+    def shown() -> dict[str, Any] | None:
+        c = condition(get_job(kube, namespace, name), "Training")
+        return c if c["reason"] == "PodsNotCreated" else None
+
+    training = wait_for(shown, what="Training PodsNotCreated")
+    assert f"the Job controller cannot create pod {tj}-node-0-0-q8x2v of TrainJob {tj}" in training["message"]
+    assert "exceeded quota: gpu-quota" in training["message"]
+    assert get_job(kube, namespace, name)["status"]["phase"] == "Pending"

@@ -314,3 +314,39 @@ def test_a_trainjobs_restarts_are_its_jobsets() -> None:
     assert counted[1] is not None and counted[1].reason == Failure.CUDA_OUT_OF_MEMORY
     none_yet = reconcile.Context(kube=Kube(None), settings=Settings.from_env({}), emit=lambda *_: None)  # type: ignore[arg-type]
     assert reconcile._restarts(none_yet, "j", live) is None
+
+
+def test_a_trainjob_pod_the_job_controller_cannot_create_is_shown() -> None:
+    """No pod of the TrainJob exists: the Job controller's newest ``FailedCreate`` on the JobSet's Job
+    says why (``PodsNotCreated``), unless a pod was created since."""
+    refused = {
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": 'Error creating: pods "j-train-node-0-0-q8x2v" is forbidden: exceeded quota: gpus',
+        "lastTimestamp": "2026-12-01T00:01:00Z",
+    }
+    live = trainjob(active=0)
+    assert observations.trainjob_pods_missing(live, [])
+    assert observations.trainjob_step_job(live) == "j-train-node-0"
+    pods = observations.pods_observation(live, [], [refused])
+    assert pods.trouble is not None and pods.trouble.reason == Reason.PODS_NOT_CREATED
+    assert pods.trouble.pod == "j-train-node-0-0-q8x2v"
+    shown = observations.shown_trouble(
+        pods,
+        observations.training_observation(live),
+        now="2026-12-01T00:02:00Z",
+        namespace="ml",
+        pytorchjob_name="j-train",
+        kind="TrainJob",
+    )
+    assert shown is not None and shown[0] == Reason.PODS_NOT_CREATED
+    assert shown[1].startswith(
+        "the Job controller cannot create pod j-train-node-0-0-q8x2v of TrainJob j-train"
+    )
+    assert "exceeded quota: gpus" in shown[1] and "Training Operator" not in shown[1]
+    created = {
+        "reason": "SuccessfulCreate",
+        "message": "Created pod: j-train-node-0-0-zz9k1",
+        "lastTimestamp": "2026-12-01T00:01:30Z",
+    }
+    assert observations.pods_observation(live, [], [refused, created]).trouble is None

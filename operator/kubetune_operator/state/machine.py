@@ -617,7 +617,12 @@ def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdict
             out[C.TRAINING] = (False, Reason.WAITING_FOR_TRAINING_OPERATOR, msg)
         out[C.READY] = (False, Reason.NOT_READY, msg)
     shown = shown_trouble(
-        obs.pods, obs.training, now=obs.now, namespace=obs.namespace, pytorchjob_name=obs.pytorchjob_name
+        obs.pods,
+        obs.training,
+        now=obs.now,
+        namespace=obs.namespace,
+        pytorchjob_name=obs.pytorchjob_name,
+        kind=_kind(obs),
     )
     if shown is not None:
         # the phase stays what the PyTorchJob says; Training and Ready say why its pods do not start
