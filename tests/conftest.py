@@ -88,6 +88,19 @@ def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> It
 
 
 @pytest.fixture(scope="session")
+def trainer_crd_dir() -> Path:
+    """The folder of Kubeflow Trainer v2's real CRDs (the version kubetune pairs with Kueue), from the
+    Go module cache (downloaded once): :mod:`tests.support.trainer_crds`. Skipped only where the Go
+    toolchain is missing; a failed download fails the tests that need it."""
+    from tests.support.trainer_crds import Unavailable, trainer_crd_dir
+
+    try:
+        return trainer_crd_dir()
+    except Unavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
 def real_pytorchjob_crd(control_plane: ControlPlane) -> None:
     if not control_plane.real_pytorchjob_crd:
         pytest.skip("../shared/crds/kubeflow.org_pytorchjobs.yaml is absent: the stand-in CRD is installed")

@@ -317,7 +317,13 @@ class ChildrenStatus(ApiModel):
         default=None, description="PersistentVolumeClaim with the checkpoints."
     )
     config_map: str | None = Field(default=None, description="ConfigMap with the trainer config.")
-    py_torch_job: str | None = Field(default=None, alias="pytorchJob", description="Kubeflow PyTorchJob.")
+    py_torch_job: str | None = Field(
+        default=None, alias="pytorchJob", description="Kubeflow PyTorchJob (engine PyTorchJob)."
+    )
+    train_job: str | None = Field(
+        default=None,
+        description="Kubeflow Trainer v2 TrainJob and its TrainingRuntime, of the same name (engine TrainJob).",
+    )
     registration_job: str | None = Field(default=None, description="Registration batch/v1 Job.")
     preparation_job: str | None = Field(default=None, description="Preparation batch/v1 Job.")
 

@@ -7,6 +7,10 @@ would refuse renders nothing, and each problem is printed as ``<file>: <field>: 
 (e.g. ``KUBETUNE_TRAINER_IMAGE``). Owner references are left out: the FineTuneJob has no uid
 until the API server stores it.
 
+The training child is the one of the job's engine: ``spec.engine``, else the operator's default
+(``KUBETUNE_ENGINE``); under ``auto`` (which the operator resolves against what the cluster serves)
+the PyTorchJob is rendered. On TrainJob, it is the job's own TrainingRuntime and the TrainJob.
+
     kubetune render examples/qwen3-4b-full.yaml
     kubetune render job.yaml --namespace ml-team --no-registration
 """
@@ -39,6 +43,7 @@ def add_parser(sub: Any) -> None:
 
 
 def render(manifest: Path, *, namespace: str | None = None, registration: bool = True) -> str:
+    from kubetune_api.engines import Engine
     from kubetune_api.trainer_config import load_manifest
     from kubetune_operator.builders import build_children
     from kubetune_operator.settings import Settings
@@ -46,7 +51,10 @@ def render(manifest: Path, *, namespace: str | None = None, registration: bool =
     job = load_manifest(manifest)
     if namespace:
         job.metadata.namespace = namespace
-    docs = build_children(job, Settings.from_env(), registration=registration)
+    settings = Settings.from_env()
+    default = settings.engine if isinstance(settings.engine, Engine) else Engine.PYTORCHJOB
+    engine = Engine(job.spec.engine) if job.spec.engine is not None else default
+    docs = build_children(job, settings, registration=registration, engine=engine)
     return dump_yaml(docs)
 
 

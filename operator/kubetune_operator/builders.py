@@ -12,8 +12,8 @@ Job                    ``<job>-prepare``             batch/v1, CPU only: downloa
                                                      tokenizes, estimates (before the PyTorchJob)
 PyTorchJob             ``<job>-train``               kubeflow.org/v1, Master + (nodes-1) Workers
 TrainingRuntime,       ``<job>-train``               trainer.kubeflow.org/v1alpha1, instead of the
-TrainJob                                             PyTorchJob on Kubeflow Trainer v2 (built, not yet
-                                                     created: issue 31)
+TrainJob                                             PyTorchJob on Kubeflow Trainer v2 (the job's
+                                                     engine, ``status.engine``, is TrainJob)
 Job                    ``<job>-register``            batch/v1, created once training succeeded
 Job                    ``<job>-alias-<hash>``        batch/v1, when ``registration.alias`` changes
                                                      after the model was registered (moves it)
@@ -482,7 +482,7 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
     }
 
 
-# --- TrainJob (Kubeflow Trainer v2, issue 31 item 2: built, not yet created by the operator) ----------
+# --- TrainJob (Kubeflow Trainer v2) ------------------------------------------------------------------
 
 TRAINJOB_API_VERSION = Engine.TRAINJOB.api_version
 TRAINJOB_CONTAINER = "node"  # Trainer v2 applies `trainer` and the torch env to the container of this name
@@ -761,10 +761,24 @@ def build_preparation_job(job: api.FineTuneJob, settings: Settings) -> dict[str,
     return manifest
 
 
+def build_training(engine: Engine, job: api.FineTuneJob, settings: Settings) -> list[dict[str, Any]]:
+    """The training child on ``engine``, in creation order: the PyTorchJob; or the job's own
+    TrainingRuntime, then the TrainJob on it (Trainer v2's webhook refuses a TrainJob whose runtime
+    does not exist yet)."""
+    if engine == Engine.TRAINJOB:
+        return [build_training_runtime(job, settings), build_trainjob(job, settings)]
+    return [build_pytorchjob(job, settings)]
+
+
 def build_children(
-    job: api.FineTuneJob, settings: Settings, *, registration: bool = True
+    job: api.FineTuneJob,
+    settings: Settings,
+    *,
+    registration: bool = True,
+    engine: Engine = Engine.PYTORCHJOB,
 ) -> list[dict[str, Any]]:
-    """Every manifest the operator creates for this job, in creation order (``kubetune render``)."""
+    """Every manifest the operator creates for this job on ``engine``, in creation order
+    (``kubetune render``)."""
     out = build_trainer_identity(job, settings)
     pvc = build_pvc(job, settings)
     if pvc is not None:
@@ -772,7 +786,7 @@ def build_children(
     out.append(build_config_map(job, settings))
     if settings.preparation:
         out.append(build_preparation_job(job, settings))
-    out.append(build_pytorchjob(job, settings))
+    out.extend(build_training(engine, job, settings))
     if registration and job.spec.registration.enabled:
         out.append(build_registration_job(job, settings))
     return out

@@ -96,30 +96,43 @@ def ensure(kube: Kube, manifest: dict[str, Any], job: api.FineTuneJob) -> Ensure
     return Ensured(existing, conflict=conflict_message(existing, kind, name))
 
 
-def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -> dict[str, Any]:
-    """Make ``runPolicy.suspend`` follow ``spec.suspend``; return the (possibly patched) PyTorchJob.
+def suspended(training: dict[str, Any]) -> bool:
+    """Whether a training object is suspended: a PyTorchJob's ``runPolicy.suspend``, a TrainJob's
+    ``spec.suspend``."""
+    spec = training.get("spec") or {}
+    if training.get("kind") == "TrainJob":
+        return bool(spec.get("suspend"))
+    return bool((spec.get("runPolicy") or {}).get("suspend"))
 
-    Only what kubetune suspended is un-suspended: a PyTorchJob that Kueue holds back for quota
+
+def suspend_patch(training: dict[str, Any], suspend: bool) -> dict[str, Any]:
+    """The merge patch that suspends (or resumes) a training object, marked as kubetune's doing."""
+    field = (
+        {"suspend": suspend} if training.get("kind") == "TrainJob" else {"runPolicy": {"suspend": suspend}}
+    )
+    mark = "true" if suspend else None
+    return {"metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: mark}}, "spec": field}
+
+
+def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -> dict[str, Any]:
+    """Make the training object's suspension (a PyTorchJob's ``runPolicy.suspend``, a TrainJob's
+    ``spec.suspend``) follow ``spec.suspend``; return the (possibly patched) object.
+
+    Only what kubetune suspended is un-suspended: a training object that Kueue holds back for quota
     carries no ``kubetune.io/suspended-by-kubetune`` annotation and stays as Kueue wants it.
     """
     meta = pytorchjob.get("metadata") or {}
-    suspended = bool(((pytorchjob.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
     by_us = (meta.get("annotations") or {}).get(builders.ANNOTATION_SUSPENDED_BY_US) == "true"
     patch: dict[str, Any] | None = None
-    if job.spec.suspend and not (suspended and by_us):
-        patch = {
-            "metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: "true"}},
-            "spec": {"runPolicy": {"suspend": True}},
-        }
+    if job.spec.suspend and not (suspended(pytorchjob) and by_us):
+        patch = suspend_patch(pytorchjob, True)
     elif not job.spec.suspend and by_us:
-        patch = {
-            "metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: None}},
-            "spec": {"runPolicy": {"suspend": False}},
-        }
+        patch = suspend_patch(pytorchjob, False)
     if patch is None:
         return pytorchjob
-    with about_child("update", "PyTorchJob", meta["name"]):
-        return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
+    kind = pytorchjob["kind"]
+    with about_child("update", kind, meta["name"]):
+        return kube.patch(pytorchjob["apiVersion"], kind, meta["namespace"], meta["name"], patch)
 
 
 def sync_deadline(
@@ -135,7 +148,12 @@ def sync_deadline(
     Training Operator keeps ``startTime`` across restarts, while the time a restarted pod waits for
     its GPUs again is not the trainer's either): a hung job still ends within the budget's deadline
     of its last start. The annotation records the start (and restarts) it was set for.
+
+    A TrainJob is left as it is: Trainer v2.2 makes ``spec.activeDeadlineSeconds`` immutable, so it
+    cannot be set once the pods run (the trainer's own budget still stops training).
     """
+    if pytorchjob.get("kind") == "TrainJob":
+        return pytorchjob
     budget = job.spec.budget
     res = job.spec.resources
     deadline = budget.deadline_seconds(max(1, res.gpus_per_node) * res.nodes) if budget else None

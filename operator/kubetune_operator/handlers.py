@@ -3,7 +3,7 @@
 - FineTuneJob create / update (spec: suspend, registration.alias) / resume (operator start):
   reconcile; ``kopf.TemporaryError`` while a conflict or a pending result needs time,
   ``kopf.PermanentError`` for a spec the operator can never use.
-- PyTorchJob, preparation, registration and alias Job, and their pods' and training pod events
+- PyTorchJob (or TrainJob), preparation, registration and alias Job, and their pods' and training pod events
   (selected by the ``kubetune.io/job`` label): reconcile the FineTuneJob named in the label. A
   training pod that the scheduler cannot place, or whose image cannot be pulled, or one that
   starts at last, changes the FineTuneJob's status through these.
@@ -34,6 +34,7 @@ from typing import Any
 import kopf
 
 from kubetune_api import spec as api
+from kubetune_api.engines import Engine
 from kubetune_api.status import Phase, Reason
 
 from . import builders, observations, state
@@ -44,6 +45,7 @@ from .settings import Settings
 # Read at import: kopf needs the timer intervals when the decorators run.
 _RESYNC_SECONDS = Settings.from_env().resync_seconds
 _RETRY_SECONDS = Settings.from_env().retry_seconds
+TRAINJOB = Engine.TRAINJOB
 _JOB_COMPONENTS = (builders.COMPONENT_PREPARATION, builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
 
 # Threads for the (sync) handlers. kopf's default pool has min(32, CPUs + 4): 6 on a two-core node.
@@ -77,6 +79,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     jobs = f"{ours},{component} in ({','.join(sorted(_JOB_COMPONENTS))})"
     pods = f"{ours},{component} in ({','.join(sorted((*_JOB_COMPONENTS, builders.COMPONENT_TRAINING)))})"
     settings.watching.label_selectors["kubeflow.org", "v1", "pytorchjobs"] = ours
+    settings.watching.label_selectors[TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural] = ours
     settings.watching.label_selectors["batch", "v1", "jobs"] = jobs
     settings.watching.label_selectors["v1", "pods"] = pods
     settings.execution.max_workers = HANDLER_THREADS
@@ -274,6 +277,13 @@ _CHILD = {builders.LABEL_JOB: kopf.PRESENT}
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels=_CHILD)
 def pytorchjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    _child_event(body, memo, logger)
+
+
+@kopf.on.event(TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, labels=_CHILD)
+def trainjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    """A TrainJob's status (Kubeflow Trainer v2): watched once its CRD is served (kopf waits for a
+    resource that is not served, and starts watching when it appears)."""
     _child_event(body, memo, logger)
 
 

@@ -85,6 +85,8 @@ PLURALS = {
     "Event": "events",
     "PyTorchJob": "pytorchjobs",
     "TrainJob": "trainjobs",
+    "TrainingRuntime": "trainingruntimes",
+    "JobSet": "jobsets",
     "FineTuneJob": "finetunejobs",
 }
 

@@ -1,5 +1,6 @@
 """What the operator observes of a FineTuneJob's children, folded into what the state machine
-(:mod:`kubetune_operator.state`) decides on: the PyTorchJob's decisive condition, the registration
+(:mod:`kubetune_operator.state`) decides on: the training object's decisive condition (a PyTorchJob's,
+or a TrainJob's mapped onto the same conditions), the registration
 (and alias) Job with its pods' results, why training pods cannot start, and a child request the API
 server refused. Pure: the reads are the reconciler's.
 """
@@ -12,9 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from kubetune_api.engines import Engine
 from kubetune_api.preparation import PreparationRefusal, PreparationReport, parse_termination_message
 from kubetune_api.registration import GATE_NOT_MET
 from kubetune_api.status import ConditionType, Phase, Reason
+
+from .builders import TRAIN_CONTAINER, TRAINJOB_CONTAINER, TRAINJOB_STEP
 
 # the training pods cannot start (Training, and Ready while not trained): most decisive first
 POD_TROUBLE = (Reason.PODS_NOT_CREATED, Reason.UNSCHEDULABLE, Reason.MOUNT_FAILED, Reason.IMAGE_PULL_FAILED)
@@ -23,6 +27,10 @@ MOUNT_EVENT_REASONS = frozenset({"FailedMount", "FailedAttachVolume"})
 
 # PyTorchJob condition types, most decisive first: the first one that is True wins.
 TRAINING_PRECEDENCE = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+# A TrainJob's (Kubeflow Trainer v2.2) condition types, most decisive first, and the PyTorchJob
+# condition each one means: Trainer v2 writes only these three (Complete and Failed copied from its
+# JobSet, with the JobSet's reason and message); running comes from its ``jobsStatus``.
+TRAINJOB_PRECEDENCE = (("Failed", "Failed"), ("Complete", "Succeeded"), ("Suspended", "Suspended"))
 
 
 # --- observations -------------------------------------------------------------------------------------
@@ -99,7 +107,45 @@ FAILED_CREATE_POD = "FailedCreatePod"
 SUCCESSFUL_CREATE_POD = "SuccessfulCreatePod"
 # The label the Training Operator puts on the pods of a PyTorchJob (its name as the value).
 TRAINING_OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
+# The label JobSet puts on the pods of a TrainJob (the JobSet is named as the TrainJob).
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# Each engine's label on its training pods (the training object's name as the value), and the name
+# of the trainer's container in them.
+TRAINING_POD_LABEL = {Engine.PYTORCHJOB: TRAINING_OPERATOR_JOB_LABEL, Engine.TRAINJOB: JOBSET_NAME_LABEL}
+TRAINING_CONTAINER = {Engine.PYTORCHJOB: TRAIN_CONTAINER, Engine.TRAINJOB: TRAINJOB_CONTAINER}
+
+
+# The JobSet a TrainJob runs on (Trainer v2 names it as the TrainJob): its ``status.restarts`` counts
+# every restart of the whole gang (a TrainJob's status does not say it restarted).
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+
+
+def jobset_restarts(jobset: dict[str, Any]) -> int:
+    """How many times the JobSet restarted its Jobs (``status.restarts``: counted or not against its
+    ``maxRestarts``)."""
+    return int((jobset.get("status") or {}).get("restarts") or 0)
+
+
+def engine_of(training: dict[str, Any]) -> Engine:
+    """The engine of a training object, by its kind."""
+    return Engine.TRAINJOB if training.get("kind") == str(Engine.TRAINJOB) else Engine.PYTORCHJOB
+
+
+def training_pod_selector(training: dict[str, Any]) -> str:
+    """The label selector of a training object's pods (``kubectl logs -l``, the operator's lists)."""
+    return f"{TRAINING_POD_LABEL[engine_of(training)]}={(training.get('metadata') or {}).get('name')}"
+
+
+def training_container_of_pod(pod: dict[str, Any]) -> str:
+    """The trainer's container in a training pod (by the label its engine put on it)."""
+    pod_labels = (pod.get("metadata") or {}).get("labels") or {}
+    return TRAINJOB_CONTAINER if JOBSET_NAME_LABEL in pod_labels else TRAIN_CONTAINER
+
+
 _POD_IN_ERROR = re.compile(r'\bpods? "([^"]+)"')
+# What the Job controller records on a Job (a TrainJob's JobSet's) for a pod it cannot create
+JOB_FAILED_CREATE = "FailedCreate"
+JOB_SUCCESSFUL_CREATE = "SuccessfulCreate"
 _POD_CREATED = re.compile(r"Created pod: (\S+)")
 
 
@@ -130,7 +176,10 @@ class PodsObservation:
 
 
 def replica_pods(pytorchjob: dict[str, Any]) -> list[str]:
-    """The pods the Training Operator makes for a PyTorchJob: ``<name>-<replica type>-<index>``."""
+    """The pods the Training Operator makes for a PyTorchJob: ``<name>-<replica type>-<index>``. A
+    TrainJob's pods have random names (``<name>-node-0-<index>-<5>``): none is named in advance."""
+    if engine_of(pytorchjob) == Engine.TRAINJOB:
+        return []
     name = (pytorchjob.get("metadata") or {}).get("name") or ""
     specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
     out = []
@@ -146,6 +195,13 @@ def pods_running(pytorchjob: dict[str, Any] | None) -> bool:
     the Training Operator's count of Running pods): then the pods need no look."""
     if pytorchjob is None:
         return False
+    if engine_of(pytorchjob) == Engine.TRAINJOB:
+        # JobSet's ``ready``: the Jobs whose pods are all ready (or done); one Job holds every node
+        return any(
+            int(j.get("ready") or 0) >= 1
+            for j in _trainjob_steps(pytorchjob)
+            if j.get("name") == TRAINJOB_STEP
+        )
     specs = (pytorchjob.get("spec") or {}).get("pytorchReplicaSpecs") or {}
     counts = (pytorchjob.get("status") or {}).get("replicaStatuses") or {}
     if not specs:
@@ -176,6 +232,8 @@ def pods_observation(
     live = _live_pods(pytorchjob, pods)
     missing = missing_pods(pytorchjob, pods)
     troubles: list[PodTrouble] = []
+    if engine_of(pytorchjob) == Engine.TRAINJOB and trainjob_pods_missing(pytorchjob, pods):
+        troubles.extend(_trainjob_not_created(pytorchjob, events))
     unexplained: list[str] = []
     failures = _creation_failures(events, uid) if missing else {}
     for name in missing:
@@ -198,6 +256,38 @@ def pods_observation(
     )
 
 
+def trainjob_step_job(trainjob: dict[str, Any]) -> str:
+    """The Job of a TrainJob's training pods: ``<name>-node-0`` (JobSet's ``<jobset>-<step>-<index>``)."""
+    return f"{(trainjob.get('metadata') or {}).get('name')}-{TRAINJOB_STEP}-0"
+
+
+def trainjob_pods_missing(trainjob: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether fewer of a TrainJob's pods exist than its nodes (``spec.trainer.numNodes``)."""
+    nodes = int(((trainjob.get("spec") or {}).get("trainer") or {}).get("numNodes") or 1)
+    return len(_live_pods(trainjob, pods)) < nodes
+
+
+def _trainjob_not_created(trainjob: dict[str, Any], events: list[dict[str, Any]]) -> list[PodTrouble]:
+    """Why a TrainJob's pod is missing: the Job controller's newest ``FailedCreate`` on its Job
+    (``events``), unless a pod was created since (its names are generated: any later
+    ``SuccessfulCreate`` outdates it)."""
+    failed: tuple[datetime, str] | None = None
+    created: datetime | None = None
+    for e in events:
+        when = _event_time(e)
+        if when is None:
+            continue
+        if e.get("reason") == JOB_FAILED_CREATE and (failed is None or failed[0] < when):
+            failed = (when, str(e.get("message") or ""))
+        elif e.get("reason") == JOB_SUCCESSFUL_CREATE and (created is None or created < when):
+            created = when
+    if failed is None or (created is not None and created >= failed[0]):
+        return []
+    match = _POD_IN_ERROR.search(failed[1])
+    pod = match.group(1) if match else f"a pod of Job {trainjob_step_job(trainjob)}"
+    return [PodTrouble(Reason.PODS_NOT_CREATED, pod, failed[1], since=_rfc3339(failed[0]))]
+
+
 def missing_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
     """The PyTorchJob's pods (``replica_pods``) that do not exist, or are being deleted."""
     live = _live_pods(pytorchjob, pods)
@@ -206,10 +296,12 @@ def missing_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> list
 
 def _live_pods(pytorchjob: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     uid = (pytorchjob.get("metadata") or {}).get("uid")
+    # a TrainJob's pods belong to its JobSet's Jobs: the JobSet's label (its name) selected them
+    trainjob = engine_of(pytorchjob) == Engine.TRAINJOB
     return {
         p["metadata"]["name"]: p
         for p in pods
-        if _owned_by(p, uid) and not (p.get("metadata") or {}).get("deletionTimestamp")
+        if (trainjob or _owned_by(p, uid)) and not (p.get("metadata") or {}).get("deletionTimestamp")
     }
 
 
@@ -392,15 +484,46 @@ class ChildError:
 
 
 def training_observation(pytorchjob: dict[str, Any] | None) -> TrainingObservation:
-    """Fold a PyTorchJob's status conditions into its one decisive condition."""
+    """Fold a PyTorchJob's status conditions into its one decisive condition (a TrainJob's:
+    :func:`trainjob_observation`)."""
     if pytorchjob is None:
         return TrainingObservation()
+    if engine_of(pytorchjob) == Engine.TRAINJOB:
+        return trainjob_observation(pytorchjob)
     conditions = (pytorchjob.get("status") or {}).get("conditions") or []
     by_type = {c.get("type"): c for c in conditions if c.get("status") == "True"}
     for kind in TRAINING_PRECEDENCE:
         if kind in by_type:
             c = by_type[kind]
             return TrainingObservation(True, kind, c.get("reason") or "", c.get("message") or "")
+    return TrainingObservation(exists=True)
+
+
+def _trainjob_steps(trainjob: dict[str, Any]) -> list[dict[str, Any]]:
+    return [j for j in (trainjob.get("status") or {}).get("jobsStatus") or [] if isinstance(j, dict)]
+
+
+def trainjob_observation(trainjob: dict[str, Any]) -> TrainingObservation:
+    """Fold a TrainJob's status into the PyTorchJob condition it means (``TRAINING_PRECEDENCE``), so
+    one state machine decides for both engines.
+
+    ``Failed``, ``Complete`` (as ``Succeeded``) and ``Suspended``, when True, decide, with their
+    reason and message. Otherwise a TrainJob whose training Jobs (``jobsStatus`` of the ``node``
+    step) have an active one runs (``Running``: Trainer v2 writes no running condition; a TrainJob
+    never suspended has no condition at all); one with a status but nothing active yet was
+    ``Created``; one with no status is not followed by any Trainer controller yet."""
+    status = trainjob.get("status") or {}
+    conditions = status.get("conditions") or []
+    by_type = {c.get("type"): c for c in conditions if c.get("status") == "True"}
+    for theirs, ours in TRAINJOB_PRECEDENCE:
+        if theirs in by_type:
+            c = by_type[theirs]
+            return TrainingObservation(True, ours, c.get("reason") or "", c.get("message") or "")
+    steps = [j for j in _trainjob_steps(trainjob) if j.get("name") == TRAINJOB_STEP]
+    if any(int(j.get("active") or 0) > 0 for j in steps):
+        return TrainingObservation(True, "Running")
+    if steps or conditions:
+        return TrainingObservation(True, "Created")
     return TrainingObservation(exists=True)
 
 
@@ -576,7 +699,13 @@ def parse_registration_result(message: str) -> dict[str, Any] | None:
 
 
 def shown_trouble(
-    pods: PodsObservation, training: TrainingObservation, *, now: str, namespace: str, pytorchjob_name: str
+    pods: PodsObservation,
+    training: TrainingObservation,
+    *,
+    now: str,
+    namespace: str,
+    pytorchjob_name: str,
+    kind: str = str(Engine.PYTORCHJOB),
 ) -> tuple[str, str] | None:
     """The pods' trouble as (reason, message) for the conditions; None when there is none to show
     (yet: a pod waits for a node ``SHOW_UNSCHEDULABLE_AFTER`` seconds before that is news)."""
@@ -601,10 +730,16 @@ def shown_trouble(
             "itself once a node fits"
         )
     if t.reason == Reason.PODS_NOT_CREATED:
+        creator = (
+            f"the Job controller cannot create {pod} of TrainJob {pytorchjob_name}"
+            if kind == str(Engine.TRAINJOB)
+            else f"the Training Operator cannot create {pod} of PyTorchJob {pytorchjob_name}"
+        )
+        retries = "the Job controller" if kind == str(Engine.TRAINJOB) else "the Training Operator"
         return Reason.PODS_NOT_CREATED, (
-            f"the Training Operator cannot create {pod} of PyTorchJob {pytorchjob_name}: {t.message}. "
+            f"{creator}: {t.message}. "
             "Fix what it names (spec.resources.priorityClassName must name an existing PriorityClass; a "
-            "ResourceQuota or an admission policy may refuse the pod); the Training Operator keeps retrying, "
+            f"ResourceQuota or an admission policy may refuse the pod); {retries} keeps retrying, "
             "with a growing backoff"
         )
     if t.reason == Reason.MOUNT_FAILED:

@@ -12,6 +12,10 @@ Why each rule:
   progress annotations. finetunejobs/status (get/patch): the operator's status writes. The per-job
   trainer Role grants patch on the status too, and RBAC lets only a holder grant a permission.
 - pytorchjobs (get/list/watch/create/patch): create training, watch it, flip ``runPolicy.suspend``.
+- trainingruntimes (get/create), trainjobs (get/list/watch/create/patch): the same on Kubeflow
+  Trainer v2 (a job whose engine is TrainJob): the job's own TrainingRuntime, created once before
+  its TrainJob, and the TrainJob, watched, its ``spec.suspend`` flipped. jobsets (get): the
+  TrainJob's JobSet, read while its pods restart: its ``status.restarts`` counts the restarts.
 - jobs (get/list/watch/create/delete): the registration Job; a failed one is deleted when the user
   asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by its
   uid). pods (list/watch): its termination message; the training pods, watched, and listed while
@@ -32,6 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubetune_api import spec as api
+from kubetune_api.engines import Engine
 
 KOPF_FRAMEWORK_RULES: list[dict[str, Any]] = [
     {
@@ -51,6 +56,13 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "resources": ["pytorchjobs"],
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
+    {"apiGroups": [Engine.TRAINJOB.group], "resources": ["trainingruntimes"], "verbs": ["get", "create"]},
+    {
+        "apiGroups": [Engine.TRAINJOB.group],
+        "resources": [Engine.TRAINJOB.plural],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    },
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},

@@ -34,7 +34,15 @@ from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
 
 from . import builders, observations, state, training_failures
-from .children import ChildApiError, about_child, ensure, sync_config, sync_deadline, sync_suspend
+from .children import (
+    ChildApiError,
+    about_child,
+    ensure,
+    suspend_patch,
+    sync_config,
+    sync_deadline,
+    sync_suspend,
+)
 from .kube import ApiError, Kube
 from .settings import Settings
 
@@ -64,7 +72,7 @@ _attempt_failures_guard = threading.Lock()
 
 def note_training_pod(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
     """Remember why a training pod ended, when it failed (its watch event's body)."""
-    failure = training_failures.failed_attempt([pod], builders.TRAIN_CONTAINER)
+    failure = training_failures.failed_attempt([pod], observations.training_container_of_pod(pod))
     if failure is not None:
         with _attempt_failures_guard:
             _attempt_failures[(namespace, job_name)] = failure
@@ -243,7 +251,7 @@ def carry_out(  # noqa: PLR0911  one return per kind of action
             ctx.kube.delete(api_version, kind, ns, name, uid=uid)
             return replace(obs, deleted=obs.deleted | {name})
         case state.StopTraining(name):
-            _stop_training(ctx, _training_kind(obs), ns, name, obs.job_name)
+            _stop_training(ctx, obs, name)
             return obs
     raise TypeError(f"not an action a pass carries out: {action!r}")
 
@@ -272,10 +280,6 @@ def _read(ctx: Context, obs: state.Observation, action: state.Read) -> Any:
         with about_child("get", kind, name):
             return ctx.kube.get(api_version, kind, ns, name)
     return ctx.kube.get(api_version, kind, ns, name)
-
-
-# the training object's builder of each engine the operator runs (state.engine.IMPLEMENTED)
-_TRAINING_BUILDERS = {state.Engine.PYTORCHJOB: builders.build_pytorchjob}
 
 
 def _training_kind(obs: state.Observation) -> tuple[str, str]:
@@ -307,7 +311,7 @@ def _manifests(ctx: Context, engine: state.Engine | None, action: state.EnsureCh
         return [builders.build_registration_job(job, settings, force=action.force)]
     if child == state.Child.TRAINING_JOB:
         assert engine is not None, "the state machine names the engine before the training object"
-        return [_TRAINING_BUILDERS[engine](job, settings)]
+        return builders.build_training(engine, job, settings)
     return [build[child](job, settings)]
 
 
@@ -393,26 +397,29 @@ def _job_pod_not_created(ctx: Context, job_obj: dict[str, Any]) -> str:
 
 
 def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.TrainingObservation) -> Any:
-    """Why the Failed PyTorchJob failed, from its pods (best effort: a refused read is logged and the
-    generic message stands)."""
+    """Why the Failed training object failed, from its pods (best effort: a refused read is logged
+    and the generic message stands). A TrainJob's failed pod stays (restartPolicy Never; the JobSet
+    is not restarted once it failed)."""
     meta = pytorchjob["metadata"]
+    engine = observations.engine_of(pytorchjob)
     try:
-        pods = ctx.kube.list(
-            "v1", "Pod", meta["namespace"], f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}"
-        )
+        pods = ctx.kube.list("v1", "Pod", meta["namespace"], observations.training_pod_selector(pytorchjob))
     except ApiError as e:
-        ctx.logger.warning("cannot read the pods of PyTorchJob %s: %s", meta["name"], e)
+        ctx.logger.warning("cannot read the pods of %s %s: %s", engine, meta["name"], e)
         pods = []
-    return training_failures.training_failure(training, pods, builders.TRAIN_CONTAINER)
+    return training_failures.training_failure(training, pods, observations.TRAINING_CONTAINER[engine])
 
 
 def _restarts(
     ctx: Context, job_name: str, pytorchjob: dict[str, Any]
 ) -> tuple[int, TrainingFailure | None] | None:
-    """The Training Operator's restart events of the PyTorchJob, and why the last attempt ended when
-    its failed pod is still there (best effort, like the pods' trouble)."""
+    """The Training Operator's restart events of the PyTorchJob (a TrainJob's: its JobSet's
+    ``status.restarts``), and why the last attempt ended when its failed pod is still there (best
+    effort, like the pods' trouble)."""
     meta = pytorchjob["metadata"]
     ns = meta["namespace"]
+    if observations.engine_of(pytorchjob) == state.Engine.TRAINJOB:
+        return _jobset_restarts(ctx, job_name, pytorchjob)
     try:
         events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
         pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
@@ -425,32 +432,60 @@ def _restarts(
     return counted, training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER) or noted
 
 
-def _stop_training(ctx: Context, kind: tuple[str, str], namespace: str, name: str, job_name: str) -> None:
-    """Suspend the training object of a failed job (its pods restarted too often, or its parent is
-    gone), so the Training Operator stops its pods and the GPUs are free."""
-    patch = {
-        "metadata": {"annotations": {builders.ANNOTATION_SUSPENDED_BY_US: "true"}},
-        "spec": {"runPolicy": {"suspend": True}},
-    }
+def _jobset_restarts(
+    ctx: Context, job_name: str, trainjob: dict[str, Any]
+) -> tuple[int, TrainingFailure | None] | None:
+    """A TrainJob's restarts: its JobSet's count (None while there is no JobSet, or it cannot be
+    read), and why the last attempt ended (its failed pod, if the restart has not deleted it yet,
+    else the one the pod watch noted)."""
+    meta = trainjob["metadata"]
+    ns = meta["namespace"]
     try:
-        ctx.kube.patch(kind[0], kind[1], namespace, name, patch)
+        jobset = ctx.kube.get(observations.JOBSET_API_VERSION, "JobSet", ns, meta["name"])
+        pods = ctx.kube.list("v1", "Pod", ns, observations.training_pod_selector(trainjob)) if jobset else []
+    except ApiError as e:
+        ctx.logger.warning("cannot read the restarts of TrainJob %s/%s (its JobSet): %s", ns, meta["name"], e)
+        return None
+    if jobset is None:
+        return None
+    with _attempt_failures_guard:
+        noted = _attempt_failures.pop((ns, job_name), None)
+    failed = training_failures.failed_attempt(pods, builders.TRAINJOB_CONTAINER)
+    return observations.jobset_restarts(jobset), failed or noted
+
+
+def _stop_training(ctx: Context, obs: state.Observation, name: str) -> None:
+    """Suspend the training object of a failed job (its pods restarted too often, or its parent is
+    gone), so its engine stops its pods and the GPUs are free."""
+    api_version, kind = _training_kind(obs)
+    patch = suspend_patch({"kind": kind}, True)
+    try:
+        ctx.kube.patch(api_version, kind, obs.namespace, name, patch)
     except ApiError as e:  # the status says Failed either way; the pods keep restarting until it works
-        ctx.logger.warning("cannot suspend %s %s of the failed job %s: %s", kind[1], name, job_name, e)
+        ctx.logger.warning("cannot suspend %s %s of the failed job %s: %s", kind, name, obs.job_name, e)
 
 
 def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObservation:
     """Why the PyTorchJob's pods do not run, if they cannot start: one list of its pods and, only
-    when one is missing, one of its events. Called only while its status does not count every pod
+    when one is missing, one of its events (a TrainJob's: its JobSet's Job's, the Job controller's). Called only while its status does not count every pod
     as running. Best effort: a refused read (the RBAC of an older install) is logged, never holds
     the job."""
     meta = pytorchjob["metadata"]
     ns = meta["namespace"]
     try:
-        pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
+        pods = ctx.kube.list("v1", "Pod", ns, observations.training_pod_selector(pytorchjob))
         events: list[dict[str, Any]] = []
         pod_events: list[dict[str, Any]] = []
         if observations.missing_pods(pytorchjob, pods):
             events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
+        elif observations.engine_of(
+            pytorchjob
+        ) == state.Engine.TRAINJOB and observations.trainjob_pods_missing(pytorchjob, pods):
+            # the Job controller says on the JobSet's Job why it cannot create a pod
+            step_job = ctx.kube.get("batch/v1", "Job", ns, observations.trainjob_step_job(pytorchjob))
+            if step_job is not None:
+                uid = step_job["metadata"]["uid"]
+                events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={uid}")
         if any((p.get("status") or {}).get("phase") in (None, "Pending") for p in pods):
             # a pending pod may wait for its volumes: the kubelet says so only in events
             for reason in sorted(observations.MOUNT_EVENT_REASONS):
@@ -458,7 +493,8 @@ def _pods_observation(ctx: Context, pytorchjob: dict[str, Any]) -> state.PodsObs
                 pod_events += ctx.kube.list("v1", "Event", ns, field_selector=selector)
     except ApiError as e:
         ctx.logger.warning(
-            "cannot read the pods or events of PyTorchJob %s/%s (their trouble is not shown): %s",
+            "cannot read the pods or events of %s %s/%s (their trouble is not shown): %s",
+            pytorchjob.get("kind"),
             ns,
             meta["name"],
             e,

@@ -2,7 +2,8 @@
 ``auto`` records PyTorchJob where its CRD is served; a recorded engine survives an operator
 restart with another default and the other engine's CRD installed since; a job that forces
 TrainJob never runs as a PyTorchJob: while TrainJob is not served it waits with a condition naming
-the CRD, nothing created.
+the CRD, nothing created. A job on TrainJob once served: tests/integration/test_operator_trainjob.py
+(Trainer v2.2.0's real CRDs).
 
 No Kubeflow Trainer v2 runs here: where TrainJob must be served, the test registers a minimal CRD
 named ``trainjobs.trainer.kubeflow.org`` (group, version, kind and plural as Trainer v2's; any
@@ -153,22 +154,3 @@ def test_forced_trainjob_not_served_waits_and_creates_nothing(
         what="the Warning event",
     )
     _nothing_created(kube, namespace, name)  # not a PyTorchJob either: no fallback
-
-
-def test_forced_trainjob_served_is_recorded_and_waits_for_its_builder(
-    kube: Any, namespace: str, install_trainjob_crd: Callable[[], None], operator_env: dict[str, str]
-) -> None:
-    """Until the TrainJob child lands (issue 31 item 2), a job on TrainJob says so and creates nothing."""
-    install_trainjob_crd()
-    with kopf_runner(namespace):
-        name = _create(kube, namespace, engine="TrainJob")
-
-        def waiting() -> dict[str, Any] | None:
-            obj = get_job(kube, namespace, name)
-            recorded = (obj.get("status") or {}).get("engine") == "TrainJob"
-            return obj if recorded and _reason(obj, "ChildrenReady") == "EngineNotImplemented" else None
-
-        obj = wait_for(waiting, what="status.engine TrainJob, EngineNotImplemented")
-    assert obj["status"]["phase"] == "Pending"
-    _nothing_created(kube, namespace, name)
-    assert kube.list(TRAINJOB.api_version, "TrainJob", namespace) == []

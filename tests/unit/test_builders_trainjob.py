@@ -1,9 +1,9 @@
 """The TrainJob child (Kubeflow Trainer v2, issue 31 item 2), built by the same pure builders as the
 PyTorchJob, held to the facts of ``../shared/research/trainjob.md`` (Trainer v2.2, JobSet v0.11.1):
 the training pods are the PyTorchJob's but for the container's name, the TrainJob always sends
-``trainer``, and the failure policy gives the ExitCode restart semantics. Not yet checked against
-the real CRDs and webhooks (no Trainer v2 runs in the tests yet), and not yet created by the
-operator (``state.engine.IMPLEMENTED``)."""
+``trainer``, and the failure policy gives the ExitCode restart semantics. The operator creates them
+(tests/integration/test_operator_trainjob.py, against Trainer v2.2.0's real CRDs); not yet checked
+against Trainer's and JobSet's webhooks (no Trainer v2 controller runs in the tests yet)."""
 
 from __future__ import annotations
 
@@ -151,3 +151,37 @@ def test_the_longest_pod_name_fits() -> None:
     name = builders.trainjob_name(job)
     longest = f"{name}-{builders.TRAINJOB_STEP}-0-{512 - 1}-xxxxx"
     assert len(longest) <= 63 and name[0].isalpha()
+
+
+def test_render_renders_the_trainjob_child_when_the_spec_names_that_engine(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kubetune render``: spec.engine TrainJob renders the runtime and the TrainJob in place of the
+    PyTorchJob; the operator's default engine (KUBETUNE_ENGINE) does the same for a spec naming none."""
+    import yaml
+    from tests.unit.test_builders import REPO
+
+    from kubetune_cli.main import main
+
+    doc = yaml.safe_load((REPO / "examples" / "multinode-lora.yaml").read_text())
+    doc["spec"]["engine"] = "TrainJob"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["render", str(path)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = [d["kind"] for d in docs]
+    assert "PyTorchJob" not in kinds
+    assert kinds[kinds.index("TrainingRuntime") + 1] == "TrainJob"
+    trainjob = docs[kinds.index("TrainJob")]
+    assert trainjob["spec"]["runtimeRef"]["name"] == trainjob["metadata"]["name"]
+
+    del doc["spec"]["engine"]
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("KUBETUNE_ENGINE", "TrainJob")
+    assert main(["render", str(path)]) == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert "TrainJob" in kinds and "PyTorchJob" not in kinds
+    monkeypatch.setenv("KUBETUNE_ENGINE", "auto")  # resolved against the cluster: rendered as the PyTorchJob
+    assert main(["render", str(path)]) == 0
+    kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert "PyTorchJob" in kinds and "TrainJob" not in kinds

@@ -54,10 +54,8 @@ ROWS = {
         None,
         AUTO,
         served(PTJ, TJ),
-        ["UseEngine", "Commit"],
+        ["UseEngine", *CREATED],
         "TrainJob",
-        Reason.ENGINE_NOT_IMPLEMENTED,
-        ("TrainJob",),
     ),
     # a job that started before engines were recorded (children, no engine) ran on the PyTorchJob
     "recorded/older-than-the-record": Row(
@@ -74,9 +72,8 @@ ROWS = {
         "TrainJob",
         AUTO,
         served(PTJ, TJ),
-        ["Read:served", "UseEngine", "Commit"],
+        ["Read:served", "UseEngine", *CREATED],
         "TrainJob",
-        Reason.ENGINE_NOT_IMPLEMENTED,
     ),
     "spec/trainjob-not-served": Row(
         None,
@@ -127,9 +124,8 @@ ROWS = {
         None,
         AUTO,
         served(TJ),
-        ["Read:served", "Read:served", "UseEngine", "Commit"],
+        ["Read:served", "Read:served", "UseEngine", *CREATED],
         "TrainJob",
-        Reason.ENGINE_NOT_IMPLEMENTED,
     ),
     "auto/neither": Row(
         None,

@@ -15,7 +15,8 @@ In order, the first that answers:
 Whether a resource is served is a fact the pass reads (``Fact.SERVED``, by the engine's name:
 the API server's discovery of the engine's group and version), only for a job whose engine is not
 recorded yet. A chosen engine this operator version cannot run yet waits too (``EngineNotImplemented``),
-recorded, with nothing created.
+recorded, with nothing created (an engine a newer API knows of; this version runs both
+engines).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from kubetune_api.status import FineTuneJobStatus, Reason
 from .observation import Fact, Observation
 
 # the engines whose training object this version builds and follows
-IMPLEMENTED = frozenset({Engine.PYTORCHJOB})
+IMPLEMENTED = frozenset({Engine.PYTORCHJOB, Engine.TRAINJOB})
 
 
 def recorded(prev: FineTuneJobStatus) -> Engine | None:

@@ -19,14 +19,15 @@ Conditions (Kubernetes conventions; ``reason`` is one of :class:`~kubetune_api.s
 a :class:`~kubetune_api.preparation.Refusal`):
 
 - ``Ready``: True once the model is trained and registered (phase Succeeded).
-- ``ChildrenReady``: the PVC, ConfigMap and PyTorchJob exist and are ours. False: ``ChildConflict``
+- ``ChildrenReady``: the PVC, ConfigMap and training object (PyTorchJob or TrainJob) exist and are
+  ours. False: ``ChildConflict``
   (a stranger's object has a child's name), ``ChildRejected`` (the API server refused a child as
   built from this spec: Failed), ``ChildForbidden`` (403: quota, RBAC, an admission policy;
   retried), ``ChildApiError`` (no answer, 429, 5xx: retried, shown after ``SHOW_TRANSIENT_AFTER``).
 - ``Prepared``: True once the preparation Job succeeded (its report is ``status.preparation``);
   False while it runs (``Preparing``), or with the refusal's reason (``DatasetEmpty``,
   ``DoesNotFit``...) or ``PreparationFailed``: the job is Failed before any GPU pod existed.
-- ``Training``: True while the PyTorchJob runs. False while it has not started; when its pods
+- ``Training``: True while the training object runs. False while it has not started; when its pods
   cannot start it says why (``PodsNotCreated``, ``Unschedulable``, ``ImagePullFailed``).
 - ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
 - ``Registered``: True once MLflow has the model version; False ``GateNotMet`` when
@@ -41,11 +42,18 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from kubetune_api.engines import Engine
 from kubetune_api.failures import Failure
 from kubetune_api.spec import RETRY_REGISTRATION_ANNOTATION, FineTuneJob
 from kubetune_api.status import Condition, ConditionType, EventReason, FineTuneJobStatus, Phase, Reason
 
-from ..observations import POD_TROUBLE, SHOW_TRANSIENT_AFTER, PreparationObservation, shown_trouble
+from ..observations import (
+    POD_TROUBLE,
+    SHOW_TRANSIENT_AFTER,
+    TRAINING_POD_LABEL,
+    PreparationObservation,
+    shown_trouble,
+)
 from ..registration_status import gate_event, gate_not_met_message, registered_message, registration_report
 from ..state_types import Decided, Decision, Event, Transition, Verdicts
 from ..state_types import condition_of as _condition
@@ -55,6 +63,22 @@ from .observation import Observation
 from .status_view import FINAL_PHASES, Reregister, reopens
 
 C = ConditionType
+# what runs each engine's training object, as its messages name it
+_CONTROLLER = {
+    Engine.PYTORCHJOB: "the Kubeflow Training Operator",
+    Engine.TRAINJOB: "the Kubeflow Trainer v2 controller",
+}
+
+
+def _engine(obs: Observation) -> Engine:
+    """The pass's engine; before one is chosen, messages name the PyTorchJob."""
+    return obs.engine or Engine.PYTORCHJOB
+
+
+def _kind(obs: Observation) -> str:
+    """The kind of the job's training object, as messages name it."""
+    return str(_engine(obs))
+
 
 CONDITION_TYPES = (
     C.READY,
@@ -133,7 +157,7 @@ def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transiti
     if phase == Phase.SUCCEEDED:  # the model registered (with its links), the gate's verdict
         status.update(registration_report(obs.registration))
 
-    events = opening + _events(prev_phase, phase, reasons, prev_conditions)
+    events = opening + _events(prev_phase, phase, reasons, prev_conditions, _kind(obs))
     return _record_retry(Transition(status=status, events=events, phase=phase, waiting=decision.waiting), obs)
 
 
@@ -205,8 +229,11 @@ def _held(
         else:
             reason = Reason.CHILD_API_ERROR
             msg = f"{err.describe()}. Retrying with backoff ({err.attempts} attempts in a row failed)"
-            if err.kind == "PyTorchJob" and err.code == 404:
-                msg += "; is the Kubeflow Training Operator (its PyTorchJob CRD) installed?"
+            if (
+                err.kind in (str(Engine.PYTORCHJOB), str(Engine.TRAINJOB), "TrainingRuntime")
+                and err.code == 404
+            ):
+                msg += f"; is {_CONTROLLER[_engine(obs)]} (its {err.kind} CRD) installed?"
         reasons[C.CHILDREN_READY] = (False, reason, msg)
         if phase == Phase.PENDING:
             reasons[C.READY] = (False, reason, msg)
@@ -214,7 +241,7 @@ def _held(
         reasons[C.CHILDREN_READY] = (
             False,
             Reason.CREATING_CHILDREN,
-            "creating the checkpoint volume, trainer config and PyTorchJob",
+            f"creating the checkpoint volume, trainer config and {_kind(obs)}",
         )
         reasons[C.READY] = (False, Reason.NOT_READY, "creating the children")
     # Training has not started because of it: say so there too (what `kubectl describe` and Argo CD
@@ -236,7 +263,7 @@ def _held(
     }
     if obs.engine is not None:
         status["engine"] = str(obs.engine)
-    events = _events(prev_phase, str(phase), reasons.by_type, prev_conditions)
+    events = _events(prev_phase, str(phase), reasons.by_type, prev_conditions, _kind(obs))
     return Transition(status=status, events=events, phase=str(phase), waiting=True)
 
 
@@ -284,11 +311,11 @@ def _decide(obs: Observation) -> tuple[str, Verdicts]:
     out[C.CHILDREN_READY] = (
         True,
         Reason.CHILDREN_CREATED,
-        "checkpoint volume, trainer config and PyTorchJob exist",
+        f"checkpoint volume, trainer config and {_kind(obs)} exist",
     )
 
     logs_hint = (
-        f"trainer logs: kubectl logs -n {obs.namespace} -l training.kubeflow.org/job-name={obs.pytorchjob_name} "
+        f"trainer logs: kubectl logs -n {obs.namespace} -l {TRAINING_POD_LABEL[_engine(obs)]}={obs.pytorchjob_name} "
         "--all-containers --prefix"
     )
 
@@ -326,7 +353,7 @@ def _training_failed(obs: Observation, out: Verdicts, logs_hint: str) -> tuple[s
         return Phase.FAILED, out
     tr = obs.training
     msg = (
-        f"PyTorchJob {obs.pytorchjob_name} failed ({tr.reason or 'Failed'}: {tr.message or 'no message'}). "
+        f"{_kind(obs)} {obs.pytorchjob_name} failed ({tr.reason or 'Failed'}: {tr.message or 'no message'}). "
         f"See the {logs_hint}. Exit codes 1-127 (bad config, a bug, missing data or credentials) fail at "
         "once; fix the spec and re-create the FineTuneJob. Exit codes 128-255 (preemption, OOM kill) were "
         "retried up to the backoff limit; checkpoints stay on PVC "
@@ -346,7 +373,7 @@ def _restart_limit(obs: Observation, out: Verdicts) -> tuple[str, Verdicts]:
     msg = (
         f"the training pods restarted {r.since_progress} times without a new checkpoint (limit "
         f"{obs.restart_limit}: the operator's trainBackoffLimit); the last attempt: {r.last or 'ended without a reason kubetune saw'}"
-        f" The PyTorchJob {obs.pytorchjob_name} is suspended (its pods stopped); checkpoints stay on PVC "
+        f" The {_kind(obs)} {obs.pytorchjob_name} is suspended (its pods stopped); checkpoints stay on PVC "
         f"{obs.checkpoint_claim} when it is kept."
     )
     out[C.TRAINING] = (False, reason, msg)
@@ -389,7 +416,7 @@ def _preparation(obs: Observation, prep: PreparationObservation, out: Verdicts) 
     out[C.CHILDREN_READY] = (
         True,
         Reason.CHILDREN_CREATED,
-        "checkpoint volume, trainer config and preparation Job exist; the PyTorchJob follows the preparation",
+        f"checkpoint volume, trainer config and preparation Job exist; the {_kind(obs)} follows the preparation",
     )
     out[C.PREPARED] = (False, reason, msg)
     out[C.TRAINING] = (False, Reason.PREPARING, "training starts once the preparation has succeeded")
@@ -548,19 +575,19 @@ def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdict
         out[C.SUSPENDED] = (
             True,
             Reason.SUSPENDED_BY_USER,
-            "spec.suspend is true: the PyTorchJob is suspended",
+            f"spec.suspend is true: the {_kind(obs)} is suspended",
         )
         out[C.TRAINING] = (False, Reason.SUSPENDED_BY_USER, "suspended; resumes from the newest checkpoint")
         out[C.READY] = (False, Reason.SUSPENDED_BY_USER, "suspended")
         return Phase.SUSPENDED, out
     if tr.condition == "Suspended":
         if obs.queued_by_kueue:
-            msg = "the PyTorchJob waits for Kueue to admit it (spec.resources.queueName)"
+            msg = f"the {_kind(obs)} waits for Kueue to admit it (spec.resources.queueName)"
             out[C.SUSPENDED] = (True, Reason.QUEUED, msg)
             out[C.TRAINING] = (False, Reason.QUEUED, msg)
             out[C.READY] = (False, Reason.QUEUED, msg)
             return Phase.PENDING, out
-        msg = "resuming the PyTorchJob"
+        msg = f"resuming the {_kind(obs)}"
         out[C.SUSPENDED] = (False, Reason.RESUMING, msg)
         out[C.TRAINING] = (False, Reason.RESUMING, msg)
         out[C.READY] = (False, Reason.RESUMING, msg)
@@ -575,7 +602,7 @@ def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdict
     elif tr.condition == "Restarting":
         phase = Phase.TRAINING
         msg = (
-            f"PyTorchJob {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
+            f"{_kind(obs)} {obs.pytorchjob_name} is restarting ({tr.message or tr.reason or 'a pod exited'}); "
             "training resumes from the newest checkpoint"
         )
         out[C.TRAINING] = (True, Reason.TRAINING_RESTARTING, msg)
@@ -583,14 +610,19 @@ def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdict
     else:
         phase = Phase.PENDING
         if tr.condition == "Created":
-            msg = "PyTorchJob created; waiting for its pods to be scheduled and start"
+            msg = f"{_kind(obs)} created; waiting for its pods to be scheduled and start"
             out[C.TRAINING] = (False, Reason.TRAINING_CREATED, msg)
         else:
-            msg = f"PyTorchJob {obs.pytorchjob_name} has no status yet: is the Kubeflow Training Operator running?"
+            msg = f"{_kind(obs)} {obs.pytorchjob_name} has no status yet: is {_CONTROLLER[_engine(obs)]} running?"
             out[C.TRAINING] = (False, Reason.WAITING_FOR_TRAINING_OPERATOR, msg)
         out[C.READY] = (False, Reason.NOT_READY, msg)
     shown = shown_trouble(
-        obs.pods, obs.training, now=obs.now, namespace=obs.namespace, pytorchjob_name=obs.pytorchjob_name
+        obs.pods,
+        obs.training,
+        now=obs.now,
+        namespace=obs.namespace,
+        pytorchjob_name=obs.pytorchjob_name,
+        kind=_kind(obs),
     )
     if shown is not None:
         # the phase stays what the PyTorchJob says; Training and Ready say why its pods do not start
@@ -645,7 +677,11 @@ _CHILD_TROUBLE = (
 
 
 def _events(
-    prev_phase: str, phase: str, reasons: Mapping[ConditionType, Decided], prev: dict[str, Condition]
+    prev_phase: str,
+    phase: str,
+    reasons: Mapping[ConditionType, Decided],
+    prev: dict[str, Condition],
+    kind: str = str(Engine.PYTORCHJOB),
 ) -> list[Event]:
     events: list[Event] = []
     children = reasons.get(C.CHILDREN_READY)
@@ -670,9 +706,9 @@ def _events(
         reason = EventReason.RESUMED if prev_phase == Phase.SUSPENDED else EventReason.TRAINING_STARTED
         events.append(Event("Normal", reason, "training is running"))
     elif phase == Phase.SUSPENDED:
-        events.append(Event("Normal", Reason.SUSPENDED_BY_USER, "suspended the PyTorchJob (spec.suspend)"))
+        events.append(Event("Normal", Reason.SUSPENDED_BY_USER, f"suspended the {kind} (spec.suspend)"))
     elif phase == Phase.PENDING and prev_phase == Phase.SUSPENDED:
-        events.append(Event("Normal", EventReason.RESUMED, "resuming the PyTorchJob"))
+        events.append(Event("Normal", EventReason.RESUMED, f"resuming the {kind}"))
     elif phase == Phase.REGISTERING:
         events.append(
             Event(

@@ -91,7 +91,8 @@ def _normal(obs: Observation, prev: FineTuneJobStatus, reregister: Reregister | 
         elif _trained_and_gone(obs, job):
             name = builders.pytorchjob_name(job)
             training = TrainingObservation(
-                condition="Succeeded", message=f"training finished (PyTorchJob {name} has been deleted since)"
+                condition="Succeeded",
+                message=f"training finished ({obs.engine} {name} has been deleted since)",
             )
     else:
         children, training = {}, TrainingObservation()

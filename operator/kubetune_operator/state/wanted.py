@@ -9,6 +9,7 @@ conflict (a training object must never mount a stranger's volume) and at the fir
 from __future__ import annotations
 
 from kubetune_api import spec as api
+from kubetune_api.engines import Engine
 from kubetune_api.status import FineTuneJobStatus
 
 from .. import builders
@@ -121,11 +122,13 @@ def _registration(obs: Observation, job: api.FineTuneJob) -> Plan | None:
 
 
 def children_names(obs: Observation, job: api.FineTuneJob) -> dict[str, str]:
-    """``status.children``: the names of the children the pass has (the base three always)."""
+    """``status.children``: the names of the children the pass has (the base three always: the
+    training object under its engine's key, ``pytorchJob`` or ``trainJob``)."""
+    training = "trainJob" if obs.engine == Engine.TRAINJOB else "pytorchJob"
     names = {
         "checkpointClaim": builders.checkpoint_claim(job),
         "configMap": builders.config_map_name(job),
-        "pytorchJob": builders.pytorchjob_name(job),
+        training: builders.pytorchjob_name(job),
     }
     if Child.PREPARATION_JOB in obs.had:
         names["preparationJob"] = builders.preparation_job_name(job)
