@@ -135,14 +135,16 @@ def test_with_tenancy_off_another_namespaces_name_proceeds(
     _proceeds(kube, namespace, "outside")
 
 
-def _no_registration(kube: Any, namespace: str, name: str) -> None:
+def _no_registration(kube: Any, namespace: str, name: str, *, trained: bool) -> None:
     """Failed with ModelNameNotAllowed (Ready and Registered, the rule named, a Warning event), and no
-    registration Job, then or after more passes."""
+    registration Job, then or after more passes. ``trained``: the job's training object exists (the
+    check before the registration Job says so); else the status alone claimed training, and the job is
+    refused as on a first pass."""
     obj = wait_phase(kube, namespace, name, "Failed", timeout=30)
     for ctype in ("Ready", "Registered"):
         found = condition(obj, ctype)
         assert found["reason"] == "ModelNameNotAllowed", obj["status"]
-        assert f"registration Job {name}-register not created" in found["message"]
+        assert (f"registration Job {name}-register not created" in found["message"]) is trained
         assert (
             "spec.registration.modelName 'team-b.assistant' is outside its namespace's names"
             in found["message"]
@@ -161,8 +163,8 @@ def test_a_status_forged_past_the_first_pass_registers_nothing_outside_its_names
     operator_env: dict[str, str], kube: Any, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The job's status is written (by someone with rights to the status) before the operator's
-    first pass: training "finished", registering. The operator checks the rule before the registration
-    Job anyway."""
+    first pass: training "finished", registering. No training object of the job's exists, so the
+    operator refuses it as on a first pass (the status alone never counts as started)."""
     kube.create(_job(namespace, "forged", "team-b.assistant"))
     forged = {
         "phase": "Registering",
@@ -180,7 +182,7 @@ def test_a_status_forged_past_the_first_pass_registers_nothing_outside_its_names
         "kubetune.io/v1alpha1", "FineTuneJob", namespace, "forged", {"status": forged}, subresource="status"
     )
     with _operator(monkeypatch, namespace, "namespace-prefix"):
-        _no_registration(kube, namespace, "forged")
+        _no_registration(kube, namespace, "forged", trained=False)
 
 
 def test_a_job_that_started_before_tenancy_trains_on_but_registers_nothing_outside_its_names(
@@ -193,4 +195,4 @@ def test_a_job_that_started_before_tenancy_trains_on_but_registers_nothing_outsi
         _proceeds(kube, namespace, "older")
     with _operator(monkeypatch, namespace, "namespace-prefix"):
         set_pytorchjob_condition(kube, namespace, "older-train", "Succeeded")
-        _no_registration(kube, namespace, "older")
+        _no_registration(kube, namespace, "older", trained=True)
