@@ -455,12 +455,7 @@ def build_pytorchjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]
             "restartPolicy": "ExitCode",
             "template": copy.deepcopy(template),  # no shared dicts (and no YAML anchors when rendered)
         }
-    meta = _metadata(job, pytorchjob_name(job), COMPONENT_TRAINING)
-    meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job, settings)}
-    if job.spec.suspend:
-        meta["annotations"][ANNOTATION_SUSPENDED_BY_US] = "true"
-    if res.queue_name:
-        meta["labels"][KUEUE_QUEUE_LABEL] = res.queue_name
+    meta = _training_metadata(job, settings)
     return {
         "apiVersion": PYTORCHJOB_API_VERSION,
         "kind": "PyTorchJob",
@@ -491,6 +486,18 @@ TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 # Exit codes that end training for good (the trainer's refusals, bad data, a bug), as the PyTorchJob's
 # ExitCode restart policy has it; 128-255 (143 saved on SIGTERM, 137 killed) restart
 PERMANENT_EXIT_CODES = tuple(range(1, 128))
+
+
+def _training_metadata(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
+    """The training object's metadata, either engine's (same name): the config hash it was built
+    from, whether kubetune suspended it, and Kueue's queue label."""
+    meta = _metadata(job, pytorchjob_name(job), COMPONENT_TRAINING)
+    meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job, settings)}
+    if job.spec.suspend:
+        meta["annotations"][ANNOTATION_SUSPENDED_BY_US] = "true"
+    if job.spec.resources.queue_name:
+        meta["labels"][KUEUE_QUEUE_LABEL] = job.spec.resources.queue_name
+    return meta
 
 
 def trainjob_name(job: api.FineTuneJob) -> str:
@@ -577,12 +584,7 @@ def build_trainjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:
     trainer's webhook refuses a TrainJob whose runtime does not exist). ``trainer`` is always sent
     (without it no torch env is set): the nodes and one process per GPU (per pod on CPU)."""
     res = job.spec.resources
-    meta = _metadata(job, trainjob_name(job), COMPONENT_TRAINING)
-    meta["annotations"] = {ANNOTATION_CONFIG_HASH: config_hash(job, settings)}
-    if job.spec.suspend:
-        meta["annotations"][ANNOTATION_SUSPENDED_BY_US] = "true"
-    if res.queue_name:
-        meta["labels"][KUEUE_QUEUE_LABEL] = res.queue_name
+    meta = _training_metadata(job, settings)
     return {
         "apiVersion": TRAINJOB_API_VERSION,
         "kind": "TrainJob",

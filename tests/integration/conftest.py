@@ -4,6 +4,7 @@ playing the controllers that do not run here (the Kubeflow Training Operator, th
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -284,3 +285,37 @@ def finish_registration_job(
         "batch/v1", "Job", namespace, job_name, {"status": status}, subresource="status"
     )
     return result
+
+
+def kubeconfig_for_service_account(control_plane: ControlPlane, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig at ``path`` that acts as ServiceAccount ``sa`` (a token valid for an hour)."""
+    token = control_plane.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": sa, "user": {"token": token}}],
+        "contexts": [{"name": sa, "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}],
+        "current-context": sa,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def bind_operator_role(control_plane: ControlPlane, namespace: str, role_name: str) -> None:
+    """The ServiceAccount ``kubetune-operator`` in ``namespace``, holding exactly the operator's rules
+    (:func:`kubetune_operator.rbac.cluster_role`, what the chart grants) in a ClusterRole
+    ``role_name``, bound cluster-wide (the chart's default). The caller deletes the ClusterRole and
+    its binding (both named ``role_name``)."""
+    from kubetune_operator import rbac
+
+    control_plane.kubectl("create", "serviceaccount", "kubetune-operator", "-n", namespace)
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(rbac.cluster_role(role_name)))
+    control_plane.kubectl(
+        "create",
+        "clusterrolebinding",
+        role_name,
+        f"--clusterrole={role_name}",
+        f"--serviceaccount={namespace}:kubetune-operator",
+    )

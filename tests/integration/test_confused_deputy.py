@@ -35,11 +35,13 @@ from typing import Any
 import pytest
 import yaml
 from tests.integration.conftest import (
+    bind_operator_role,
     condition,
     denials,
     events_for,
     get_job,
     kopf_runner,
+    kubeconfig_for_service_account,
     load_example,
     wait_for,
     wait_phase,
@@ -47,8 +49,6 @@ from tests.integration.conftest import (
 from tests.support.controlplane import ControlPlane
 from tests.support.operator import OperatorProcess
 from tests.unit.test_chart import render
-
-from kubetune_operator import rbac
 
 pytestmark = [pytest.mark.integration]
 
@@ -327,27 +327,6 @@ def _user_role(cp: ControlPlane, name: str) -> dict[str, Any]:
     }
 
 
-def _operator_kubeconfig(cp: ControlPlane, namespace: str, path: Path) -> Path:
-    token = cp.kubectl(
-        "create", "token", "kubetune-operator", "-n", namespace, "--duration=1h"
-    ).stdout.strip()
-    admin = yaml.safe_load(cp.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["name"]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": admin["clusters"],
-                "users": [{"name": "operator", "user": {"token": token}}],
-                "contexts": [{"name": "operator", "context": {"cluster": cluster, "user": "operator"}}],
-                "current-context": "operator",
-            }
-        )
-    )
-    return path
-
-
 def _team_b(kube: Any, cp: ControlPlane, b: str) -> None:
     """What another team has: a Secret, a volume, and a Succeeded job (its model)."""
     cp.kubectl("create", "secret", "generic", "hf", "-n", b, "--from-literal=token=hf_team_b_secret")
@@ -423,15 +402,7 @@ def teams(control_plane: ControlPlane, kube: Any) -> Iterator[Teams]:
             "create", "rolebinding", "alice-edit", "-n", t.a, f"--clusterrole={role}", f"--user={USER}"
         )
         # the operator: the chart's rules, bound cluster-wide (the chart's default)
-        control_plane.kubectl("create", "serviceaccount", "kubetune-operator", "-n", system)
-        control_plane.kubectl("apply", "-f", "-", input=json.dumps(rbac.cluster_role(operator_role)))
-        control_plane.kubectl(
-            "create",
-            "clusterrolebinding",
-            operator_role,
-            f"--clusterrole={operator_role}",
-            f"--serviceaccount={system}:kubetune-operator",
-        )
+        bind_operator_role(control_plane, system, operator_role)
         _team_b(kube, control_plane, t.b)
         yield t
     finally:
@@ -445,7 +416,9 @@ def teams(control_plane: ControlPlane, kube: Any) -> Iterator[Teams]:
 @pytest.fixture(scope="module")
 def operator(teams: Teams, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The operator as its ServiceAccount, watching A, with registry tenancy on (the chart's default)."""
-    kubeconfig = _operator_kubeconfig(teams.cp, teams.system, tmp_path_factory.mktemp("op") / "kc")
+    kubeconfig = kubeconfig_for_service_account(
+        teams.cp, teams.system, "kubetune-operator", tmp_path_factory.mktemp("op") / "kc"
+    )
     env = {
         "KUBECONFIG": str(kubeconfig),
         "KUBETUNE_TRAINER_IMAGE": "registry.example.com/kubetune/trainer:test",
@@ -785,7 +758,9 @@ def test_a_shared_trainer_identity_cannot_unlock_a_refused_job(
                    f"--serviceaccount={ns}:{SHARED_TRAINER}")  # fmt: skip
         proc.env.update(
             {
-                "KUBECONFIG": str(_operator_kubeconfig(cp, teams.system, tmp_path / "op-kc")),
+                "KUBECONFIG": str(
+                    kubeconfig_for_service_account(cp, teams.system, "kubetune-operator", tmp_path / "op-kc")
+                ),
                 "KUBETUNE_TRAINER_IMAGE": "registry.example.com/kubetune/trainer:test",
                 "KUBETUNE_MLFLOW_TRACKING_URI": "http://mlflow.mlflow.svc:5000",
                 "KUBETUNE_RETRY_SECONDS": "1",

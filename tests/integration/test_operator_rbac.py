@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from tests.integration.conftest import (
+    bind_operator_role,
     denials,
     events_for,
     finish_registration_job,
     kopf_runner,
+    kubeconfig_for_service_account,
     load_example,
     set_pytorchjob_condition,
     wait_for,
@@ -21,24 +22,7 @@ from tests.integration.conftest import (
 )
 from tests.support.controlplane import ControlPlane
 
-from kubetune_operator import rbac
-
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-
-
-def _kubeconfig_for_service_account(control_plane: ControlPlane, namespace: str, sa: str, path: Path) -> Path:
-    token = control_plane.kubectl("create", "token", sa, "-n", namespace, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(control_plane.kubeconfig.read_text())
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": admin["clusters"],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": sa, "context": {"cluster": admin["clusters"][0]["name"], "user": sa}}],
-        "current-context": sa,
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def test_whole_flow_with_least_privilege(
@@ -50,16 +34,8 @@ def test_whole_flow_with_least_privilege(
     tmp_path: Path,
 ) -> None:
     role_name = f"kubetune-operator-{namespace}"
-    control_plane.kubectl("create", "serviceaccount", "kubetune-operator", "-n", namespace)
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(rbac.cluster_role(role_name)))
-    control_plane.kubectl(
-        "create",
-        "clusterrolebinding",
-        role_name,
-        f"--clusterrole={role_name}",
-        f"--serviceaccount={namespace}:kubetune-operator",
-    )
-    kubeconfig = _kubeconfig_for_service_account(
+    bind_operator_role(control_plane, namespace, role_name)
+    kubeconfig = kubeconfig_for_service_account(
         control_plane, namespace, "kubetune-operator", tmp_path / "kc"
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))

@@ -302,22 +302,16 @@ def test_trainjob_flow_with_least_privilege(
 ) -> None:
     """The operator as a ServiceAccount holding only ``kubetune_operator.rbac``'s rules (the chart's)
     runs a TrainJob job through suspend, resume and registration, and is never denied."""
-    from tests.integration.conftest import denials, kopf_runner
-    from tests.integration.test_operator_rbac import _kubeconfig_for_service_account
-
-    from kubetune_operator import rbac
+    from tests.integration.conftest import (
+        bind_operator_role,
+        denials,
+        kopf_runner,
+        kubeconfig_for_service_account,
+    )
 
     role_name = f"kubetune-operator-{namespace}"
-    control_plane.kubectl("create", "serviceaccount", "kubetune-operator", "-n", namespace)
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(rbac.cluster_role(role_name)))
-    control_plane.kubectl(
-        "create",
-        "clusterrolebinding",
-        role_name,
-        f"--clusterrole={role_name}",
-        f"--serviceaccount={namespace}:kubetune-operator",
-    )
-    kubeconfig = _kubeconfig_for_service_account(
+    bind_operator_role(control_plane, namespace, role_name)
+    kubeconfig = kubeconfig_for_service_account(
         control_plane, namespace, "kubetune-operator", tmp_path / "kc"
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
