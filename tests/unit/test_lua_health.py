@@ -2,7 +2,9 @@
 sandbox: gopher-lua (the version Argo CD's current release embeds) with the libraries Argo CD opens by
 default (base, table, package; no string, math or os) and with every library open (useOpenLibs),
 through ``luahealth`` (hack/lua, tests/support/lua.py). Every case asserts the exact health status and
-message under both. Statuses written through a real API server by the operator's own state machine:
+message under both. A job on Kubeflow Trainer v2 (TrainJob) has the same health as one on a PyTorchJob
+in each phase, both statuses written by the operator's state machine (issue 31 item 6). Statuses
+written through a real API server by the operator's own state machine:
 tests/integration/test_argocd_health.py.
 """
 
@@ -18,10 +20,14 @@ import pytest
 import yaml
 from tests.support.controlplane import REPO
 from tests.support.lua import LuaError, run_health
+from tests.unit.test_state_advance import World, drive, first, job_condition, manifest, ours
+from tests.unit.test_state_trainjob import trainjob
 
 from kubetune_api import spec as api
 from kubetune_api.failures import Failure, TrainingFailure
 from kubetune_api.status import Phase
+from kubetune_operator import state
+from kubetune_operator.state import Child
 
 ARGOCD = REPO / "deploy" / "argocd"
 SCRIPT_PATH = ARGOCD / "health" / "finetunejob.lua"
@@ -962,3 +968,134 @@ def test_a_preparation_pod_that_cannot_start_is_degraded() -> None:
     obj = job({"phase": "Preparing", "conditions": [cond("Prepared", "False", "ImagePullFailed", message)]})
     for libs in LIBRARIES.values():
         assert run_health(SCRIPT_PATH, obj, open_libs=libs) == {"status": "Degraded", "message": message}
+
+
+# --- the same health on either engine (issue 31 item 6) -------------------------------------------------
+#
+# The check reads only the FineTuneJob, so it needs no change for a job on Kubeflow Trainer v2: here the
+# operator's own state machine (tests/unit/test_state_advance.py's ``drive``) writes the status of a job
+# in each phase from a PyTorchJob and from a TrainJob in the matching state (as Trainer v2.2 writes it:
+# tests/unit/test_state_trainjob.py), and Argo CD's verdict on both statuses is the same.
+
+RESULT_REGISTERED = {"name": "m", "version": "2", "uri": "models:/m/2", "run_id": "r"}
+
+
+def _engine_cases() -> dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], Any, str]]:
+    """name: (FineTuneJob spec fields, the PyTorchJob, the TrainJob, the registration Job as
+    observed, the health status both must have)."""
+    none = state.RegistrationObservation()
+    registered = state.RegistrationObservation(True, "Complete", result=RESULT_REGISTERED)
+    queue = {"resources": {"gpusPerNode": 1, "queueName": "team-a"}}
+    return {
+        "no-status-yet": ({}, ours("j-train"), trainjob(), none, "Progressing"),
+        "created": ({}, ours("j-train", **job_condition("Created")), trainjob(active=0), none, "Progressing"),
+        "training": (
+            {},
+            ours("j-train", **job_condition("Running")),
+            trainjob(active=1, ready=1),
+            none,
+            "Progressing",
+        ),
+        "suspended": (
+            {"suspend": True},
+            ours("j-train", **job_condition("Suspended")),
+            trainjob(("Suspended", "True", "Suspended"), active=0),
+            none,
+            "Suspended",
+        ),
+        "queued-by-kueue": (
+            queue,
+            ours("j-train", **job_condition("Suspended")),
+            trainjob(("Suspended", "True", "Suspended"), active=0),
+            none,
+            "Progressing",
+        ),
+        "registering": (
+            {},
+            ours("j-train", **job_condition("Succeeded")),
+            trainjob(("Complete", "True", "AllJobsCompleted"), active=0),
+            state.RegistrationObservation(True, "Running"),
+            "Progressing",
+        ),
+        "succeeded-registered": (
+            {},
+            ours("j-train", **job_condition("Succeeded")),
+            trainjob(("Complete", "True", "AllJobsCompleted"), active=0),
+            registered,
+            "Healthy",
+        ),
+        "succeeded-registration-off": (
+            {"registration": {"enabled": False}},
+            ours("j-train", **job_condition("Succeeded")),
+            trainjob(("Complete", "True", "AllJobsCompleted"), active=0),
+            none,
+            "Healthy",
+        ),
+        "failed": (
+            {},
+            ours("j-train", **job_condition("Failed")),
+            trainjob(("Failed", "True", "FailJobSetFailurePolicyAction"), active=0),
+            none,
+            "Degraded",
+        ),
+    }
+
+
+ENGINE_CASES = _engine_cases()
+
+
+def test_the_engine_cases_cover_every_phase_after_the_preparation() -> None:
+    """Every phase the training object decides (``Preparing`` comes before it exists: the cases
+    above)."""
+    phases = {_status_on("TrainJob", *ENGINE_CASES[c][:2], ENGINE_CASES[c][3])["phase"] for c in ENGINE_CASES}
+    assert phases == {p.value for p in Phase} - {Phase.PREPARING.value}
+
+
+def _status_on(engine: str, spec: dict[str, Any], live: dict[str, Any], registration: Any) -> dict[str, Any]:
+    """The status the state machine writes for the job ``j`` on ``engine`` with ``live`` as its
+    training object."""
+    obs = first(manifest(**spec), engine=state.Engine(engine))
+    _, commit = drive(obs, World(children={Child.TRAINING_JOB: live}, registration=registration))
+    assert commit.transition is not None
+    return dict(commit.transition.status)
+
+
+@pytest.mark.parametrize("libs", LIBRARIES)
+@pytest.mark.parametrize("case", ENGINE_CASES)
+def test_a_trainjob_backed_job_has_the_health_of_a_pytorchjob_backed_one(case: str, libs: str) -> None:
+    spec, pytorchjob, trainjob, registration, health = ENGINE_CASES[case]
+    on_ptj = _status_on("PyTorchJob", spec, pytorchjob, registration)
+    on_tj = _status_on("TrainJob", spec, trainjob, registration)
+    # the statuses are the engines' own: recorded engine, training child, the same phase
+    assert (on_ptj["engine"], on_tj["engine"]) == ("PyTorchJob", "TrainJob")
+    assert on_ptj["children"].get("pytorchJob") == on_tj["children"].get("trainJob") == "j-train"
+    assert "trainJob" not in on_ptj["children"] and "pytorchJob" not in on_tj["children"]
+    assert on_tj["phase"] == on_ptj["phase"]
+    ptj_reasons = {c["type"]: c["reason"] for c in on_ptj["conditions"]}
+    assert {c["type"]: c["reason"] for c in on_tj["conditions"]} == ptj_reasons
+    verdicts = {
+        engine: run_health(SCRIPT_PATH, job(status), open_libs=LIBRARIES[libs])
+        for engine, status in (("PyTorchJob", on_ptj), ("TrainJob", on_tj))
+    }
+    assert verdicts["PyTorchJob"]["status"] == verdicts["TrainJob"]["status"] == health, verdicts
+    # the message is the operator's words for each engine: the same, but for the engine's own names
+    ptj, tj = verdicts["PyTorchJob"]["message"], verdicts["TrainJob"]["message"]
+    assert "PyTorchJob" not in tj and "training.kubeflow.org" not in tj and "Training Operator" not in tj
+    if case == "failed":  # each quotes its training object's failed condition (Trainer's words here)
+        assert ptj.startswith("TrainingFailed: PyTorchJob j-train failed (") and tj.startswith(
+            "TrainingFailed: TrainJob j-train failed (FailJobSetFailurePolicyAction: "
+        )
+        assert "-l jobset.sigs.k8s.io/jobset-name=j-train " in tj
+    else:
+        assert _as_on_pytorchjob(tj) == ptj
+
+
+def _as_on_pytorchjob(message: str) -> str:
+    """A TrainJob-backed job's message with the engine's names replaced by the PyTorchJob's."""
+    for tj_words, ptj_words in (
+        ("Kubeflow Trainer v2 controller", "Kubeflow Training Operator"),
+        ("jobset.sigs.k8s.io/jobset-name", "training.kubeflow.org/job-name"),
+        ("TrainJob", "PyTorchJob"),
+    ):
+        message = message.replace(tj_words, ptj_words)
+    return message
