@@ -8,16 +8,21 @@ failure from the failed pod's ``node`` container, and suspends and resumes throu
 No Trainer controller runs here: the test plays its part as Trainer v2.2 does (conditions
 ``Suspended``/``Complete``/``Failed`` with the JobSet's reasons, ``jobsStatus`` of the ``node``
 step), as the other integration tests play the Training Operator's for a PyTorchJob. Trainer's and
-JobSet's webhooks do not run either (their checks: tests/cluster, issue 31 item 4)."""
+JobSet's webhooks do not run either (their checks: tests/cluster, issue 31 item 4). ``kubetune render``
+of a job on TrainJob is accepted by the same CRDs (issue 31 item 5)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tests.integration.conftest import (
     condition,
     finish_registration_job,
@@ -27,7 +32,7 @@ from tests.integration.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import REPO, ControlPlane
 from tests.support.trainer_crds import CRD_FILES
 
 from kubetune_api.engines import Engine
@@ -409,3 +414,79 @@ def test_trainjob_pod_not_created_is_explained(
     assert f"the Job controller cannot create pod {tj}-node-0-0-q8x2v of TrainJob {tj}" in training["message"]
     assert "exceeded quota: gpu-quota" in training["message"]
     assert get_job(kube, namespace, name)["status"]["phase"] == "Pending"
+
+
+# --- kubetune render on TrainJob (issue 31 item 5) ---------------------------------------------------------
+
+
+def _render(tmp_path: Path, example: str, namespace: str) -> list[dict[str, Any]]:
+    """``kubetune render`` (the installed command) of an example with ``spec.engine: TrainJob``, into
+    ``namespace``."""
+    doc = yaml.safe_load((REPO / "examples" / example).read_text())
+    doc["spec"]["engine"] = "TrainJob"
+    path = tmp_path / example
+    path.write_text(yaml.safe_dump(doc))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "kubetune"), "render", str(path), "--namespace", namespace],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _dry_run(control_plane: ControlPlane, namespace: str, docs: list[dict[str, Any]]) -> Any:
+    return control_plane.kubectl(
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "--namespace",
+        namespace,
+        "-o",
+        "json",
+        "-f",
+        "-",
+        input=yaml.safe_dump_all(docs),
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("example", ["qwen3-4b-full.yaml", "multinode-lora.yaml"])
+def test_render_on_trainjob_is_accepted_by_trainers_crds(
+    control_plane: ControlPlane, namespace: str, trainer_crds: None, tmp_path: Path, example: str
+) -> None:
+    """The TrainingRuntime and the TrainJob ``kubetune render`` prints for a job on TrainJob pass the
+    real API server's validation under Trainer v2.2.0's real CRDs: ``kubectl apply --dry-run=server
+    --validate=strict`` (an unknown or pruned field is an error, every CRD schema rule and CEL rule
+    applies), and the server keeps every field as rendered.
+
+    Only the CRDs: Trainer's and JobSet's webhooks (the TrainJob's runtime must exist, ``trainer.env``
+    may not set the torch env, the JobSet defaults) need their controllers running, which this
+    control plane has not; they are checked with the real controllers in tests/cluster (issue 31
+    item 4)."""
+    rendered = _render(tmp_path, example, namespace)
+    training = [d for d in rendered if d["kind"] in ("TrainingRuntime", "TrainJob")]
+    assert [d["kind"] for d in training] == ["TrainingRuntime", "TrainJob"]
+    assert "PyTorchJob" not in [d["kind"] for d in rendered]
+    out = _dry_run(control_plane, namespace, training)
+    assert out.returncode == 0, out.stderr
+    stored = json.loads(out.stdout)["items"]
+    assert [(s["kind"], s["metadata"]["name"]) for s in stored] == [
+        (d["kind"], d["metadata"]["name"]) for d in training
+    ]
+    for built, kept in zip(training, stored, strict=True):
+        assert _contains(kept, built) == [], built["kind"]
+    # nothing was created: a dry run
+    assert (
+        control_plane.kubectl("get", "trainjobs,trainingruntimes", "-n", namespace, "-o", "name").stdout == ""
+    )
+
+    # the check has teeth: a field Trainer v2.2 does not know is refused, named
+    wrong = json.loads(json.dumps(training))
+    wrong[1]["spec"]["trainer"]["numProcsPerNode"] = 1
+    out = _dry_run(control_plane, namespace, wrong)
+    assert out.returncode != 0 and 'unknown field "spec.trainer.numProcsPerNode"' in out.stderr, out.stderr
