@@ -478,6 +478,7 @@ CREDENTIAL_SHAPE_FIELDS = (
     ("spec.dataset", "name"),
     ("spec.dataset", "revision"),
     ("spec.registration", "trackingUri"),
+    ("spec.registration", "registryUri"),
     ("spec.registration", "experiment"),
     ("spec.registration", "modelName"),
     ("spec", "image"),

@@ -111,6 +111,31 @@ def name_rules() -> list[Rule]:
     ]
 
 
+def uri_credential_rules(at: tuple[str, ...], name: str) -> list[Rule]:
+    """The rules of an MLflow URI field of spec.registration (trackingUri, registryUri): no credentials
+    in its userinfo or its query; the credentials are the tracking server's Secrets."""
+    field = f"spec.registration.{name}"
+    return [
+        Rule(
+            at,
+            f"!has(self.{name}) || !self.{name}.matches('{URI_CREDENTIALS}')",
+            f"{field} must not carry credentials (user:password@): put them in a Secret "
+            "and reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or "
+            "mlflowTrackingToken)",
+            lambda s: not _has(s, name) or not _search(URI_CREDENTIALS, s[name]),
+            field=f".{name}",
+        ),
+        Rule(
+            at,
+            f"!has(self.{name}) || !self.{name}.matches('{QUERY_CREDENTIAL}')",
+            f"{field} must not carry credentials in its query (?token=...): put the "
+            "token in a Secret and reference it from spec.secrets.mlflowTrackingToken",
+            lambda s: not _has(s, name) or not _search(QUERY_CREDENTIAL, s[name]),
+            field=f".{name}",
+        ),
+    ]
+
+
 def registration_rules() -> list[Rule]:
     at = ("spec.registration",)
     return [
@@ -124,23 +149,7 @@ def registration_rules() -> list[Rule]:
             ),
             field=".alias",
         ),
-        Rule(
-            at,
-            f"!has(self.trackingUri) || !self.trackingUri.matches('{URI_CREDENTIALS}')",
-            "spec.registration.trackingUri must not carry credentials (user:password@): put them in a Secret "
-            "and reference it from spec.secrets.mlflowTrackingUsername/mlflowTrackingPassword (or "
-            "mlflowTrackingToken)",
-            lambda s: not _has(s, "trackingUri") or not _search(URI_CREDENTIALS, s["trackingUri"]),
-            field=".trackingUri",
-        ),
-        Rule(
-            at,
-            f"!has(self.trackingUri) || !self.trackingUri.matches('{QUERY_CREDENTIAL}')",
-            "spec.registration.trackingUri must not carry credentials in its query (?token=...): put the "
-            "token in a Secret and reference it from spec.secrets.mlflowTrackingToken",
-            lambda s: not _has(s, "trackingUri") or not _search(QUERY_CREDENTIAL, s["trackingUri"]),
-            field=".trackingUri",
-        ),
+        *(uri_credential_rules(at, "trackingUri") + uri_credential_rules(at, "registryUri")),
     ]
 
 

@@ -417,6 +417,13 @@ class StorageSpec(ApiModel):
     )
 
 
+# The schemes MLflow takes as a registry URI (mlflow.set_registry_uri) that fit a job: an MLflow
+# server, Databricks (its workspace registry, or Unity Catalog: databricks-uc), a local store
+REGISTRY_URI_PATTERN = (
+    r"^(((https?|file|sqlite|databricks|databricks-uc):/|/)[^\x00-\x20\x7f]*|databricks|databricks-uc)$"
+)
+
+
 def registration_error(alias: str | None, tracking_uri: str | None) -> str | None:
     """The first rule of ``spec.registration`` (:mod:`kubetune_api.rules`) that this alias or tracking
     URI breaks: for a tracking URI given outside a manifest (``kubetune run --local --tracking-uri``).
@@ -463,6 +470,13 @@ class RegistrationSpec(ApiModel):
     ) = Field(
         default=None,
         description="MLflow tracking URI (http(s)://...). Unset: the operator's default (Helm value mlflow.trackingUri).",
+    )
+    registry_uri: Annotated[str, Field(max_length=2048, pattern=REGISTRY_URI_PATTERN)] | None = Field(
+        default=None,
+        description="MLflow model registry URI, when the registry is not the tracking server's: http(s)://..., "
+        "databricks-uc (Unity Catalog, or databricks-uc://<profile>), databricks, file: or sqlite:. Unset: the "
+        "operator's default (Helm value mlflow.registryUri), else the tracking server's registry. The "
+        "credentials are the tracking server's (spec.secrets.mlflowTracking*), never in the URI.",
     )
     experiment: Annotated[str, Field(min_length=1, max_length=500, pattern=NO_CONTROL_PATTERN)] | None = (
         Field(default=None, description="MLflow experiment (default: kubetune/<namespace>).")

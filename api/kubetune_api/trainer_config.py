@@ -126,6 +126,10 @@ class TrainerConfig(ApiModel):
         default=CHECKPOINT_MOUNT, description="Checkpoint volume mount (or a local folder)."
     )
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI (resolved).")
+    registry_uri: str | None = Field(
+        default=None,
+        description="MLflow model registry URI (resolved; unset: the tracking server's registry).",
+    )
     experiment: str = Field(description="MLflow experiment name (resolved).")
     registered_model_name: str = Field(description="Registered model name (resolved).")
     report_progress: bool = Field(
@@ -201,6 +205,7 @@ def resolve(
     job: FineTuneJob,
     *,
     default_tracking_uri: str | None = None,
+    default_registry_uri: str | None = None,
     output_dir: str = CHECKPOINT_MOUNT,
     report_progress: bool = False,
 ) -> TrainerConfig:
@@ -211,6 +216,7 @@ def resolve(
         spec=job.spec,
         output_dir=output_dir,
         tracking_uri=reg.tracking_uri or default_tracking_uri,
+        registry_uri=reg.registry_uri or default_registry_uri,
         experiment=reg.experiment or f"kubetune/{job.metadata.namespace}",
         registered_model_name=reg.model_name or job.metadata.name,
         report_progress=report_progress,

@@ -139,6 +139,7 @@ def localize(job: FineTuneJob, *, manifest_dir: Path, cache_dir: Path) -> tuple[
 
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
+REGISTRY_URI_ENV = "MLFLOW_REGISTRY_URI"
 CREDENTIALS_REMEDY = (
     "give the URI without them, and the user and password in the environment variables "
     "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a token in MLFLOW_TRACKING_TOKEN)"
@@ -180,14 +181,17 @@ def local_config(
 ) -> tuple[TrainerConfig, bool, Path]:
     """The trainer config of a local run (not yet written), whether it needs the tiny assets, and the cache.
 
-    Every tracking URI offered (the flag, the manifest, ``MLFLOW_TRACKING_URI``) goes through the same
+    Every tracking URI offered (the flag, the manifest, ``MLFLOW_TRACKING_URI``) and the registry URI
+    of ``MLFLOW_REGISTRY_URI`` (the manifest's ``registryUri`` wins over it) go through the same
     credential check, used or not: :class:`BadInputError` names the one that carries credentials.
     """
     job = read_manifest(manifest)
     from_env = os.environ.get(TRACKING_URI_ENV) or None
+    registry_from_env = os.environ.get(REGISTRY_URI_ENV) or None
     for uri, source in (
         (tracking_uri, "--tracking-uri"),
         (from_env, f"the environment variable {TRACKING_URI_ENV}"),
+        (registry_from_env, f"the environment variable {REGISTRY_URI_ENV}"),
     ):
         error = tracking_uri_error(uri, source)
         if error:
@@ -196,7 +200,13 @@ def local_config(
     job, tiny = localize(job, manifest_dir=manifest.resolve().parent, cache_dir=cache)
     out = (output_dir or Path("runs") / job.metadata.name).resolve()
     default_uri = from_env or local_store_uri(out)
-    cfg = resolve(job, default_tracking_uri=default_uri, output_dir=str(out), report_progress=False)
+    cfg = resolve(
+        job,
+        default_tracking_uri=default_uri,
+        default_registry_uri=registry_from_env,
+        output_dir=str(out),
+        report_progress=False,
+    )
     if tracking_uri:
         cfg = cfg.model_copy(update={"tracking_uri": tracking_uri})
     ref = job.spec.model.from_job
@@ -324,6 +334,8 @@ def summary(cfg: TrainerConfig, *, registered: bool) -> str:
         lines.append(
             f"  registered      {reg.get('uri')}  (name {reg.get('name')!r}, version {reg.get('version')})"
         )
+        if cfg.registry_uri:
+            lines.append(f"  model registry  {cfg.registry_uri}")
     lines.append("")
     if uri.startswith("sqlite:"):
         lines.append(
@@ -332,8 +344,9 @@ def summary(cfg: TrainerConfig, *, registered: bool) -> str:
     elif uri:
         lines.append(f"  look at it:     open {uri} in a browser")
     if reg.get("uri"):
+        registry = f" mlflow.set_registry_uri('{cfg.registry_uri}');" if cfg.registry_uri else ""
         lines.append(
-            f"  load it:        python -c \"import mlflow; mlflow.set_tracking_uri('{uri}'); "
+            f"  load it:        python -c \"import mlflow; mlflow.set_tracking_uri('{uri}');{registry} "
             f"m = mlflow.transformers.load_model('{reg['uri']}'); print(m)\""
         )
     # the tracking URI and any credential from the environment never reach the terminal

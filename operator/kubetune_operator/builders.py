@@ -205,12 +205,16 @@ def build_pvc(job: api.FineTuneJob, settings: Settings) -> dict[str, Any] | None
 
 
 def trainer_config_yaml(job: api.FineTuneJob, settings: Settings) -> str:
-    return parent.trainer_config(job, settings.default_tracking_uri).to_yaml()  # with spec.model.fromJob's
+    # with spec.model.fromJob's (or registered's) parent
+    return parent.trainer_config(job, settings.default_tracking_uri, settings.default_registry_uri).to_yaml()
 
 
 def config_hash(job: api.FineTuneJob, settings: Settings) -> str:
     return resolve(
-        job, default_tracking_uri=settings.default_tracking_uri, report_progress=True
+        job,
+        default_tracking_uri=settings.default_tracking_uri,
+        default_registry_uri=settings.default_registry_uri,
+        report_progress=True,
     ).config_hash()
 
 

@@ -126,9 +126,13 @@ def trainer_parent(job: api.FineTuneJob) -> dict[str, Any] | None:
     }
 
 
-def trainer_config(job: api.FineTuneJob, tracking_uri: str | None) -> TrainerConfig:
+def trainer_config(
+    job: api.FineTuneJob, tracking_uri: str | None, registry_uri: str | None = None
+) -> TrainerConfig:
     """The job's trainer config as the operator renders it, with ``parent`` once it is recorded."""
-    config = resolve(job, default_tracking_uri=tracking_uri, report_progress=True)
+    config = resolve(
+        job, default_tracking_uri=tracking_uri, default_registry_uri=registry_uri, report_progress=True
+    )
     return with_trainer_parent(config, job)
 
 

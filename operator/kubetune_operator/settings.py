@@ -10,6 +10,8 @@ Variable                               Meaning (default)
                                        (``ghcr.io/kubetune/trainer:0.1.0``); ``spec.image`` wins
 ``KUBETUNE_IMAGE_PULL_POLICY``         pull policy of those pods (``IfNotPresent``)
 ``KUBETUNE_MLFLOW_TRACKING_URI``       tracking URI when ``spec.registration.trackingUri`` is unset
+``KUBETUNE_MLFLOW_REGISTRY_URI``       model registry URI when ``spec.registration.registryUri`` is
+                                       unset (unset: the tracking server's registry)
 ``KUBETUNE_STORAGE_CLASS``             StorageClass of new checkpoint PVCs when the spec sets none
                                        (unset: the cluster default)
 ``KUBETUNE_NAMESPACES``                comma-separated namespaces to watch (unset: all)
@@ -64,6 +66,7 @@ class Settings:
     trainer_image: str = "ghcr.io/kubetune/trainer:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     default_tracking_uri: str | None = None
+    default_registry_uri: str | None = None
     default_storage_class: str | None = None
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     trainer_service_account: str | None = None
@@ -115,6 +118,7 @@ class Settings:
             trainer_image=get("TRAINER_IMAGE") or defaults.trainer_image,
             image_pull_policy=get("IMAGE_PULL_POLICY") or defaults.image_pull_policy,
             default_tracking_uri=get("MLFLOW_TRACKING_URI"),
+            default_registry_uri=get("MLFLOW_REGISTRY_URI"),
             default_storage_class=get("STORAGE_CLASS"),
             namespaces=namespaces,
             trainer_service_account=get("TRAINER_SERVICE_ACCOUNT"),

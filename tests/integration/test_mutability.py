@@ -33,6 +33,7 @@ FULL: dict[str, Any] = {
     "registration": {
         "enabled": True,
         "trackingUri": "http://mlflow-a:5000",
+        "registryUri": "databricks-uc",
         "experiment": "team-a",
         "modelName": "model-a",
         "mergeLora": True,
@@ -60,6 +61,7 @@ CHANGED: dict[str, Any] = {
     "storage": {"size": "20Gi"},
     "registration.enabled": False,
     "registration.trackingUri": "http://mlflow-b:5000",
+    "registration.registryUri": "http://registry-b:5000",
     "registration.experiment": "team-b",
     "registration.modelName": "model-b",
     "registration.mergeLora": False,

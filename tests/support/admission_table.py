@@ -303,6 +303,26 @@ INVALID: list[Case] = [
         {"spec.registration.trackingUri": "https://bob:hunter2@mlflow.example.com"},
         "spec.registration.trackingUri",
     ),
+    _C(
+        "registry-uri-password",
+        {"spec.registration.registryUri": "https://bob:hunter2@registry.example.com"},
+        "spec.registration.registryUri",
+    ),
+    _C(
+        "registry-uri-query-token",
+        {"spec.registration.registryUri": "https://registry.example.com/?token=abc"},
+        "spec.registration.registryUri",
+    ),
+    _C(
+        "registry-uri-scheme",
+        {"spec.registration.registryUri": "postgresql://db/registry"},
+        "spec.registration.registryUri",
+    ),
+    _C(
+        "registry-uri-bare-host",
+        {"spec.registration.registryUri": "registry.example.com"},
+        "spec.registration.registryUri",
+    ),
     # --- credentials by the shape of the value (cel.CREDENTIAL_SHAPES), whatever the field is called ---
     _C("env-hf-token-value", _env({"name": "HUB_READ", "value": "hf_" + "a1B2" * 9}), "spec.env[0].value"),
     _C(
@@ -346,6 +366,11 @@ INVALID: list[Case] = [
         "tracking-uri-sas",
         {"spec.registration.trackingUri": "https://mlflow.example.com/?sv=1&sig=abc"},
         "spec.registration.trackingUri",
+    ),
+    _C(
+        "registry-uri-sas",
+        {"spec.registration.registryUri": "https://registry.example.com/?sv=1&sig=abc"},
+        "spec.registration.registryUri",
     ),
     _C(
         "experiment-jwt",
@@ -826,6 +851,10 @@ VALID: list[Case] = [
     _C(
         "tracking-uri-query", {"spec.registration.trackingUri": "https://mlflow.example.com/?workspace=a"}, ""
     ),
+    _C("registry-uri-unity-catalog", {"spec.registration.registryUri": "databricks-uc"}, ""),
+    _C("registry-uri-databricks-profile", {"spec.registration.registryUri": "databricks-uc://prod"}, ""),
+    _C("registry-uri-server", {"spec.registration.registryUri": "https://registry.example.com"}, ""),
+    _C("registry-uri-sqlite", {"spec.registration.registryUri": "sqlite:////data/registry.db"}, ""),
     # near misses of the credential shapes: not a word start, too short, another parameter
     _C(
         "credential-shapes-near-misses",

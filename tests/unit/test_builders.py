@@ -194,6 +194,30 @@ def test_config_map_is_the_trainer_config() -> None:
     assert config.spec == job.spec
 
 
+def test_registry_uri_from_spec_or_settings() -> None:
+    """spec.registration.registryUri wins over the operator's default; neither: none in the config
+    (MLflow's own: the tracking server's registry), and the config hash of such a job is unchanged."""
+    job = example("qwen3-4b-full.yaml")
+    with_default = Settings(
+        trainer_image=SETTINGS.trainer_image,
+        default_tracking_uri=SETTINGS.default_tracking_uri,
+        default_registry_uri="databricks-uc",
+    )
+
+    def config(j: FineTuneJob, settings: Settings) -> TrainerConfig:
+        cm = builders.build_config_map(j, settings)
+        return TrainerConfig.model_validate(yaml.safe_load(cm["data"]["config.yaml"]))
+
+    assert config(job, SETTINGS).registry_uri is None
+    assert "registryUri" not in builders.build_config_map(job, SETTINGS)["data"]["config.yaml"]
+    assert config(job, with_default).registry_uri == "databricks-uc"
+    assert config(job, with_default).tracking_uri == "http://mlflow.mlflow.svc:5000"
+    own = example("qwen3-4b-full.yaml", spec__registration__registry_uri="https://registry.example.com")
+    assert config(own, with_default).registry_uri == "https://registry.example.com"
+    assert builders.config_hash(job, SETTINGS) == builders.config_hash(job, with_default)
+    assert builders.config_hash(own, SETTINGS) != builders.config_hash(job, SETTINGS)
+
+
 def test_owner_references_and_names() -> None:
     job = example("qwen3-4b-full.yaml")
     children = builders.build_children(job, SETTINGS)
@@ -364,6 +388,7 @@ def test_settings_from_env() -> None:
             "KUBETUNE_NAMESPACES": "a, b,,",
             "KUBETUNE_TRAIN_BACKOFF_LIMIT": "3",
             "KUBETUNE_MLFLOW_TRACKING_URI": "http://m:5000",
+            "KUBETUNE_MLFLOW_REGISTRY_URI": "databricks-uc",
             "KUBETUNE_STORAGE_CLASS": "",
         }
     )
@@ -371,6 +396,7 @@ def test_settings_from_env() -> None:
     assert s.namespaces == ("a", "b")
     assert s.train_backoff_limit == 3
     assert s.default_tracking_uri == "http://m:5000"
+    assert s.default_registry_uri == "databricks-uc"
     assert s.default_storage_class is None
     assert Settings.from_env({}) == Settings()
 

@@ -141,6 +141,8 @@ def test_helm_template_renders_the_expected_objects(values: str) -> None:
         ["--set", "operator.watchNamespaces[0]=Not_A_Namespace"],
         ["--set", "mlflow.trackingUri=mlflow.example.com"],
         ["--set", "mlflow.trackingUri=https://user:secret@mlflow.example.com"],
+        ["--set", "mlflow.registryUri=mlflow.example.com"],
+        ["--set", "mlflow.registryUri=https://user:secret@mlflow.example.com"],
         ["--set", "registry.tenancy=true"],
         ["--set", "registry.tenancy=namespace"],
     ],
@@ -511,6 +513,7 @@ def test_operator_args_and_env_are_what_the_operator_reads(values: str) -> None:
         assert settings.namespaces == ()
         assert settings.trainer_image == "ghcr.io/kubetune/trainer:0.1.0"
         assert settings.default_tracking_uri is None
+        assert settings.default_registry_uri is None
         assert settings.trainer_service_account is None
         assert settings.default_storage_class is None
     else:
@@ -518,6 +521,7 @@ def test_operator_args_and_env_are_what_the_operator_reads(values: str) -> None:
         assert settings.namespaces == ("kubetune-ci-a", "kubetune-ci-b")
         assert settings.trainer_image == "ghcr.io/kubetune/trainer:0.1.0-ci"
         assert settings.default_tracking_uri == "http://kubetune-mlflow.kubetune-system.svc:5000"
+        assert settings.default_registry_uri == "databricks-uc"
         assert settings.trainer_service_account == "kubetune-trainer"
         assert settings.default_storage_class == "fast-ssd"
     assert settings.run_as_user == 1000

@@ -400,6 +400,18 @@ def test_tracking_uri_flag_gets_the_same_check() -> None:
     assert spec.registration_error(None, "https://h/?workspace=a") is None
 
 
+def test_registry_uri_gets_the_tracking_uris_credential_rules() -> None:
+    """The twin of the CEL rules on spec.registration.registryUri: the message names the field."""
+    bad = {"https://u:p@registry.example.com": "user:password@", "https://h/?access_token=abc": "query"}
+    for uri, what in bad.items():
+        problems = [r for r in rules.rules_at("spec.registration") if not r.check({"registryUri": uri})]
+        assert problems, uri
+        assert all(r.message.startswith("spec.registration.registryUri ") for r in problems), what
+        assert all(uri not in r.message for r in problems)
+    for uri in ("databricks-uc", "databricks-uc://prod", "https://h/?workspace=a", "sqlite:///r.db"):
+        assert all(r.check({"registryUri": uri}) for r in rules.rules_at("spec.registration")), uri
+
+
 def test_cel_patterns_fit_in_single_quoted_cel_strings() -> None:
     for name in (
         "LABEL_KEY",

@@ -88,6 +88,12 @@ def resolve_tracking_uri(cfg: TrainerConfig, override: str | None = None) -> str
     return override or cfg.tracking_uri or local_store_uri(cfg.output_dir)
 
 
+def resolve_registry_uri(cfg: TrainerConfig, tracking_uri: str) -> str:
+    """The model registry's URI: the one resolved into the config (the spec's
+    ``registration.registryUri`` or the operator's default), else the tracking server's own registry."""
+    return cfg.registry_uri or tracking_uri
+
+
 def same_server(saved_uri: str | None, tracking_uri: str) -> bool:
     """Whether a run recorded for ``saved_uri`` lives on the server at ``tracking_uri``.
 

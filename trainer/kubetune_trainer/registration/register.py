@@ -107,7 +107,7 @@ from ..mlflow.client import (
     install_log_redaction,
     redacted_stdio,
 )
-from ..mlflow.run import JobRun, identity_tags, redact, resolve_tracking_uri, same_job
+from ..mlflow.run import JobRun, identity_tags, redact, resolve_registry_uri, resolve_tracking_uri, same_job
 from ..sources.model import model_source
 from ..volume import checkpoints
 from ..volume.catalog import Selected, base_eval_loss, select_for_registration
@@ -330,8 +330,9 @@ class Registration:
         self.cfg = cfg
         self.output_dir = Path(cfg.output_dir)
         self.tracking_uri = tracking_uri
+        self.registry_uri = resolve_registry_uri(cfg, tracking_uri)
         self.retry = retrier
-        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        self.client = MlflowClient(tracking_uri=tracking_uri, registry_uri=self.registry_uri)
         self.lineage = lineage_tags(cfg)
         self.name = cfg.registered_model_name
         self.claim = claim
@@ -446,7 +447,7 @@ class Registration:
         existing = self.find_version(run_id)
         if existing is not None:
             return existing
-        mlflow.set_registry_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.registry_uri)
         self._still_claimed("create a model version")
         return mlflow.register_model(
             model_uri,
@@ -512,7 +513,7 @@ class Registration:
             "evaluation": verdict.status(),
         }
         links = {
-            "url": model_version_url(self.tracking_uri, self.name, version_id),
+            "url": model_version_url(self.registry_uri, self.name, version_id),
             "run_url": run_url(self.tracking_uri, str(experiment_id), run_id),
         }
         return {**result, **{k: v for k, v in links.items() if v}}

@@ -52,7 +52,7 @@ from kubetune_api.trainer_config import (
 )
 
 from .. import settings
-from ..mlflow.run import local_store_uri, redact, resolve_tracking_uri
+from ..mlflow.run import local_store_uri, redact, resolve_registry_uri, resolve_tracking_uri
 from .data_check import BadInputError
 
 log = logging.getLogger("kubetune_trainer.chain")
@@ -332,8 +332,9 @@ def resolve_registered(cfg: TrainerConfig) -> Any:
 
     uri = str(cfg.spec.model.registered)
     tracking = _tracking_uri(cfg)
+    registry = resolve_registry_uri(cfg, tracking)
     name, alias, version = parse_registered(uri)
-    client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
+    client = MlflowClient(tracking_uri=tracking, registry_uri=registry)
     try:
         if alias is not None:
             return client.get_model_version_by_alias(name, alias)
@@ -343,14 +344,14 @@ def resolve_registered(cfg: TrainerConfig) -> Any:
             raise  # unreachable, refused: not the spec's fault
         what = f"alias {alias!r}" if alias is not None else f"version {version}"
         hint = ""
-        if tracking == local_store_uri(cfg.output_dir):
+        if registry == local_store_uri(cfg.output_dir):
             hint = (
                 ". That is this run folder's own store; a model another local run registered is in "
                 "that run's store: give its URI (--tracking-uri sqlite:///<its run folder>/mlflow.db, "
                 "or MLFLOW_TRACKING_URI)"
             )
         raise ChainError(
-            f"spec.model.registered {uri}: the MLflow registry at {redact(tracking, drop_userinfo=True)} has no "
+            f"spec.model.registered {uri}: the MLflow registry at {redact(registry, drop_userinfo=True)} has no "
             f"registered model {name!r} with {what} ({' '.join(str(e.message).split())[:300]}){hint}"
         ) from e
 
@@ -367,7 +368,7 @@ def _download_registered(cfg: TrainerConfig, dest: Path) -> ParentModel:
     tracking = _tracking_uri(cfg)
     # models:/ URIs are looked up in the process's registry, not the tracking_uri argument's
     mlflow.set_tracking_uri(tracking)
-    mlflow.set_registry_uri(tracking)
+    mlflow.set_registry_uri(resolve_registry_uri(cfg, tracking))
     try:
         mlflow.artifacts.download_artifacts(
             artifact_uri=resolved_uri, dst_path=str(download), tracking_uri=tracking
