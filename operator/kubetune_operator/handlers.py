@@ -174,7 +174,10 @@ async def finetunejob_unobserved(
     needs no pass, and kopf handles a job's creation only after this handler has returned for the
     same event, so waiting for a free thread just to return held every new job up behind a busy pool.
     """
-    if type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+    if type == "DELETED":
+        metrics.saw(namespace or "default", name, None)  # gone: out of the phase gauge
+        return
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     retry = (meta.get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)

@@ -139,3 +139,12 @@ def test_metrics_match_a_succeeded_and_a_failed_job(
     assert started["status"]["startTime"]
     assert _get(after, "kubetune_gpu_hours_total", namespace=namespace) == 2.0
     assert _get(after, "kubetune_productive_gpu_hours_total", namespace=namespace) == 1.5
+
+    # a deleted job leaves the phase gauge
+    kube.delete(API_VERSION, "FineTuneJob", namespace, "good", uid=started["metadata"]["uid"])
+
+    def gone() -> bool:
+        s = _scrape(url)
+        return bool(s) and _get(s, "kubetune_finetunejobs", namespace=namespace, phase="Succeeded") == 0
+
+    wait_for(gone, what="the deleted job out of the phase gauge")
