@@ -37,7 +37,7 @@ from kubetune_api import spec as api
 from kubetune_api.engines import Engine
 from kubetune_api.status import Phase, Reason
 
-from . import builders, observations, state
+from . import builders, metrics, observations, state
 from .kube import ApiError, Kube, load_api_client
 from .reconcile import Context, StatusConflictError, note_training_pod, reconcile
 from .settings import Settings
@@ -86,6 +86,20 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.executor = settings.execution.executor
     memo.settings = Settings.from_env()
     memo.kube = Kube(load_api_client(connections=HANDLER_THREADS))
+    memo.metrics_server = None
+    if memo.settings.metrics_port:
+        memo.metrics_server = metrics.serve(memo.settings.metrics_port, memo.settings.metrics_address)
+        logging.getLogger(__name__).info(
+            f"metrics on http://{memo.settings.metrics_address}:{memo.settings.metrics_port}/metrics"
+        )
+
+
+@kopf.on.cleanup()
+def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    server = getattr(memo, "metrics_server", None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 @kopf.on.login()
@@ -160,7 +174,10 @@ async def finetunejob_unobserved(
     needs no pass, and kopf handles a job's creation only after this handler has returned for the
     same event, so waiting for a free thread just to return held every new job up behind a busy pool.
     """
-    if type == "DELETED" or (body.get("metadata") or {}).get("deletionTimestamp"):
+    if type == "DELETED":
+        metrics.saw(namespace or "default", name, None)  # gone: out of the phase gauge
+        return
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     retry = (meta.get("annotations") or {}).get(api.RETRY_REGISTRATION_ANNOTATION)

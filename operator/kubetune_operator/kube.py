@@ -14,6 +14,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from . import metrics
+
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -120,12 +122,12 @@ class Kube:
             resp = self.api.call_api(*params, _request_timeout=self.timeout)
             data = resp.read()
         except ApiException as e:  # transport-level errors surface this way too
-            raise ApiError(int(e.status or 0), str(e.reason), str(e.body or "")) from e
+            raise _refused(method, ApiError(int(e.status or 0), str(e.reason), str(e.body or ""))) from e
         except (urllib3.exceptions.HTTPError, OSError) as e:  # no answer: refused, reset, timed out
-            raise ApiError(0, "NoResponse", f"{type(e).__name__}: {e}") from e
+            raise _refused(method, ApiError(0, "NoResponse", f"{type(e).__name__}: {e}")) from e
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if not 200 <= resp.status < 300:
-            raise ApiError(resp.status, str(resp.reason), text)
+            raise _refused(method, ApiError(resp.status, str(resp.reason), text))
         result: dict[str, Any] = json.loads(text) if text else {}
         return result
 
@@ -200,3 +202,10 @@ class Kube:
         if subresource:
             path += f"/{subresource}"
         return self.request("PATCH", path, patch, content_type=MERGE_PATCH)
+
+
+def _refused(method: str, error: ApiError) -> ApiError:
+    """Count a refused request (:mod:`.metrics`); reading something absent is an answer, not an error."""
+    if not (method.upper() == "GET" and error.not_found):
+        metrics.api_error(method, error.status)
+    return error

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -33,7 +34,7 @@ from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
 
-from . import builders, observations, state, training_failures
+from . import builders, metrics, observations, state, training_failures
 from .children import (
     ChildApiError,
     about_child,
@@ -112,18 +113,38 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
     Each pass reads the job and carries out what the state machine (:mod:`.state`) decides; its
     step is written here, the one place the status is written (:func:`_commit`)."""
     with _lock(namespace, name):
-        for _ in range(attempts):
-            obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
-            if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
-                _failed_passes.pop((namespace, name), None)
-                return None
-            try:
-                step = _pass(ctx, obj)
-                _commit(ctx, obj, step)
-            except StatusConflictError:
-                continue
-            return step.outcome
-        raise StatusConflictError(f"{namespace}/{name}: status kept changing under the operator")
+        started, result = time.monotonic(), "error"  # the pass's outcome label (metrics.pass_done)
+        try:
+            for _ in range(attempts):
+                obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
+                if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                    _failed_passes.pop((namespace, name), None)
+                    metrics.saw(namespace, name, None)
+                    result = _result(None)
+                    return None
+                try:
+                    step = _pass(ctx, obj)
+                    _commit(ctx, obj, step)
+                except StatusConflictError:
+                    continue
+                metrics.saw(namespace, name, step.outcome.phase or None)
+                result = _result(step.outcome)
+                return step.outcome
+            result = "conflict"
+            raise StatusConflictError(f"{namespace}/{name}: status kept changing under the operator")
+        finally:
+            metrics.pass_done(result, time.monotonic() - started)
+
+
+def _result(outcome: Outcome | None) -> str:
+    """The pass's outcome label (:mod:`.metrics`)."""
+    if outcome is None:
+        return "gone"
+    if outcome.invalid:
+        return "invalid"
+    if outcome.retry_in is not None:
+        return "refused"
+    return "waiting" if outcome.waiting else "ok"
 
 
 def _commit(ctx: Context, obj: dict[str, Any], step: Step) -> None:
@@ -135,6 +156,7 @@ def _commit(ctx: Context, obj: dict[str, Any], step: Step) -> None:
             state.Event("Normal", "Created", f"created {manifest['kind']} {manifest['metadata']['name']}"),
         )
     if step.transition is not None and _write_status(ctx, obj, step.transition):
+        metrics.status_written(obj, step.transition.status)
         for event in step.transition.events:
             ctx.emit(obj, event)
 

@@ -47,6 +47,10 @@ Variable                               Meaning (default)
                                        (PyTorchJob where ``pytorchjobs.kubeflow.org`` is served, else
                                        TrainJob where ``trainjobs.trainer.kubeflow.org`` is), or
                                        ``PyTorchJob`` or ``TrainJob`` (that one only) (``auto``)
+``KUBETUNE_METRICS_PORT``              serve Prometheus metrics on ``/metrics`` at this port
+                                       (unset or ``0``: off; the chart sets ``8081``):
+                                       :mod:`kubetune_operator.metrics`
+``KUBETUNE_METRICS_ADDRESS``           the address the metrics endpoint binds (``0.0.0.0``)
 =====================================  ===========================================================
 """
 
@@ -103,6 +107,9 @@ class Settings:
     registry_model_names: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # a job's engine when its spec names none: "auto" or an Engine (kubetune_api.engines)
     engine: engines.Engine | str = engines.AUTO
+    # /metrics (kubetune_operator.metrics): 0 is off
+    metrics_port: int = 0
+    metrics_address: str = "0.0.0.0"  # noqa: S104  the pod's every address: Prometheus scrapes the pod IP
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -146,11 +153,23 @@ class Settings:
             registry_tenancy=tenancy.parse_mode(get("REGISTRY_TENANCY")),
             registry_model_names=tuple(tenancy.parse_grants(get("REGISTRY_MODEL_NAMES")).items()),
             engine=engines.parse_default(get("ENGINE")),
+            metrics_port=_port("METRICS_PORT", get("METRICS_PORT")),
+            metrics_address=get("METRICS_ADDRESS") or defaults.metrics_address,
         )
 
 
 def _int(value: str | None, default: int) -> int:
     return default if value is None else int(value)
+
+
+def _port(name: str, value: str | None) -> int:
+    try:
+        port = 0 if value is None else int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:  # the highest TCP port
+        raise ValueError(f"{PREFIX}{name}={value!r}: expected a port number (0: off)")
+    return port
 
 
 def _bool(name: str, value: str | None, default: bool) -> bool:

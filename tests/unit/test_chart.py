@@ -145,6 +145,8 @@ def test_helm_template_renders_the_expected_objects(values: str) -> None:
         ["--set", "mlflow.registryUri=https://user:secret@mlflow.example.com"],
         ["--set", "registry.tenancy=true"],
         ["--set", "registry.tenancy=namespace"],
+        ["--set", "metrics.port=80"],
+        ["--set", "metrics.serviceMonitor.interval=often"],
     ],
     ids=lambda a: a[1],
 )
@@ -628,3 +630,69 @@ def test_registry_tenancy_off_is_accepted_quoted_or_not(tmp_path: Path, values: 
     file.write_text(values or "{}\n")
     env = {e["name"]: e.get("value") for e in operator_container(render("-f", str(file)))["env"]}
     assert env["KUBETUNE_REGISTRY_TENANCY"] == mode
+
+
+# --- metrics ------------------------------------------------------------------------------------------
+
+
+def test_metrics_are_on_by_default_with_a_port_a_service_and_no_service_monitor() -> None:
+    """The operator serves /metrics on its own port (not kopf's liveness port), a Service selects
+    exactly the operator pod's port, and the ServiceMonitor waits for metrics.serviceMonitor.enabled."""
+    objs = render()
+    container = operator_container(objs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == 8081 and ports["metrics"] != ports["health"]
+    settings = Settings.from_env({e["name"]: e.get("value") for e in container["env"]})
+    assert (settings.metrics_port, settings.metrics_address) == (8081, "0.0.0.0")
+    service = one(objs, "Service", "kubetune-metrics")
+    pod_labels = one(objs, "Deployment", "kubetune")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert by_kind(objs, "ServiceMonitor") == []
+
+
+def test_service_monitor_scrapes_the_metrics_service() -> None:
+    objs = render(
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.serviceMonitor.labels.release=prom"
+    )
+    monitor = one(objs, "ServiceMonitor", "kubetune")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    service = one(objs, "Service", "kubetune-metrics")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    # the selector picks the metrics Service only, never the MLflow server's
+    mlflow = render("--set", "mlflow.server.enabled=true", "--set", "metrics.serviceMonitor.enabled=true")
+    matched = [
+        s["metadata"]["name"]
+        for s in by_kind(mlflow, "Service")
+        if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    ]
+    assert matched == ["kubetune-metrics"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+
+
+def test_metrics_turned_off_leave_no_port_service_or_monitor() -> None:
+    objs = render("--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true")
+    container = operator_container(objs)
+    assert [p["name"] for p in container["ports"]] == ["health"]
+    settings = Settings.from_env({e["name"]: e.get("value") for e in container["env"]})
+    assert settings.metrics_port == 0
+    assert by_kind(objs, "ServiceMonitor") == []
+    assert "kubetune-metrics" not in [s["metadata"]["name"] for s in by_kind(objs, "Service")]
+
+
+def test_metrics_port_must_differ_from_the_liveness_port() -> None:
+    result = helm("template", "kubetune", str(CHART), "--set", "metrics.port=8080", check=False)
+    assert result.returncode != 0
+    assert "metrics.port must differ from operator.healthPort" in result.stderr
+
+
+def test_a_release_reusing_values_from_before_metrics_gets_them_on() -> None:
+    """``helm upgrade --reuse-values`` from a release without the metrics values: metrics on, 8081."""
+    objs = render("--set", "metrics=null")
+    env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
+    assert Settings.from_env(env).metrics_port == 8081
+    assert one(objs, "Service", "kubetune-metrics")["spec"]["ports"][0]["port"] == 8081

@@ -26,7 +26,15 @@ EXPORTS = {
     "trainer": ["--extra", "trainer", "--prune", "torch"],
 }
 IMPORTS = {
-    "operator": ["kopf", "kubernetes", "pydantic", "yaml", "kubetune_api.spec", "kubetune_operator.handlers"],
+    "operator": [
+        "kopf",
+        "kubernetes",
+        "prometheus_client",
+        "pydantic",
+        "yaml",
+        "kubetune_api.spec",
+        "kubetune_operator.handlers",
+    ],
     "trainer": [
         "torch",
         "transformers",
