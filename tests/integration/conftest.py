@@ -45,7 +45,8 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condi
 # its own (not digits inside a timestamp's microseconds or an object's uid).
 # 403 as a status of its own ("(403)", "status=403", "403 Forbidden"), not digits of a timestamp
 # ("12:37:18.787403", kopf's "17:06:04,403") or of a uid
-_DENIED = re.compile(r"forbidden|(?<![\w.:-])(?<!\d,)403(?![\w.-]|,\d)", re.IGNORECASE)
+# ("code': 403" is a refusal; "'resourceVersion': '403'", a quoted string of digits, is not)
+_DENIED = re.compile(r"forbidden|(?<![\w.:'\"-])(?<!\d,)403(?![\w.'\"-]|,\d)", re.IGNORECASE)
 
 
 def denials(log: str) -> list[str]:

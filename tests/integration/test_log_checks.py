@@ -12,6 +12,9 @@ from tests.integration.conftest import denials
         "[2026-11-30 17:06:04,403] kopf._core.reactor.r [INFO    ] Stop-flag is set to True.",  # kopf's ms
         "2026-11-30 12:37:18.787403 handler succeeded",  # microseconds
         "uid 3f2a-403b-11ee owner set",
+        # an object kopf logs whole, whose resourceVersion happens to be 403
+        "Creation is in progress: {'metadata': {'name': 'a', 'resourceVersion': '403', 'uid': 'u'}}",
+        '{"metadata": {"resourceVersion": "403"}}',
     ],
 )
 def test_digits_of_a_timestamp_or_uid_are_not_a_refusal(line: str) -> None:
