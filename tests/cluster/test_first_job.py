@@ -62,4 +62,6 @@ def test_the_first_job_of_getting_started_succeeds_and_prints_as_the_pages_show(
         # what varies: the same shape
         assert re.fullmatch(r"\d+\.\d+", row["LOSS"]) and re.fullmatch(r"\d+\.\d+", shown["LOSS"]), printed
         assert 0 < float(row["LOSS"]) < 7, printed  # the random base starts near ln(vocab) ~ 7
-        assert re.fullmatch(r"\d+[smhd]", row["AGE"]) and re.fullmatch(r"\d+[smhd]", shown["AGE"]), printed
+        assert re.fullmatch(docs_samples.KUBECTL_AGE, row["AGE"]) and re.fullmatch(
+            docs_samples.KUBECTL_AGE, shown["AGE"]
+        ), printed

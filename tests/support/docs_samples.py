@@ -18,6 +18,8 @@ from tests.support.controlplane import REPO
 FIRST_JOB = REPO / "examples" / "first-job.yaml"
 GETTING_STARTED = REPO / "docs" / "getting-started.md"
 GET_FTJ = "$ kubectl get ftj"
+# kubectl's AGE column: "45s", "2m23s" (under ten minutes), "5m", "3h5m", "2d3h", "4y"
+KUBECTL_AGE = r"\d+[smhdy](\d+[smh])?"
 
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>[^\n`]*)$")
 

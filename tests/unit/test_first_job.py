@@ -131,6 +131,6 @@ def test_every_get_ftj_sample_has_the_crds_columns_and_is_the_first_jobs_output(
         assert re.fullmatch(r"\d+\.\d+", row["LOSS"]), at
         assert re.fullmatch(r"\d+", row["TOKENS"]), at
         assert row["EST-GPU-H"] == "", at  # a CPU job: nothing GPU-sized to estimate
-        assert re.fullmatch(r"\d+[smhd]", row["AGE"]), at
+        assert re.fullmatch(docs_samples.KUBECTL_AGE, row["AGE"]), at
     # one run's output, the same wherever it is shown
     assert len({s.text for s in samples}) == 1, [f"{s.path.name}:{s.line}" for s in samples]
