@@ -12,6 +12,7 @@ these names together.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .cel import re2_search
 from .tuning import TUNING_ENV
@@ -30,8 +31,11 @@ OPERATOR_ENV = (CONFIG_ENV, CPUS_ENV, IMAGE_ENV)
 # may not set them (KUBETUNE_CONTROL below). The others it ignores: kubetune_trainer.settings.
 SHUTDOWN_GRACE_ENV = "KUBETUNE_SHUTDOWN_GRACE_S"
 # The trainer's test hook (tests inject a CUDA out-of-memory error, a kill, an NCCL timeout into real
-# training processes; tests/cluster sets it through spec.env). Left to spec.env: it makes the job that
-# sets it fail or restart, and decides nothing about what is registered or where.
+# training processes; tests/cluster sets it through spec.env). The rules admit it (it decides nothing
+# about what is registered or where), but it makes the job fail or restart at will: an operator honours
+# it only where its platform turned it on (KUBETUNE_FAULT_INJECTION, the chart's
+# operator.faultInjection; off by default), else the job is refused (fault_injection_refusal) and its
+# pods never get it.
 FAULT_INJECT_ENV = "KUBETUNE_FAULT_INJECT"
 
 # --- read by the libraries in the pods --------------------------------------------------------------
@@ -262,6 +266,28 @@ SET_ON_PODS = Reserved(
 )
 # Every name spec.env may not set, by class; one rule each (kubetune_api.rules).
 RESERVED_ENV: tuple[Reserved, ...] = (*_CONTROL, SET_ON_PODS)
+
+
+def fault_injection_refusal(env: list[Any] | None, allowed: bool) -> str | None:
+    """Why a job's ``spec.env`` (its entries, each with a ``name``) may not run on an operator whose
+    fault injection is ``allowed`` or not (None: it may).
+
+    >>> from types import SimpleNamespace as E
+    >>> fault_injection_refusal([E(name="NCCL_DEBUG"), E(name=FAULT_INJECT_ENV)], allowed=False)[:42]
+    'spec.env[1].name: KUBETUNE_FAULT_INJECT is'
+    >>> fault_injection_refusal([E(name=FAULT_INJECT_ENV)], allowed=True) is None
+    True
+    """
+    if allowed:
+        return None
+    for i, entry in enumerate(env or []):
+        if entry.name == FAULT_INJECT_ENV:
+            return (
+                f"spec.env[{i}].name: {FAULT_INJECT_ENV} is the trainer's test hook (it makes the job "
+                "fail or restart at will) and this operator does not honour it: remove it (a platform "
+                "turns it on for its test clusters with the chart's operator.faultInjection)"
+            )
+    return None
 
 
 def reserved(name: str) -> Reserved | None:

@@ -134,12 +134,15 @@ TABLE: tuple[Var | SpecEnv, ...] = (
 )
 
 
-def _spec_env(job: api.FineTuneJob, pod: Pod) -> list[dict[str, Any]]:
-    """The job's own entries, less those the spec may not set (see the module's docstring)."""
+def _spec_env(job: api.FineTuneJob, pod: Pod, fault_injection: bool) -> list[dict[str, Any]]:
+    """The job's own entries, less those the spec may not set (see the module's docstring), and
+    less the trainer's test hook where this operator does not honour it (``fault_injection``)."""
     ours = {name.upper() for name in names_set(pod)}
     out: list[dict[str, Any]] = []
     for extra in job.spec.env or []:
         if names.reserved(extra.name) is not None or extra.name.upper() in ours:
+            continue
+        if extra.name == names.FAULT_INJECT_ENV and not fault_injection:
             continue
         if extra.value_from is not None:
             ref = extra.value_from.secret_key_ref
@@ -158,7 +161,7 @@ def env(ctx: Context) -> list[dict[str, Any]]:
         if ctx.pod not in row.pods:
             continue
         if isinstance(row, SpecEnv):
-            out += _spec_env(ctx.job, ctx.pod)
+            out += _spec_env(ctx.job, ctx.pod, ctx.settings.fault_injection)
             continue
         value = row.value(ctx)
         if isinstance(value, str):

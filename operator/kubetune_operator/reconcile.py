@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetune_api import ownership, tenancy
+from kubetune_api import ownership, pod_env, tenancy
 from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
@@ -187,6 +187,9 @@ def observe(ctx: Context, obj: dict[str, Any]) -> state.Observation:
         job=job,
         invalid_spec=invalid,
         registry_refusal=tenancy.refusal(job, settings.registry_tenancy, grants) if job else None,
+        fault_injection_refusal=(
+            pod_env.fault_injection_refusal(job.spec.env, settings.fault_injection) if job else None
+        ),
         annotations=dict(meta.get("annotations") or {}),
         namespace=meta["namespace"],
         job_name=meta["name"],

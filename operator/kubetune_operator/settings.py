@@ -51,6 +51,10 @@ Variable                               Meaning (default)
                                        (unset or ``0``: off; the chart sets ``8081``):
                                        :mod:`kubetune_operator.metrics`
 ``KUBETUNE_METRICS_ADDRESS``           the address the metrics endpoint binds (``0.0.0.0``)
+``KUBETUNE_FAULT_INJECTION``           honour the trainer's test hook ``KUBETUNE_FAULT_INJECT`` in
+                                       ``spec.env`` (``false``: a job that sets it is refused,
+                                       ``InvalidSpec``, and the pods never get it); the test cluster
+                                       turns it on: :mod:`kubetune_api.pod_env`
 =====================================  ===========================================================
 """
 
@@ -110,6 +114,8 @@ class Settings:
     # /metrics (kubetune_operator.metrics): 0 is off
     metrics_port: int = 0
     metrics_address: str = "0.0.0.0"  # noqa: S104  the pod's every address: Prometheus scrapes the pod IP
+    # the trainer's test hook in spec.env (kubetune_api.pod_env.FAULT_INJECT_ENV): off on a platform
+    fault_injection: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -155,6 +161,7 @@ class Settings:
             engine=engines.parse_default(get("ENGINE")),
             metrics_port=_port("METRICS_PORT", get("METRICS_PORT")),
             metrics_address=get("METRICS_ADDRESS") or defaults.metrics_address,
+            fault_injection=_bool("FAULT_INJECTION", get("FAULT_INJECTION"), defaults.fault_injection),
         )
 
 

@@ -90,6 +90,8 @@ def operator_env(cluster: Cluster, mlflow_server: MlflowServer) -> dict[str, str
         # the workers' checkpoint time after SIGTERM is this minus 60 s (at least 30 s)
         "KUBETUNE_TERMINATION_GRACE_SECONDS": "90",
         "KUBETUNE_REGISTER_MEMORY": "2Gi",
+        # the trainer's test hook in spec.env (tests/cluster/test_failures.py injects a CUDA OOM)
+        "KUBETUNE_FAULT_INJECTION": "true",
     }
 
 

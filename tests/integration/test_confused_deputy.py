@@ -263,13 +263,17 @@ ATTEMPTS = [
             GATE_IMMUTABLE, patch={"spec": {"registration": {"gate": {"maxEvalLoss": 1000}}}}),
     Attempt("gate-removed", "gate", _set("spec.registration.gate", {"maxEvalLoss": 1.5}), "admission",
             GATE_IMMUTABLE, patch={"spec": {"registration": {"gate": None}}}),
+    # --- 7. make the job fail or restart at will: the trainer's test hook, off on this operator ---
+    Attempt("fault-injection-hook", "hook", _env({"name": "KUBETUNE_FAULT_INJECT", "value": "cuda-oom:6:4"}),
+            "operator", "spec.env[0].name: KUBETUNE_FAULT_INJECT is the trainer's test hook", "InvalidSpec"),
 ]
 # fmt: on
 
 
 # What issue 33 item 8 lists: another namespace's volume or Secret, another ServiceAccount or a
-# privileged pod, a chain from another namespace's job, another team's model name, the gate skipped.
-GOALS = ("volume", "secret", "identity", "chain", "registry", "gate")
+# privileged pod, a chain from another namespace's job, another team's model name, the gate skipped;
+# and the trainer's test hook, which an operator honours only where its platform turned it on.
+GOALS = ("volume", "secret", "identity", "chain", "registry", "gate", "hook")
 
 
 def test_the_table_tries_every_goal() -> None:

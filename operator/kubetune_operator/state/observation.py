@@ -107,6 +107,8 @@ class Observation:
     engine_refusal: tuple[str, str] | None = None
     # why the job may not use the registry names it names (kubetune_api.tenancy), if so
     registry_refusal: str | None = None
+    # why the job's spec.env may not run on this operator (kubetune_api.pod_env: its test hook), if so
+    fault_injection_refusal: str | None = None
     conflict: str | None = None  # message naming the foreign object, if any
     child_error: ChildError | None = None  # the pass stopped at a request the API server refused
     training: TrainingObservation = field(default_factory=TrainingObservation)

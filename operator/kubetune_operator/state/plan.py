@@ -117,23 +117,26 @@ def _normal(obs: Observation, prev: FineTuneJobStatus, reregister: Reregister | 
 
 
 def _before_children(obs: Observation, prev: FineTuneJobStatus) -> Plan | None:
-    """What stops a job before anything is created: a spec that cannot be used or names in the
-    registry that are not the namespace's (Failed), no training engine (yet: waiting). Otherwise
-    the pass goes on with its engine (None)."""
+    """What stops a job before anything is created: a spec that cannot be used, names in the
+    registry that are not the namespace's or a test hook the operator does not honour (Failed), no
+    training engine (yet: waiting). Otherwise the pass goes on with its engine (None)."""
     if obs.job is None:
         message = obs.invalid_spec or "the spec cannot be used"
         t = transition(prev, replace(obs, invalid_spec=message))
         return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
-    # the registry's names are the platform's (kubetune_api.tenancy): refused until the training
-    # object exists; a job that started keeps training (an upgrade that turns tenancy on stops no
-    # running job), and the rule is checked again before the registration Job (wanted._registration,
-    # the status: machine._after_training) and before an alias move (exits.alias_move)
-    if obs.registry_refusal and not _training_started(obs, prev):
-        refused = replace(
-            obs, invalid_spec=obs.registry_refusal, invalid_reason=Reason.MODEL_NAME_NOT_ALLOWED
-        )
-        t = transition(prev, refused)
-        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=obs.registry_refusal), t),))
+    # What the platform refuses before anything is created; a job whose training object exists (and is
+    # its own) keeps it. The registry's names are the platform's (kubetune_api.tenancy): a job that
+    # started keeps training (an upgrade that turns tenancy on stops no running job), and the rule is
+    # checked again before the registration Job (wanted._registration, the status:
+    # machine._after_training) and before an alias move (exits.alias_move). The trainer's test hook on
+    # an operator that does not honour it (kubetune_api.pod_env): a started job's training object was
+    # made while the setting was on, and every child made from now on goes without it
+    # (kubetune_operator.pod_env).
+    refusal = _platform_refusal(obs)
+    if refusal is not None and not _training_started(obs, prev):
+        reason, message = refusal
+        t = transition(prev, replace(obs, invalid_spec=message, invalid_reason=reason))
+        return Plan((Commit(Outcome(phase=t.phase, invalid=True, message=message), t),))
     # the training engine: chosen once, before anything is created (state.engine)
     if obs.engine is None:
         chosen = engine.choose(obs, obs.job)
@@ -142,6 +145,15 @@ def _before_children(obs: Observation, prev: FineTuneJobStatus) -> Plan | None:
         return Plan((UseEngine(chosen),))
     if obs.engine not in engine.IMPLEMENTED:
         return _no_engine(prev, obs, engine.not_implemented(obs.engine), obs.resync_seconds)
+    return None
+
+
+def _platform_refusal(obs: Observation) -> tuple[str, str] | None:
+    """The condition's reason and message of what the platform's settings refuse in this job, if so."""
+    if obs.registry_refusal:
+        return Reason.MODEL_NAME_NOT_ALLOWED, obs.registry_refusal
+    if obs.fault_injection_refusal:
+        return Reason.INVALID_SPEC, obs.fault_injection_refusal
     return None
 
 
