@@ -1,6 +1,6 @@
 """The images, short of building them (no container engine here): the Dockerfiles pass hadolint, their
-requirements files are what uv.lock says, and each image's exact dependency set installs into a
-throwaway venv and imports.
+bases are pinned by digest, their requirements files are what uv.lock says, and each image's exact
+dependency set installs into a throwaway venv and imports.
 
 The installs use uv's cache (hard links, no download once warm) and the project's Python (3.11, the
 operator image's too). The trainer image's base brings torch and its CUDA wheels; here the lock's
@@ -106,12 +106,18 @@ def test_dockerfile_is_non_root_and_installs_the_locked_set(image: str) -> None:
     assert "--no-deps --require-hashes --only-binary=:all: -r /tmp/requirements.txt" in dockerfile
     # The regeneration command in the Dockerfile comment is the one the test checks against.
     assert " ".join(EXPORTS[image]) in dockerfile
-    assert re.search(r"^FROM \S+:\S+", dockerfile, re.MULTILINE), "base image without a tag"
+    # every base pinned by tag and by digest: the tag says what it is, the digest what bytes it is
+    bases = re.findall(r"^FROM (\S+)", dockerfile, re.MULTILINE)
+    assert bases and all(re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", b) for b in bases), bases
 
 
 def test_trainer_image_pins_the_products_versions() -> None:
     dockerfile = (IMAGES / "trainer" / "Dockerfile").read_text()
-    assert re.search(r"^FROM pytorch/pytorch:2\.11\.0-cuda[\d.]+-cudnn\d+-runtime$", dockerfile, re.MULTILINE)
+    assert re.search(
+        r"^FROM pytorch/pytorch:2\.11\.0-cuda[\d.]+-cudnn\d+-runtime@sha256:[0-9a-f]{64}$",
+        dockerfile,
+        re.MULTILINE,
+    )
     requirements = _requirements((IMAGES / "trainer" / "requirements.txt").read_text())
     pins = {r.split(" ")[0] for r in requirements}
     for pin in [
