@@ -6,6 +6,8 @@
 #   KUBETUNE_K8S_VERSION=v1.36.3 hack/build-control-plane.sh
 #   hack/build-control-plane.sh cluster    # the controllers a real cluster runs (below); prints
 #                                          # their own directory on its last line
+#   hack/build-control-plane.sh suite      # both, three builds at once (hack/test.sh); prints the
+#                                          # assets directory, then the cluster's
 #   hack/build-control-plane.sh trainer-v2 # the Kubeflow Trainer v2 controller manager and the
 #                                          # JobSet controller (below); prints their directory
 #
@@ -91,14 +93,25 @@ GO
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
   ld="$ld -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor"
-  local out="$1"; shift
-  for cmd in "$@"; do
-    if [ ! -x "$out/$cmd" ]; then
-      log "building $cmd $K8S_VERSION"
-      go build -trimpath -ldflags "$ld" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
-      mv "$out/$cmd.tmp" "$out/$cmd"
+  # every binary asked for that is missing, in one `go build`: the go command compiles their shared
+  # packages once and links them side by side
+  local dest pkgs=() missing=()
+  for dest in "$@"; do
+    if [ ! -x "$dest" ]; then
+      missing+=("$dest")
+      pkgs+=("k8s.io/kubernetes/cmd/$(basename "$dest")")
     fi
   done
+  [ "${#missing[@]}" -eq 0 ] && return
+  log "building ${pkgs[*]##*/} $K8S_VERSION"
+  local tmp="$work/bin.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  go build -trimpath -ldflags "$ld" -o "$tmp/" "${pkgs[@]}"
+  for dest in "${missing[@]}"; do
+    mkdir -p "$(dirname "$dest")"
+    mv "$tmp/$(basename "$dest")" "$dest"
+  done
+  rm -rf "$tmp"
 }
 
 # build_wrapper NAME MODULE VERSION PACKAGE [k8s.io modules to raise to the control plane's release,
@@ -146,8 +159,14 @@ copy_manifests() {
 
 build_cluster() {
   mkdir -p "$CLUSTER"
+  build_k8s "$CLUSTER/kube-controller-manager" "$CLUSTER/kube-scheduler"
+  build_cluster_wrappers
+}
+
+# The cluster's controllers from modules of their own (not the control plane's wrapper)
+build_cluster_wrappers() {
+  mkdir -p "$CLUSTER"
   local k8s_mods="k8s.io/api k8s.io/apimachinery k8s.io/apiserver k8s.io/client-go k8s.io/component-base"
-  build_k8s "$CLUSTER" kube-controller-manager kube-scheduler
   # shellcheck disable=SC2086
   build_wrapper kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
     $k8s_mods k8s.io/cri-api k8s.io/cri-client k8s.io/cri-streaming
@@ -222,13 +241,30 @@ build_helm() {
   mv "$bin/helm" "$ASSETS/helm"
 }
 
+# suite: what hack/test.sh needs (the control plane and the cluster), as three builds at once: etcd
+# and helm; the four Kubernetes binaries in one go build; KWOK, the Training Operator and Kueue. A
+# build waits on downloads and on single-threaded links; side by side the others use the cores.
+build_suite() {
+  local pids=() pid failed=0
+  ( build_etcd; build_helm ) & pids+=($!)
+  ( build_k8s "$ASSETS/kube-apiserver" "$ASSETS/kubectl" "$CLUSTER/kube-controller-manager" \
+      "$CLUSTER/kube-scheduler" ) & pids+=($!)
+  ( build_cluster_wrappers ) & pids+=($!)
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  if [ "$failed" -ne 0 ]; then
+    log "a build failed (its output is above)"
+    exit 1
+  fi
+}
+
 what="${*:-all}"
 case "$what" in
-  all) build_etcd; build_k8s "$ASSETS" kube-apiserver kubectl; build_helm ;;
+  all) build_etcd; build_k8s "$ASSETS/kube-apiserver" "$ASSETS/kubectl"; build_helm ;;
   cluster) build_cluster; echo "$CLUSTER"; exit 0 ;;
+  suite) build_suite; echo "$ASSETS"; echo "$CLUSTER"; exit 0 ;;
   trainer-v2) build_trainer_v2; echo "$TRAINER_V2"; exit 0 ;;
   *) for w in $what; do case "$w" in
-       etcd) build_etcd ;; helm) build_helm ;; *) build_k8s "$ASSETS" "$w" ;;
+       etcd) build_etcd ;; helm) build_helm ;; *) build_k8s "$ASSETS/$w" ;;
      esac; done ;;
 esac
 echo "$ASSETS"

@@ -4,12 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hack/setup.sh
-assets=$(hack/build-control-plane.sh | tail -n 1)
-export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$assets}"
-# the controllers of the real-controller tests (tests/cluster): kube-controller-manager,
-# kube-scheduler, KWOK, the Kubeflow Training Operator, Kueue
-cluster=$(hack/build-control-plane.sh cluster | tail -n 1)
-export KUBETUNE_CLUSTER_ASSETS="${KUBETUNE_CLUSTER_ASSETS:-$cluster}"
+# The control plane (kube-apiserver, kubectl, etcd, helm) and the controllers of the real-controller
+# tests (tests/cluster: kube-controller-manager, kube-scheduler, KWOK, the Kubeflow Training Operator,
+# Kueue), built side by side where missing; its last two lines are their folders
+built=$(hack/build-control-plane.sh suite | tail -n 2)
+export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$(head -n 1 <<<"$built")}"
+export KUBETUNE_CLUSTER_ASSETS="${KUBETUNE_CLUSTER_ASSETS:-$(tail -n 1 <<<"$built")}"
 # headless Chromium for the docs' screenshot test (tests/unit/test_docs_render.py): Debian's package,
 # installed in CI (as root, with apt); elsewhere, or if apt fails, that one test skips and says why
 if [ -n "${CI:-}" ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -33,10 +33,21 @@ workers="${KUBETUNE_TEST_WORKERS:-0}"
 # then the tests in each; the seed is printed first, and `--randomly-seed=N` replays an order).
 order=()
 if [ "${KUBETUNE_TEST_ORDER:-file}" = file ]; then order=(-p no:randomly); fi
+# KUBETUNE_PROC_ACCOUNT=FILE: every Python process of the run (pytest, operators, servers, the pods'
+# trainer steps) and every controller stopped by the suite records its CPU seconds into FILE, summed
+# up by kind after the run (tests/support/proc_account; docs/contributing.md, "Where the time goes")
+if [ -n "${KUBETUNE_PROC_ACCOUNT:-}" ]; then
+  KUBETUNE_PROC_ACCOUNT="$(realpath -m "$KUBETUNE_PROC_ACCOUNT")"
+  export KUBETUNE_PROC_ACCOUNT PYTHONPATH="$PWD/tests/support/proc_account${PYTHONPATH:+:$PYTHONPATH}"
+fi
 echo "== pytest ($workers workers, ${KUBETUNE_TEST_ORDER:-file} order)"
 set +e
 pytest -n "$workers" "${order[@]}" --durations=30 "$@"
 rc=$?
 set -e
+if [ -n "${KUBETUNE_PROC_ACCOUNT:-}" ]; then
+  echo "== CPU by kind of process ($KUBETUNE_PROC_ACCOUNT)"
+  python -m tests.support.proc_account "$KUBETUNE_PROC_ACCOUNT" || true
+fi
 if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
 exit "$rc"

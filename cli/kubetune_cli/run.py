@@ -403,7 +403,10 @@ def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> 
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    from kubetune_trainer.process import skip_unused_libraries
     from kubetune_trainer.training import train
+
+    skip_unused_libraries()  # before anything imports transformers
 
     cfg, tiny, cache = local_config(
         args.manifest, output_dir=args.output_dir, cache_dir=args.cache_dir, tracking_uri=args.tracking_uri

@@ -9,16 +9,19 @@ back from MLflow and generate text.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from tests.e2e.conftest import REPO, trainer_env
+from tests.support import proc_account
 
 from kubetune_api.trainer_config import COMPLETE_MARKER, REGISTER_RESULT_FILE, TRAIN_RESULT_FILE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.training]
+PROC_ACCOUNT_DIR = Path(proc_account.__file__).parent
 
 
 def test_local_run_trains_registers_and_says_where_everything_is(tmp_path: Path) -> None:
@@ -28,6 +31,10 @@ def test_local_run_trains_registers_and_says_where_everything_is(tmp_path: Path)
     env["HF_HUB_OFFLINE"] = "1"  # proves nothing is downloaded
     env["HF_DATASETS_OFFLINE"] = "1"
     env["KUBETUNE_CACHE"] = str(tmp_path / "cache")
+    # the run's own CPU accounting (tests/support/proc_account): what the process imported
+    accounting = tmp_path / "cpu.jsonl"
+    env[proc_account.ENV] = str(accounting)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROC_ACCOUNT_DIR), env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, "-m", "kubetune_cli", "run", str(REPO / "examples" / "tiny-local.yaml"), "--local"],
         check=False,
@@ -38,6 +45,11 @@ def test_local_run_trains_registers_and_says_where_everything_is(tmp_path: Path)
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    # one process trained and registered; it never imported what no step uses (scikit-learn, which
+    # transformers imports when it finds it: kubetune_trainer.process.skip_unused_libraries)
+    (record,) = [json.loads(line) for line in accounting.read_text().splitlines()]
+    assert record["kind"] == "kubetune run" and record["cpu"] > 1, record
+    assert {"torch", "transformers", "mlflow"} <= set(record["heavy"]) and "sklearn" not in record["heavy"]
 
     assert (tmp_path / "cache" / "tiny" / "model" / "config.json").is_file()
     result = json.loads((out / TRAIN_RESULT_FILE).read_text())

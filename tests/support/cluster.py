@@ -41,6 +41,7 @@ from typing import Any
 
 import yaml
 
+from tests.support import proc_account
 from tests.support.controlplane import REPO, ControlPlane, _issue, free_port, running_control_plane
 from tests.support.podrunner import CAPACITY_PARAMETER, PROVISIONER, PodRunner
 
@@ -470,6 +471,7 @@ class Cluster:
             p = self.procs.get(name)
             if p is None:
                 continue
+            proc_account.record_pid(p.pid, name)
             p.terminate()
             try:
                 p.wait(timeout=15)

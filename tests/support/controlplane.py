@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support import proc_account
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED_PYTORCHJOB_CRD = REPO.parent / "shared" / "crds" / "kubeflow.org_pytorchjobs.yaml"
 STANDIN_PYTORCHJOB_CRD = REPO / "tests" / "fixtures" / "pytorchjob-standin-crd.yaml"
@@ -249,6 +251,9 @@ current-context: test
         # the API server first, and only then etcd: an API server that loses etcd mid-shutdown
         # retries until it is killed (measured: 20 s, the timeout, against 1 s in order)
         for p in reversed(self.procs):
+            proc_account.record_pid(
+                p.pid, Path(str(p.args[0])).name if isinstance(p.args, list) else "control plane"
+            )
             p.terminate()
             try:
                 p.wait(timeout=20)

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support import proc_account
+
 START_TIMEOUT_S = 240.0  # a busy two-core machine took 71 s (start-up is imports, mostly)
 STOP_TIMEOUT_S = 15.0
 
@@ -138,6 +140,7 @@ class MlflowServer:
         if proc is None:
             return
         if proc.poll() is None:
+            proc_account.record_pid(proc.pid, "mlflow server")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import proc_account
 from tests.support.controlplane import REPO, free_port
 
 
@@ -47,6 +48,7 @@ class OperatorProcess:
     def kill(self) -> None:
         """SIGKILL: no cleanup, no graceful stop, like a node loss or an OOM kill."""
         if self.proc is not None and self.proc.poll() is None:
+            proc_account.record_pid(self.proc.pid, "kubetune_operator")
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
         self.proc = None

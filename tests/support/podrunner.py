@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import proc_account
+
 PROVISIONER = "kubetune.test/local-folder"
 # A StorageClass parameter: "enforced" gives volumes that are full at the claim's requested size.
 CAPACITY_PARAMETER = "kubetune.test/capacity"
@@ -451,6 +453,8 @@ class PodRunner:
             # every process of the container inherits it: the stand-in for its cgroup (_container_pids)
             CONTAINER_MARK: pod.metadata.uid,
         }
+        if os.environ.get(proc_account.ENV):  # the run's CPU accounting reaches the pods' processes too
+            env.update({k: os.environ[k] for k in (proc_account.ENV, "PYTHONPATH") if k in os.environ})
         for var in container.env or []:
             if var.value_from is None:
                 env[var.name] = _expand(var.value or "", env)

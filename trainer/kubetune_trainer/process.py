@@ -32,6 +32,22 @@ class Dist:
         return Dist(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size)
 
 
+# Installed beside the trainer (MLflow's dependencies), used by no step, and imported at start by a
+# library that finds it: transformers imports scikit-learn, and SciPy's statistics with it, for the
+# ROC curve of assisted decoding, which preparation, training and registration never run. Absent
+# from the process, it costs nothing: about a second of CPU at every step's start, a sixth of its
+# imports (docs/contributing.md, "Where the time goes").
+UNUSED_LIBRARIES = ("sklearn",)
+
+
+def skip_unused_libraries() -> None:
+    """Make :data:`UNUSED_LIBRARIES` absent from this process, before anything imports them: their
+    ``import`` raises ImportError and ``importlib.util.find_spec`` answers None (how transformers
+    asks). One already imported stays."""
+    for name in UNUSED_LIBRARIES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
+
+
 def setup_logging(dist: Dist) -> None:
     level = logging.INFO if dist.is_rank0 else logging.WARNING
     fmt = f"%(asctime)s [rank{dist.rank}] %(levelname)s %(name)s: %(message)s"

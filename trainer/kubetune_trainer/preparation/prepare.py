@@ -57,7 +57,7 @@ from kubetune_api.trainer_config import TERMINATION_MESSAGE_PATH, TrainerConfig,
 from .. import settings
 from ..plan import estimate
 from ..plan.plan import shape_from_config
-from ..process import Dist, load_config, setup_logging
+from ..process import Dist, load_config, setup_logging, skip_unused_libraries
 from ..sources import chain, data_check
 from ..sources.chat import ensure_chat_format
 from ..sources.data import check_raw_data, raw_datasets
@@ -600,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         "file; never from the environment)",
     )
     args = parser.parse_args(argv)
+    skip_unused_libraries()
     setup_logging(Dist.from_env())
     settings.warn_ignored_control(log, "prepare")
     if not sys.stderr.isatty():
