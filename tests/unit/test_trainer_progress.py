@@ -104,3 +104,14 @@ def test_a_non_finite_loss_clears_the_field_instead_of_losing_the_update() -> No
     assert json.loads(body)["progress"]["loss"] is None  # a merge patch's null removes the old value
     assert json.loads(body)["progress"]["evalLoss"] is None
     assert status["progress"]["step"] == 3
+
+
+def test_the_status_shows_losses_to_four_significant_digits() -> None:
+    """``kubectl get finetunejobs`` prints status.progress.loss as it is: 7.279966831207275 read as
+    noise. The status shows four significant digits, as the trainer's log does; MLflow keeps the
+    exact values."""
+    state = ProgressState(total_steps=10)
+    state.update(step=3, epoch=0.3, now=3.0, start=0.0)
+    state.loss, state.eval_loss, state.base_eval_loss = 7.279966831207275, 0.0123456, 1543.21
+    progress = state.as_status()["progress"]
+    assert (progress["loss"], progress["evalLoss"], progress["baseEvalLoss"]) == (7.28, 0.01235, 1543.0)

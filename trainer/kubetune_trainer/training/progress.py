@@ -42,6 +42,19 @@ MIN_INTERVAL_S = 15.0
 PatchFn = Callable[[dict[str, Any]], None]
 
 
+def _shown(loss: float | None) -> float | None:
+    """A loss as the status shows it (``kubectl get finetunejobs``' LOSS column): four significant
+    digits, as the trainer's log prints them. The exact values are MLflow's metrics and the
+    checkpoint catalog's. Not finite: as it is (the caller drops it).
+
+    >>> [_shown(x) for x in (7.279966831207275, 0.0123456, 1543.21, None)]
+    [7.28, 0.01235, 1543.0, None]
+    """
+    if loss is None or not math.isfinite(loss):
+        return loss
+    return float(f"{loss:.4g}")
+
+
 def _now_rfc3339() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -87,9 +100,9 @@ class ProgressState:
             "totalSteps": self.total_steps,
             "percent": min(percent, 100) if percent is not None else None,
             "epoch": round(self.epoch, 4) if self.epoch is not None else None,
-            "loss": self.loss,
-            "evalLoss": self.eval_loss,
-            "baseEvalLoss": self.base_eval_loss,
+            "loss": _shown(self.loss),
+            "evalLoss": _shown(self.eval_loss),
+            "baseEvalLoss": _shown(self.base_eval_loss),
             "tokensPerSecond": round(self.tokens_per_second, 1) if self.tokens_per_second else None,
             "etaSeconds": self.eta_seconds,
             "updatedAt": _now_rfc3339(),
