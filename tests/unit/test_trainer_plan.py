@@ -55,8 +55,9 @@ def test_packing_is_padding_free_with_a_kernel_that_keeps_documents_apart() -> N
     gpu = make_plan(TrainingSpec(max_steps=1), H100)
     assert gpu.padding_free and gpu.attn_implementation == "flash_attention_2"
     cpu = make_plan(TrainingSpec(max_steps=1), CPU)
-    # SDPA gets a block-diagonal mask from position_ids (tests/unit/test_trainer_packing.py proves it).
-    assert cpu.padding_free and cpu.attn_implementation == "sdpa"
+    # SDPA over runs of whole examples (tests/unit/test_varlen.py proves it equals each example alone)
+    assert cpu.padding_free and cpu.attn_implementation == "kubetune_varlen"
+    assert "runs of whole examples" in cpu.reasons["packing"]
     off = make_plan(TrainingSpec(max_steps=1, packing=False), CPU)
     assert not off.packing and not off.padding_free
 

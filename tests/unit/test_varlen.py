@@ -112,3 +112,26 @@ def test_the_admitted_values_are_the_kernels_the_trainer_has() -> None:
 
     assert all(tuning_env_error(varlen.KERNEL_ENV, k) is None for k in varlen.KERNELS)
     assert tuning_env_error(varlen.KERNEL_ENV, "cudnn") is not None
+
+
+@pytest.mark.parametrize("window", [None, 3], ids=["causal", "sliding-window"])
+@pytest.mark.parametrize("limit", [1, 12, 256], ids=["one-example-a-run", "some", "all-in-one"])
+def test_runs_of_whole_examples_equal_each_example_alone(window: int | None, limit: int) -> None:
+    """The CPU path (SDPA over runs of whole examples, each run with its block-diagonal mask) gives
+    what example-by-example attention gives, forward and backward, however the examples are grouped."""
+    torch.manual_seed(2)
+    lengths = [7, 12, 5, 1, 9]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, k, v = (torch.randn(sum(lengths), 4, 8, requires_grad=True) for _ in range(3))
+    grads = []
+    for fn in (varlen.reference, varlen.by_runs):
+        if fn is varlen.by_runs:
+            runs = varlen.runs(cu.tolist(), limit=limit)
+            assert [n for _, _, ls in runs for n in ls] == lengths
+            assert all(end - start <= max(limit, *ls) for start, end, ls in runs)
+        out = fn(q, k, v, cu, None, window) if fn is varlen.reference else fn(q, k, v, cu, None, window, limit)
+        (g,) = torch.autograd.grad((out * torch.arange(out.numel()).reshape(out.shape)).sum(), [q])
+        grads.append((out.detach(), g))
+    torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-4)
+

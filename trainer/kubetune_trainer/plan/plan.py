@@ -370,11 +370,18 @@ def _liger(training: TrainingSpec, hw: Hardware, reasons: dict[str, str]) -> boo
 def _attention(training: TrainingSpec, hw: Hardware, reasons: dict[str, str]) -> str:
     """The attention implementation. Packing, padding-free: sequences are concatenated with
     position_ids restarting at 0 and no attention mask. FlashAttention-2's varlen kernel uses the
-    boundaries directly; SDPA and eager get a block-diagonal causal mask that transformers builds
-    from the position_ids. Either way no token attends across examples."""
+    boundaries directly; kubetune_varlen too (on the CPU: SDPA over runs of whole examples); SDPA
+    and eager get a block-diagonal causal mask that transformers builds from the position_ids over
+    the whole batch. Either way no token attends across examples."""
     packing = bool(training.packing)
     if packing and hw.cuda and hw.varlen:
         reasons["packing"] = "padding-free packing, PyTorch varlen FlashAttention (kubetune_varlen)"
+        return VARLEN
+    if packing and not hw.cuda:
+        reasons["packing"] = (
+            "padding-free packing, SDPA over runs of whole examples (kubetune_varlen on the CPU: "
+            "no attention to other examples computed)"
+        )
         return VARLEN
     if packing and hw.flash_attn:
         reasons["packing"] = "padding-free packing, FlashAttention-2 varlen kernel"
