@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,16 @@ from .measure import (
     timing_callback,
     versions,
 )
+from .peers import (
+    SWEEPS,
+    check_measured,
+    import_unsloth,
+    is_peer,
+    is_unsloth,
+    step_rows,
+    trl_best_settings,
+    unsloth_settings,
+)
 from .workload import epoch_rows, flops_per_token, notebook_step_rows, peak_flops, synthetic_dataset
 
 
@@ -67,6 +77,8 @@ class CaseOptions:
     notebook_steps: bool = False  # a kubetune case at its notebook's tokens an optimizer step
     training_overrides: tuple[tuple[str, str], ...] = ()  # spec.training fields (camelCase, value)
     examples: Path | None = None  # the folder of the FineTuneJob examples (cases.default_examples_dir)
+    peer_batch: int | None = None  # a peer's micro-batch (packed rows; None: the first of its sweep)
+    peer_attn: str | None = None  # TRL at its best with this attention (None: the best available)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,8 @@ class _Built:
     trainer: Any
     plan_info: dict[str, Any]
     packing_check: dict[str, Any] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # a peer's exact settings
+    lacks: list[str] = field(default_factory=list)  # what a peer's best lacked here
 
 
 @dataclass(frozen=True)
@@ -350,6 +364,137 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
     return _Built(trainer, plan.as_dict(), packing_check)
 
 
+def _peer_example(ctx: _Case) -> tuple[Any, dict[str, Any] | None, int]:
+    """What a peer trains: its kubetune case's example (training settings, LoRA, rows a step)."""
+    from kubetune_api.trainer_config import load_manifest
+
+    spec = load_manifest(example_path(ctx.kind, ctx.options.examples)).spec
+    lora = None
+    if is_lora(ctx.kind):
+        lora = {"r": spec.lora.r, "alpha": spec.lora.alpha, "dropout": spec.lora.dropout}
+        lora["targets"] = list(spec.lora.target_modules)
+    return spec.training, lora, step_rows(spec.training)
+
+
+def _peer_plan_info(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the table shows of a peer's setup, in the plan's own terms."""
+    sft = settings["sft"]
+    return {
+        "precision": "bf16" if sft.get("bf16") else "fp32",
+        "packing": bool(sft.get("packing")),
+        "gradient_checkpointing": bool(sft.get("gradient_checkpointing")),
+        "liger": bool(sft.get("use_liger_kernel")),
+        "per_device_batch_size": sft["per_device_train_batch_size"],
+        "gradient_accumulation_steps": sft["gradient_accumulation_steps"],
+        "attn_implementation": settings.get("attn_implementation", ""),
+    }
+
+
+def _peer_batch(ctx: _Case) -> int:
+    return ctx.options.peer_batch or SWEEPS[ctx.kind][0]
+
+
+def _trl_best_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
+    """TRL's SFTTrainer with every speed option it offers (kubetune_bench.peers.trl_best_settings)."""
+    import torch
+    from peft import LoraConfig, TaskType
+    from trl import SFTConfig, SFTTrainer
+
+    training, lora, rows = _peer_example(ctx)
+    cuda = ctx.device.cuda
+    settings = trl_best_settings(
+        training,
+        batch=_peer_batch(ctx),
+        rows=rows,
+        max_length=max_length_of(ctx.model),
+        attn=ctx.options.peer_attn,
+        cuda=cuda,
+    )
+    model = _build_model(
+        ctx.model, getattr(torch, settings["dtype"]), settings["attn_implementation"], ctx.device.kind
+    )
+    peft = None
+    if lora is not None:
+        peft = LoraConfig(
+            task_type=TaskType.CAUSAL_LM,
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["targets"],
+            bias="none",
+        )
+        settings["lora"] = lora
+    args = SFTConfig(
+        output_dir=str(ctx.tmp / "out"),
+        max_steps=ctx.total_steps,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        **settings["sft"],
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft
+    )
+    return _Built(trainer, _peer_plan_info(settings), settings=settings, lacks=settings.pop("lacks"))
+
+
+def _unsloth_lacks() -> list[str]:
+    """What Unsloth's fastest attention paths need and this environment lacks."""
+    import importlib.util
+
+    return [
+        f"{name}: {package} is not installed"
+        for name, module, package in (
+            ("FlashAttention-2", "flash_attn", "flash-attn (PyPI ships its source only)"),
+            ("xformers", "xformers", "xformers"),
+        )
+        if importlib.util.find_spec(module) is None
+    ]
+
+
+def _unsloth_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
+    """Unsloth's FastLanguageModel and SFTTrainer at their best here (kubetune_bench.peers.unsloth_settings).
+
+    The model is the same random-weights model as the other cases', saved to the case's scratch
+    folder for Unsloth's loader (it loads from a path).
+    """
+    import torch
+    from trl import SFTConfig, SFTTrainer
+    from unsloth import FastLanguageModel
+
+    if not ctx.device.cuda:
+        raise RuntimeError("the Unsloth case needs a GPU")
+    training, lora, rows = _peer_example(ctx)
+    settings = unsloth_settings(
+        training, lora, batch=_peer_batch(ctx), rows=rows, max_length=max_length_of(ctx.model)
+    )
+    model_dir = ctx.tmp / "model"
+    base = _build_model(ctx.model, torch.bfloat16, "sdpa", ctx.device.kind)
+    base.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
+    del base
+    torch.cuda.empty_cache()
+    load = dict(settings["load"], dtype=torch.bfloat16)
+    model, _ = FastLanguageModel.from_pretrained(model_name=str(model_dir), local_files_only=True, **load)
+    if settings["peft"] is not None:
+        model = FastLanguageModel.get_peft_model(model, **settings["peft"])
+    args = SFTConfig(
+        output_dir=str(ctx.tmp / "out"),
+        max_steps=ctx.total_steps,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        **settings["sft"],
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    settings["attn_implementation"] = str(getattr(model.config, "_attn_implementation", ""))
+    info = _peer_plan_info(settings)
+    return _Built(trainer, info, settings=settings, lacks=_unsloth_lacks())
+
+
 def _profiler(ctx: _Case) -> Any:
     """torch.profiler over the measured steps, when asked (never over a whole epoch)."""
     if ctx.options.profile_path is None or ctx.options.epoch_tokens:
@@ -394,6 +539,9 @@ def _train(ctx: _Case, built: _Built) -> _Measured:
     else:
         seconds = (timing.end or time.perf_counter()) - (timing.start or time.perf_counter())
     steps = built.trainer.state.global_step if options.epoch_tokens else options.steps
+    done = built.trainer.state.global_step - (0 if options.epoch_tokens else options.warmup)
+    measured_seconds = seconds if timing.start is not None or options.epoch_tokens else 0.0
+    check_measured(ctx.case, tokens=int(counts[0]), steps=max(0, min(done, steps)), seconds=measured_seconds)
     return _Measured(int(counts[0]), float(counts[1]), seconds, train_seconds, steps, timing)
 
 
@@ -409,6 +557,11 @@ def _label(ctx: _Case, plan_info: dict[str, Any], step_rows: int | None) -> tupl
         label += f" (notebook's step: {step_rows} rows)"
     if options.training_overrides and kubetune:
         label += " (" + ", ".join(f"{k}={v}" for k, v in options.training_overrides) + ")"
+    if is_peer(ctx.kind):
+        label += (
+            f" (batch {plan_info['per_device_batch_size']} x {plan_info['gradient_accumulation_steps']}, "
+            f"{plan_info['attn_implementation']})"
+        )
     fp8 = str(plan_info.get("fp8", "off"))
     if fp8 != "off":
         label += f" (fp8 {fp8})"
@@ -458,6 +611,8 @@ def _result(ctx: _Case, built: _Built, measured: _Measured, step_rows: int | Non
         epoch_training_seconds=round(measured.train_seconds, 1) if options.epoch_tokens else None,
         notebook_step_rows=step_rows,
         versions=versions(),
+        settings=built.settings,
+        lacks=built.lacks,
     )
 
 
@@ -465,6 +620,8 @@ def run_case(case: str, options: CaseOptions, hooks: CaseHooks | None = None) ->
     """Train one case in this process and measure it (``kubetune bench`` gives each case its own process:
     Liger patches classes, and GPU memory must start empty)."""
     model_name, kind = CASES[case]
+    if is_unsloth(kind):
+        import_unsloth()  # before transformers, TRL and PEFT: it patches them as it loads
     device = _device(options.memory_cap_gib)
     with tempfile.TemporaryDirectory(prefix="kubetune-bench-") as tmp_name:
         ctx = _Case(case, model_name, kind, device, options, hooks or CaseHooks(), Path(tmp_name))
@@ -472,6 +629,10 @@ def run_case(case: str, options: CaseOptions, hooks: CaseHooks | None = None) ->
         dataset, step_rows = _case_data(model_name, kind, options)
         if is_kubetune(kind):
             built = _kubetune_trainer(ctx, dataset, tokenizer, step_rows)
+        elif is_unsloth(kind):
+            built = _unsloth_trainer(ctx, dataset, tokenizer)
+        elif is_peer(kind):
+            built = _trl_best_trainer(ctx, dataset, tokenizer)
         else:
             built = _notebook_trainer(ctx, dataset, tokenizer)
         measured = _train(ctx, built)
