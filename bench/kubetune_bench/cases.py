@@ -102,6 +102,8 @@ CASES = {
     "qwen3-4b:unsloth": ("qwen3-4b", "unsloth-full"),
     "tiny:trl-best-lora": ("tiny", "trl-best-lora"),
     "tiny:trl-best-full": ("tiny", "trl-best-full"),
+    "tiny:unsloth-lora": ("tiny", "unsloth-lora"),
+    "tiny:unsloth-full": ("tiny", "unsloth-full"),
 }
 GPU_CASES = ["qwen2-0.5b:notebook-a", "qwen2-0.5b:kubetune", "qwen3-4b:notebook-b", "qwen3-4b:kubetune"]
 SMOKE_CASES = ["tiny:notebook-a", "tiny:kubetune-lora", "tiny:notebook-b", "tiny:kubetune-full"]
@@ -146,8 +148,8 @@ def with_peers(cases: list[str]) -> list[str]:
 
     >>> with_peers(["qwen2-0.5b:notebook-a", "qwen2-0.5b:kubetune"])
     ['qwen2-0.5b:notebook-a', 'qwen2-0.5b:kubetune', 'qwen2-0.5b:trl-best', 'qwen2-0.5b:unsloth']
-    >>> with_peers(["tiny:kubetune-full"])  # (Unsloth needs a GPU: the tiny model has no Unsloth case)
-    ['tiny:kubetune-full', 'tiny:trl-best-full']
+    >>> with_peers(["tiny:kubetune-full"])
+    ['tiny:kubetune-full', 'tiny:trl-best-full', 'tiny:unsloth-full']
     """
     out = list(cases)
     for case in cases:

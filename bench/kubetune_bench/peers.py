@@ -142,23 +142,30 @@ def trl_best_settings(
 
 
 def unsloth_settings(
-    training: Any, lora: dict[str, Any] | None, *, batch: int, rows: int, max_length: int
+    training: Any, lora: dict[str, Any] | None, *, batch: int, rows: int, max_length: int, cuda: bool = True
 ) -> dict[str, Any]:
     """Unsloth at its best that this machine allows: ``load`` (FastLanguageModel.from_pretrained's
     arguments), ``peft`` (get_peft_model's, None for full fine-tuning) and ``sft`` (SFTConfig's).
 
     bf16 weights (no 4-bit or 8-bit loading: the peers train what kubetune trains), no recomputation
-    (Unsloth's offloaded checkpointing saves memory, not time), padding-free packing, fused AdamW;
-    Unsloth's own kernels instead of Liger's.
+    (Unsloth's offloaded checkpointing saves memory, not time), padding-free packing (Unsloth picks the
+    packed attention itself: FlashAttention-2, xformers or PyTorch's varlen kernel, whichever it finds),
+    fused AdamW; Unsloth's own kernels instead of Liger's. LoRA keeps the example's dropout: Unsloth's
+    fused LoRA kernels need dropout 0, so with the example's 0.1 they are off, as they would be for a user
+    training that job. On the CPU (the smoke run, which Unsloth trains too) fp32 and plain AdamW.
     """
-    sft = _common(training, batch=batch, rows=rows, max_length=max_length, cuda=True)
+    sft = _common(training, batch=batch, rows=rows, max_length=max_length, cuda=cuda)
     sft["use_liger_kernel"] = False  # Unsloth patches the same layers with its own kernels
     load = {
         "max_seq_length": max_length,
-        "dtype": "bfloat16",
+        "dtype": "bfloat16" if cuda else "float32",
         "load_in_4bit": False,
         "load_in_8bit": False,
+        "load_in_16bit": lora is not None,  # 16-bit LoRA
         "full_finetuning": lora is None,
+        "use_gradient_checkpointing": False,  # (its default is "unsloth": offloaded recomputation)
+        "fix_tokenizer": False,  # the benchmark's data is pre-tokenized; its tokenizer has no chat to fix
+        "random_state": 0,
     }
     peft = None
     if lora is not None:

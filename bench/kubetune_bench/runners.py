@@ -440,18 +440,30 @@ def _trl_best_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     return _Built(trainer, _peer_plan_info(settings), settings=settings, lacks=settings.pop("lacks"))
 
 
-def _unsloth_lacks() -> list[str]:
-    """What Unsloth's fastest attention paths need and this environment lacks."""
-    import importlib.util
+def _unsloth_attention() -> tuple[dict[str, Any], list[str]]:
+    """Which attention kernels Unsloth found (its own flags) and which packed backend it picks, and
+    what it lacked: FlashAttention-2 (PyPI ships flash-attn's source only) or a loadable xformers."""
+    found: dict[str, Any] = {}
+    try:
+        from unsloth.models import _utils as unsloth_utils
+        from unsloth.utils import attention_dispatch
 
-    return [
-        f"{name}: {package} is not installed"
-        for name, module, package in (
-            ("FlashAttention-2", "flash_attn", "flash-attn (PyPI ships its source only)"),
-            ("xformers", "xformers", "xformers"),
+        found = {
+            "flash_attn_2": bool(unsloth_utils.HAS_FLASH_ATTENTION),
+            "xformers": bool(attention_dispatch.HAS_XFORMERS),
+            "torch_varlen": getattr(attention_dispatch, "_TORCH_VARLEN_ATTN", None) is not None,
+            "packed_backend": str(attention_dispatch.select_attention_backend(use_varlen=True)),
+        }
+    except (ImportError, AttributeError) as err:  # Unsloth's internals: a diagnostic, never a failure
+        found = {"unknown": str(err)}
+    lacks = []
+    if found.get("flash_attn_2") is False:
+        lacks.append(
+            "FlashAttention-2: flash-attn is not installed (PyPI ships its source only; no build here)"
         )
-        if importlib.util.find_spec(module) is None
-    ]
+    if found.get("xformers") is False:
+        lacks.append("xformers: not installed or does not load with this torch")
+    return found, lacks
 
 
 def _unsloth_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
@@ -464,20 +476,21 @@ def _unsloth_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     from trl import SFTConfig, SFTTrainer
     from unsloth import FastLanguageModel
 
-    if not ctx.device.cuda:
-        raise RuntimeError("the Unsloth case needs a GPU")
+    cuda = ctx.device.cuda
     training, lora, rows = _peer_example(ctx)
     settings = unsloth_settings(
-        training, lora, batch=_peer_batch(ctx), rows=rows, max_length=max_length_of(ctx.model)
+        training, lora, batch=_peer_batch(ctx), rows=rows, max_length=max_length_of(ctx.model), cuda=cuda
     )
     model_dir = ctx.tmp / "model"
-    base = _build_model(ctx.model, torch.bfloat16, "sdpa", ctx.device.kind)
+    dtype = getattr(torch, settings["load"]["dtype"])
+    base = _build_model(ctx.model, dtype, "sdpa", ctx.device.kind)
     base.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     del base
-    torch.cuda.empty_cache()
-    load = dict(settings["load"], dtype=torch.bfloat16)
-    model, _ = FastLanguageModel.from_pretrained(model_name=str(model_dir), local_files_only=True, **load)
+    if cuda:
+        torch.cuda.empty_cache()
+    load = dict(settings["load"], dtype=dtype)
+    model, _ = FastLanguageModel.from_pretrained(model_name=str(model_dir), **load)
     if settings["peft"] is not None:
         model = FastLanguageModel.get_peft_model(model, **settings["peft"])
     args = SFTConfig(
@@ -487,12 +500,14 @@ def _unsloth_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
         eval_strategy="no",
         report_to="none",
         disable_tqdm=True,
+        use_cpu=not cuda,
         **settings["sft"],
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    settings["attn_implementation"] = str(getattr(model.config, "_attn_implementation", ""))
-    info = _peer_plan_info(settings)
-    return _Built(trainer, info, settings=settings, lacks=_unsloth_lacks())
+    attention, lacks = _unsloth_attention()
+    settings["unsloth_attention"] = attention
+    settings["attn_implementation"] = f"unsloth {attention.get('packed_backend', '?')}"
+    return _Built(trainer, _peer_plan_info(settings), settings=settings, lacks=lacks)
 
 
 def _profiler(ctx: _Case) -> Any:
