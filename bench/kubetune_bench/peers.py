@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 TRL_BEST = "trl-best"
@@ -193,6 +195,10 @@ def unsloth_env(env: dict[str, str], site: str) -> dict[str, str]:
     isolated["PYTHONPATH"] = os.pathsep.join([site, *rest])
     isolated["HF_HUB_OFFLINE"] = "1"
     isolated["UNSLOTH_DISABLE_STATISTICS"] = "1"
+    # (Unsloth writes the trainer and layers it generates to this folder, by default in the current one)
+    isolated.setdefault(
+        "UNSLOTH_COMPILE_LOCATION", str(Path(tempfile.gettempdir()) / "unsloth_compiled_cache")
+    )
     return isolated
 
 

@@ -72,6 +72,9 @@ def test_only_the_unsloth_case_s_process_has_its_folder_on_the_path() -> None:
     }
     unsloth = job_env(Job("qwen2-0.5b:unsloth", peer_batch=16), caller)
     assert unsloth["PYTHONPATH"].split(":") == ["/unsloth/site", "/kubetune/site", "/repo/api"]
+    assert unsloth["HF_HUB_OFFLINE"] == "1" and unsloth["UNSLOTH_COMPILE_LOCATION"].endswith(
+        "unsloth_compiled_cache"
+    )
     for case in ("qwen2-0.5b:trl-best", "qwen2-0.5b:kubetune", "qwen2-0.5b:notebook-a"):
         assert "/unsloth/site" not in job_env(Job(case), caller)["PYTHONPATH"]
     assert caller["PYTHONPATH"] == "/kubetune/site:/repo/api"  # the caller's own environment is untouched
