@@ -20,17 +20,19 @@ install $U "$W"/unsloth/*.whl || exit 1
 export PYTHONPATH=$K:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/cli:$PWD/bench PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, trl, peft, datasets, liger_kernel, pyarrow; print('kubetune env: torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft', peft.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
-PYTHONPATH=$U:$PYTHONPATH timeout 120 python3 -c "import unsloth, trl, datasets; print('unsloth env: unsloth', unsloth.__version__, 'trl', trl.__version__, 'datasets', datasets.__version__)" > "$OUT/unsloth-import.log" 2>&1
-tail -12 "$OUT/unsloth-import.log"
 PEAK=$(python3 hack/gpu/bf16_peak.py)
 echo "measured bf16 limit: $PEAK TFLOP/s" | tee -a "$OUT/gpu.txt"
 B="python3 -m kubetune_bench --out /tmp/peers --warmup ${WARMUP:-2} --steps ${STEPS:-3} --peak-tflops $PEAK --unsloth-site $U"
 snap() { $B --report-only > /dev/null 2>&1; cp /tmp/peers/bench.md /tmp/peers/bench.json "$OUT/" 2>/dev/null; tar czf "$OUT/peers.tar.gz" -C /tmp peers; }
+# each phase gets at most its own limit and what is left of ${BUDGET:-585} s (the device's calls last 600 s);
+# timeout stops a phase's case processes with it (one process group)
+left() { local rest=$((${BUDGET:-585} - SECONDS)); echo $((rest < $1 ? rest : $1)); }
 for phase in "$@"; do
+  if [ "$(left 999)" -lt 45 ]; then echo "no time left for $phase"; continue; fi
   case "$phase" in
-    lora) timeout "${T_LORA:-330}" $B --cases qwen2-0.5b:kubetune --peers --peer-batches "${LORA_BATCHES:-16,32}" > /tmp/lora.log 2>&1 ;;
-    full) timeout "${T_FULL:-420}" $B --cases qwen3-4b:kubetune --peers --peer-batches "${FULL_BATCHES:-4,8}" > /tmp/full.log 2>&1 ;;
-    sdpa) timeout "${T_SDPA:-90}" $B --cases qwen2-0.5b:trl-best --peer-batches 16 --trl-attn sdpa > /tmp/sdpa.log 2>&1 ;;
+    lora) timeout "$(left "${T_LORA:-330}")" $B --cases qwen2-0.5b:kubetune --peers --peer-batches "${LORA_BATCHES:-16,32}" > /tmp/lora.log 2>&1 ;;
+    full) timeout "$(left "${T_FULL:-420}")" $B --cases qwen3-4b:kubetune --peers --peer-batches "${FULL_BATCHES:-4,8}" > /tmp/full.log 2>&1 ;;
+    sdpa) timeout "$(left "${T_SDPA:-90}")" $B --cases qwen2-0.5b:trl-best --peer-batches 16 --trl-attn sdpa > /tmp/sdpa.log 2>&1 ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
   grep -h "^\[bench\]" /tmp/$phase.log | cut -c1-400; snap
