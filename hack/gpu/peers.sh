@@ -6,8 +6,9 @@
 # WHEELS: the folder `python3 hack/gpu/peer_wheels.py` wrote (carried to the device machine); its
 # `kubetune` set goes into one --target folder, its `unsloth` set into another, which only the
 # Unsloth cases' processes get first on PYTHONPATH (`kubetune bench --unsloth-site`). PHASE:
-#   lora  Qwen2-0.5B LoRA: kubetune, TRL at its best and Unsloth (micro-batches $LORA_BATCHES)
-#   full  Qwen3-4B full: the same (micro-batches $FULL_BATCHES)
+#   lora  Qwen2-0.5B LoRA: kubetune, TRL at its best and Unsloth (micro-batches $LORA_BATCHES and
+#         $UNSLOTH_LORA_BATCHES)
+#   full  Qwen3-4B full: the same ($FULL_BATCHES and $UNSLOTH_FULL_BATCHES)
 #   sdpa  TRL at its best on Qwen2-0.5B with SDPA instead of flex attention (one point)
 # Every phase writes into one folder; after each, the report and an archive go to $OUT. MFU is
 # against the GPU's measured bf16 limit (hack/gpu/bf16_peak.py), measured first.
@@ -30,8 +31,8 @@ left() { local rest=$((${BUDGET:-585} - SECONDS)); echo $((rest < $1 ? rest : $1
 for phase in "$@"; do
   if [ "$(left 999)" -lt 45 ]; then echo "no time left for $phase"; continue; fi
   case "$phase" in
-    lora) timeout "$(left "${T_LORA:-330}")" $B --cases qwen2-0.5b:kubetune --peers --peer-batches "${LORA_BATCHES:-16,32}" > /tmp/lora.log 2>&1 ;;
-    full) timeout "$(left "${T_FULL:-420}")" $B --cases qwen3-4b:kubetune --peers --peer-batches "${FULL_BATCHES:-4,8}" > /tmp/full.log 2>&1 ;;
+    lora) timeout "$(left "${T_LORA:-330}")" sh -c "$B --cases qwen2-0.5b:kubetune,qwen2-0.5b:trl-best --peer-batches ${LORA_BATCHES:-16,32}; $B --cases qwen2-0.5b:unsloth --peer-batches ${UNSLOTH_LORA_BATCHES:-16,32}" > /tmp/lora.log 2>&1 ;;
+    full) timeout "$(left "${T_FULL:-420}")" sh -c "$B --cases qwen3-4b:kubetune,qwen3-4b:trl-best --peer-batches ${FULL_BATCHES:-4,8}; $B --cases qwen3-4b:unsloth --peer-batches ${UNSLOTH_FULL_BATCHES:-4,8}" > /tmp/full.log 2>&1 ;;
     sdpa) timeout "$(left "${T_SDPA:-90}")" $B --cases qwen2-0.5b:trl-best --peer-batches 16 --trl-attn sdpa > /tmp/sdpa.log 2>&1 ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
