@@ -68,7 +68,7 @@ def best_attention() -> tuple[str, list[str]]:
     rows' boundaries as they are; without them, flex attention builds a block mask from the position
     ids (SDPA would get a dense mask over the whole packed batch: one sequence of every row's tokens).
     """
-    lacks = []
+    lacks: list[str] = []
     if importlib.util.find_spec("flash_attn_interface") is not None:
         return "flash_attention_3", lacks
     lacks.append(
@@ -217,7 +217,7 @@ def import_unsloth() -> Any:
             f"Unsloth must be imported before {', '.join(early)} (it patches them as it loads)"
         )
     try:
-        import unsloth
+        import unsloth  # type: ignore[import-not-found]
     except ImportError as err:
         raise RuntimeError(
             f"the Unsloth case needs its own environment ({err}): install unsloth and unsloth-zoo into a folder "

@@ -369,10 +369,16 @@ def _peer_example(ctx: _Case) -> tuple[Any, dict[str, Any] | None, int]:
     from kubetune_api.trainer_config import load_manifest
 
     spec = load_manifest(example_path(ctx.kind, ctx.options.examples)).spec
-    lora = None
+    lora: dict[str, Any] | None = None
     if is_lora(ctx.kind):
-        lora = {"r": spec.lora.r, "alpha": spec.lora.alpha, "dropout": spec.lora.dropout}
-        lora["targets"] = list(spec.lora.target_modules)
+        if spec.lora is None:
+            raise ValueError(f"{ctx.case}: its example has no spec.lora")
+        lora = {
+            "r": spec.lora.r,
+            "alpha": spec.lora.alpha,
+            "dropout": spec.lora.dropout,
+            "targets": list(spec.lora.target_modules),
+        }
     return spec.training, lora, step_rows(spec.training)
 
 
@@ -445,8 +451,8 @@ def _unsloth_attention() -> tuple[dict[str, Any], list[str]]:
     what it lacked: FlashAttention-2 (PyPI ships flash-attn's source only) or a loadable xformers."""
     found: dict[str, Any] = {}
     try:
-        from unsloth.models import _utils as unsloth_utils
-        from unsloth.utils import attention_dispatch
+        from unsloth.models import _utils as unsloth_utils  # type: ignore[import-not-found]
+        from unsloth.utils import attention_dispatch  # type: ignore[import-not-found]
 
         found = {
             "flash_attn_2": bool(unsloth_utils.HAS_FLASH_ATTENTION),
@@ -474,7 +480,7 @@ def _unsloth_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     """
     import torch
     from trl import SFTConfig, SFTTrainer
-    from unsloth import FastLanguageModel
+    from unsloth import FastLanguageModel  # type: ignore[import-not-found]
 
     cuda = ctx.device.cuda
     training, lora, rows = _peer_example(ctx)

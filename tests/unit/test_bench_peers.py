@@ -53,7 +53,8 @@ def test_a_sweep_point_may_force_the_attention_and_the_cpu_smoke_drops_cuda_opti
 
 def test_unsloth_trains_what_kubetune_trains_in_bf16_without_recomputation() -> None:
     spec = load_manifest(EXAMPLES_DIR / EXAMPLES["unsloth-lora"]).spec
-    lora = {"r": spec.lora.r, "alpha": spec.lora.alpha, "dropout": spec.lora.dropout}
+    assert spec.lora is not None
+    lora: dict[str, Any] = {"r": spec.lora.r, "alpha": spec.lora.alpha, "dropout": spec.lora.dropout}
     lora["targets"] = list(spec.lora.target_modules)
     with_lora = peers.unsloth_settings(spec.training, lora, batch=16, rows=32, max_length=1024)
     assert with_lora["load"]["load_in_4bit"] is False and with_lora["load"]["full_finetuning"] is False
