@@ -106,7 +106,7 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
         env = job_env(job)
     except RuntimeError as err:
         print(f"[bench] {job.stem} failed ({err})", flush=True)
-        return {"case": job.stem, "error": str(err), "memory_cap_gib": job.cap}
+        return {"case": job.stem, "job": job.case, "error": str(err), "memory_cap_gib": job.cap}
     attempts = [extra]
     # (uncompiled, a float8 case would run without float8: the plan needs compiled layers)
     if is_kubetune(CASES[job.case][1]) and "--compile" not in extra and not job.fp8:
@@ -132,7 +132,7 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
         print(f"[bench] {job.stem} failed ({failure})", flush=True)
         if "OutOfMemoryError" in failure:
             break  # memory, not compilation: uncompiled it would not fit either
-    return {"case": job.stem, "error": failure, "memory_cap_gib": job.cap}
+    return {"case": job.stem, "job": job.case, "error": failure, "memory_cap_gib": job.cap}
 
 
 def run_all(
@@ -164,12 +164,10 @@ def run_all(
 def sweep_point_too_big(failure: dict[str, Any], results: list[dict[str, Any]]) -> bool:
     """Whether a failed job is a peer's sweep point that ran out of memory while another point of the
     same peer trained: that micro-batch is too big, the sweep found its best elsewhere (listed, not a failure)."""
-    if "OutOfMemoryError" not in failure.get("error", ""):
+    case = failure.get("job", "")
+    if "OutOfMemoryError" not in failure.get("error", "") or not is_peer(CASES.get(case, ("", ""))[1]):
         return False
-    prefix = failure["case"].split("_b")[0]
-    return any(
-        "error" not in r and r.get("case", "").startswith(prefix.replace("_", ":", 1)) for r in results
-    )
+    return any("error" not in r and r.get("case", "").split(" ")[0] == case for r in results)
 
 
 def plan_jobs(args: argparse.Namespace, cases: list[str], training: tuple[tuple[str, str], ...]) -> list[Job]:

@@ -198,9 +198,12 @@ def test_kubetune_is_compared_with_each_peer_at_the_best_point_of_its_sweep() ->
 
 
 def test_a_sweep_point_out_of_memory_is_no_failure_when_another_point_trained() -> None:
-    oom = {"case": "qwen3-4b_trl-best_b8", "error": "exit 1: torch.OutOfMemoryError: CUDA out of memory"}
+    error = "exit 1: torch.OutOfMemoryError: CUDA out of memory"
+    oom = {"case": "qwen3-4b_trl-best_b8", "job": "qwen3-4b:trl-best", "error": error}
     trained = _row("qwen3-4b:trl-best (batch 4 x 2, flex_attention)", "trl-best-full", 16_000.0)
     assert sweep_point_too_big(oom, [oom, trained])
     assert not sweep_point_too_big(oom, [oom])  # no point trained: the peer failed
-    crash = {"case": "qwen3-4b_trl-best_b2", "error": "exit 1: ValueError"}
+    crash = {"case": "qwen3-4b_trl-best_b2", "job": "qwen3-4b:trl-best", "error": "exit 1: ValueError"}
     assert not sweep_point_too_big(crash, [crash, trained])
+    kubetune = {"case": "qwen3-4b_kubetune", "job": "qwen3-4b:kubetune", "error": error}
+    assert not sweep_point_too_big(kubetune, [kubetune, _row("qwen3-4b:kubetune", "kubetune-full", 1.0)])
