@@ -95,13 +95,29 @@ CASES = {
     "tiny:kubetune-lora": ("tiny", "kubetune-lora"),
     "tiny:notebook-b": ("tiny", "notebook-b"),
     "tiny:kubetune-full": ("tiny", "kubetune-full"),
+    # the peers (kubetune_bench.peers): TRL at its best and Unsloth, training what kubetune's case trains
+    "qwen2-0.5b:trl-best": ("qwen2-0.5b", "trl-best-lora"),
+    "qwen2-0.5b:unsloth": ("qwen2-0.5b", "unsloth-lora"),
+    "qwen3-4b:trl-best": ("qwen3-4b", "trl-best-full"),
+    "qwen3-4b:unsloth": ("qwen3-4b", "unsloth-full"),
+    "tiny:trl-best-lora": ("tiny", "trl-best-lora"),
+    "tiny:trl-best-full": ("tiny", "trl-best-full"),
+    "tiny:unsloth-lora": ("tiny", "unsloth-lora"),
+    "tiny:unsloth-full": ("tiny", "unsloth-full"),
 }
 GPU_CASES = ["qwen2-0.5b:notebook-a", "qwen2-0.5b:kubetune", "qwen3-4b:notebook-b", "qwen3-4b:kubetune"]
 SMOKE_CASES = ["tiny:notebook-a", "tiny:kubetune-lora", "tiny:notebook-b", "tiny:kubetune-full"]
 # Which case each kubetune case is compared with.
 BASELINE = {"kubetune-lora": "notebook-a", "kubetune-full": "notebook-b"}
-# The notebook's FineTuneJob example each kubetune case trains (a file of the examples folder).
+# The peers each kubetune case is compared with (kubetune_bench.peers), by the report's column.
+PEERS = {
+    "kubetune-lora": {"trl-best": "trl-best-lora", "unsloth": "unsloth-lora"},
+    "kubetune-full": {"trl-best": "trl-best-full", "unsloth": "unsloth-full"},
+}
+# The notebook's FineTuneJob example each kubetune case trains (a file of the examples folder); a
+# peer trains its kubetune case's example.
 EXAMPLES = {"kubetune-lora": "qwen2-0.5b-lora-8gpu.yaml", "kubetune-full": "qwen3-4b-full.yaml"}
+EXAMPLES.update({peer: EXAMPLES[own] for own, peers in PEERS.items() for peer in peers.values()})
 
 MAX_LENGTH = 1024
 # A model's own cut where it is not MAX_LENGTH: the tiny model's conversations are eight times
@@ -127,9 +143,29 @@ def is_kubetune(kind: str) -> bool:
     return kind.startswith("kubetune")
 
 
+def with_peers(cases: list[str]) -> list[str]:
+    """The cases with the peers of each kubetune case's model added after them (``--peers``).
+
+    >>> with_peers(["qwen2-0.5b:notebook-a", "qwen2-0.5b:kubetune"])
+    ['qwen2-0.5b:notebook-a', 'qwen2-0.5b:kubetune', 'qwen2-0.5b:trl-best', 'qwen2-0.5b:unsloth']
+    >>> with_peers(["tiny:kubetune-full"])
+    ['tiny:kubetune-full', 'tiny:trl-best-full', 'tiny:unsloth-full']
+    """
+    out = list(cases)
+    for case in cases:
+        model, kind = CASES[case]
+        for peer_kind in PEERS.get(kind, {}).values():
+            out += [c for c, (m, k) in CASES.items() if m == model and k == peer_kind and c not in out]
+    return out
+
+
 def is_lora(kind: str) -> bool:
-    """Whether a case kind trains LoRA adapters (notebook A and its kubetune case) or every weight."""
-    return kind in ("notebook-a", "kubetune-lora")
+    """Whether a case kind trains LoRA adapters (notebook A, its kubetune case and their peers) or every weight.
+
+    >>> is_lora("trl-best-lora"), is_lora("unsloth-full"), is_lora("notebook-a")
+    (True, False, True)
+    """
+    return kind == "notebook-a" or kind.endswith("-lora")
 
 
 def default_examples_dir() -> Path:
@@ -195,6 +231,10 @@ class CaseResult:
     # compile caches' hits and misses (FX graph and AOT autograd caches)
     compile_seconds: dict[str, float] = field(default_factory=dict)
     compile_cache: dict[str, int] = field(default_factory=dict)
+    # a peer's exact settings (kubetune_bench.peers: SFTConfig's arguments, attention, loading) and
+    # what its best lacked on this machine
+    settings: dict[str, Any] = field(default_factory=dict)
+    lacks: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -212,6 +252,9 @@ class Job:
     notebook_memory: bool = False
     # spec.training fields set for a kubetune case (camelCase name, value), e.g. gradientCheckpointing
     training: tuple[tuple[str, str], ...] = ()
+    # a peer's point of its sweep: micro-batch (packed rows) and attention (None: its best available)
+    peer_batch: int | None = None
+    peer_attn: str | None = None
 
     @property
     def stem(self) -> str:
@@ -222,6 +265,8 @@ class Job:
         name += "_fp8" if self.fp8 else ""
         name += "_nbsteps" if self.notebook_steps else ""
         name += "".join(f"_{key}-{value}" for key, value in self.training)
+        name += f"_b{self.peer_batch}" if self.peer_batch else ""
+        name += f"_{self.peer_attn}" if self.peer_attn else ""
         return name + ("_epoch" if self.epoch_tokens else "")
 
 

@@ -13,8 +13,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cases import CASES, GPU_CASES, SMOKE_CASES, parse_training_overrides
+from .cases import CASES, GPU_CASES, SMOKE_CASES, parse_training_overrides, with_peers
 from .jobs import plan_jobs, run_all
+from .peers import UNSLOTH_SITE_ENV
 from .report import report
 
 
@@ -75,6 +76,28 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="issue 22's benchmark instead of the cases (kubetune_bench.startup): restart, scaling, estimate "
         "(comma-separated)",
     )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="also run the peers (TRL at its best, Unsloth) of each model of the call's kubetune cases",
+    )
+    p.add_argument(
+        "--peer-batches",
+        help="comma-separated micro-batches (packed rows) each peer case sweeps (default: kubetune_bench.peers.SWEEPS)",
+    )
+    p.add_argument(
+        "--trl-attn",
+        help="comma-separated attention implementations TRL at its best sweeps (default: the best available)",
+    )
+    p.add_argument(
+        "--unsloth-site",
+        type=Path,
+        default=None,
+        help="folder holding Unsloth's own environment (pip install --target), first on PYTHONPATH for its "
+        "cases only (default: $KUBETUNE_BENCH_UNSLOTH_SITE)",
+    )
+    p.add_argument("--peer-batch", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--peer-attn", help=argparse.SUPPRESS)
     p.add_argument("--one", help=argparse.SUPPRESS)
     p.add_argument("--json", type=Path, help=argparse.SUPPRESS)
 
@@ -159,6 +182,10 @@ def _profile_path(json_path: Path) -> Path:
 
 def _run_one(args: argparse.Namespace) -> int:
     """A case's own process: train it, write its JSON (rank 0), leave the process group cleanly."""
+    from .peers import import_unsloth, is_unsloth
+
+    if is_unsloth(CASES[args.one][1]):
+        import_unsloth()  # before anything imports transformers, TRL or PEFT
     from kubetune_trainer.training.train import close_process_group
 
     from .runners import CaseOptions, run_case
@@ -176,6 +203,8 @@ def _run_one(args: argparse.Namespace) -> int:
         notebook_steps=args.notebook_steps,
         training_overrides=parse_training_overrides(args.training),
         examples=args.examples,
+        peer_batch=args.peer_batch,
+        peer_attn=args.peer_attn,
     )
     result = run_case(args.one, options)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -187,6 +216,10 @@ def _run_one(args: argparse.Namespace) -> int:
 def _run_all(args: argparse.Namespace) -> int:
     """The whole call: its cases, and the rows its options add, each in its own process; then the report."""
     cases = args.cases.split(",") if args.cases else (SMOKE_CASES if args.smoke else GPU_CASES)
+    if args.peers:
+        cases = with_peers(cases)
+    if args.unsloth_site is not None:
+        os.environ[UNSLOTH_SITE_ENV] = str(args.unsloth_site.resolve())
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         print(f"unknown case(s) {unknown}; known: {sorted(CASES)}", file=sys.stderr)
@@ -209,4 +242,4 @@ def _run_all(args: argparse.Namespace) -> int:
         profile=args.profile,
         examples=args.examples,
     )
-    return 0 if len(results) == len(jobs) else 1
+    return 0 if results else 1  # (run_all: [] when a job failed; a peer's sweep point out of memory is none)

@@ -16,6 +16,7 @@ from typing import Any
 from kubetune_api.tuning import FP8_ENV, GPU_MEMORY_ENV, SHARDING_ENV
 
 from .cases import CASES, Job, is_kubetune, notebook_of
+from .peers import SWEEPS, UNSLOTH_SITE_ENV, is_peer, is_unsloth, unsloth_env
 from .report import report
 
 
@@ -50,6 +51,10 @@ def _command(job: Job, target: Path, *, warmup: int, steps: int, rows: int, extr
         one += ["--notebook-steps"]
     for key, value in job.training:
         one += ["--training", f"{key}={value}"]
+    if job.peer_batch:
+        one += ["--peer-batch", str(job.peer_batch)]
+    if job.peer_attn:
+        one += ["--peer-attn", job.peer_attn]
     if job.gpus == 1:
         return [sys.executable, "-m", "kubetune_bench", *one]
     # exactly as a PyTorchJob pod starts the trainer: the launcher (torchrun in process)
@@ -74,6 +79,13 @@ def job_env(job: Job, base: dict[str, str] | None = None) -> dict[str, str]:
         env[SHARDING_ENV] = job.sharding
     if job.fp8:
         env[FP8_ENV] = "tensorwise"
+    if is_unsloth(CASES[job.case][1]):
+        site = env.get(UNSLOTH_SITE_ENV)
+        if not site:
+            raise RuntimeError(
+                f"{job.case} runs in Unsloth's own environment: pass --unsloth-site FOLDER ({UNSLOTH_SITE_ENV})"
+            )
+        env = unsloth_env(env, site)
     return env
 
 
@@ -90,6 +102,11 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
             print(f"[bench] {job.stem} failed ({failure})", flush=True)
             return {"case": job.stem, "error": failure, "memory_cap_gib": None}
         job = replace(job, cap=cap)
+    try:
+        env = job_env(job)
+    except RuntimeError as err:
+        print(f"[bench] {job.stem} failed ({err})", flush=True)
+        return {"case": job.stem, "job": job.case, "error": str(err), "memory_cap_gib": job.cap}
     attempts = [extra]
     # (uncompiled, a float8 case would run without float8: the plan needs compiled layers)
     if is_kubetune(CASES[job.case][1]) and "--compile" not in extra and not job.fp8:
@@ -98,7 +115,7 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
     for attempt in attempts:
         with log_path.open("a") as log:
             cmd = _command(job, target, warmup=warmup, steps=steps, rows=rows, extra=attempt)
-            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=job_env(job))
+            proc = subprocess.run(cmd, check=False, stdout=log, stderr=subprocess.STDOUT, env=env)
         if proc.returncode == 0 and target.exists():
             result: dict[str, Any] = json.loads(target.read_text())
             if failure:
@@ -115,7 +132,7 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
         print(f"[bench] {job.stem} failed ({failure})", flush=True)
         if "OutOfMemoryError" in failure:
             break  # memory, not compilation: uncompiled it would not fit either
-    return {"case": job.stem, "error": failure, "memory_cap_gib": job.cap}
+    return {"case": job.stem, "job": job.case, "error": failure, "memory_cap_gib": job.cap}
 
 
 def run_all(
@@ -141,7 +158,16 @@ def run_all(
     results = [run_job(job, out, warmup=warmup, steps=steps, rows=rows, extra=extra) for job in jobs]
     failed = [r for r in results if "error" in r]
     ok = report(out, failed)
-    return ok if not failed else []
+    return ok if not [r for r in failed if not sweep_point_too_big(r, results)] else []
+
+
+def sweep_point_too_big(failure: dict[str, Any], results: list[dict[str, Any]]) -> bool:
+    """Whether a failed job is a peer's sweep point that ran out of memory while another point of the
+    same peer trained: that micro-batch is too big, the sweep found its best elsewhere (listed, not a failure)."""
+    case = failure.get("job", "")
+    if "OutOfMemoryError" not in failure.get("error", "") or not is_peer(CASES.get(case, ("", ""))[1]):
+        return False
+    return any("error" not in r and r.get("case", "").split(" ")[0] == case for r in results)
 
 
 def plan_jobs(args: argparse.Namespace, cases: list[str], training: tuple[tuple[str, str], ...]) -> list[Job]:
@@ -149,12 +175,23 @@ def plan_jobs(args: argparse.Namespace, cases: list[str], training: tuple[tuple[
     cases capped at their memory, when both are asked in one call and listed in that order)."""
     kubetune = [c for c in cases if is_kubetune(CASES[c][1])]
 
+    def _sweep(args: argparse.Namespace, case: str) -> list[Job]:
+        """One job, or a peer's sweep: each micro-batch (and, for TRL, each attention asked for)."""
+        kind = CASES[case][1]
+        if not is_peer(kind):
+            return [job(case)]
+        batches = getattr(args, "peer_batches", None)
+        sizes = [int(b) for b in batches.split(",")] if batches else list(SWEEPS[kind])
+        attn = getattr(args, "trl_attn", None)
+        attns: list[str | None] = attn.split(",") if attn and not is_unsloth(kind) else [None]
+        return [Job(case, peer_batch=b, peer_attn=a) for b in sizes for a in attns]
+
     def job(case: str, **kw: Any) -> Job:
         # the overrides are kubetune settings: a notebook case runs as its notebook sets it
         return Job(case, training=training if case in kubetune else (), **kw)
 
     counts = sorted({int(n) for n in str(args.gpus).split(",") if n.strip()})
-    jobs = [job(c) for c in cases] if 1 in counts else []
+    jobs = [j for c in cases for j in _sweep(args, c)] if 1 in counts else []
     jobs += [job(c, gpus=n, sharding=args.sharding) for n in counts if n > 1 for c in kubetune]
     full = [c for c in kubetune if CASES[c][1] == "kubetune-full"]
     if args.memory_cap_gib:

@@ -152,6 +152,22 @@ def versions() -> dict[str, str]:
     import trl
 
     found = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__}
-    with contextlib.suppress(PackageNotFoundError):  # (not installed: no Liger row in the versions)
-        found["liger-kernel"] = version("liger-kernel")
+    for name in OPTIONAL_PACKAGES:
+        with contextlib.suppress(PackageNotFoundError):  # (not installed: no row in the versions)
+            found[name] = version(name)
     return found
+
+
+# the packages a case may train with, recorded when installed (the peers' own among them)
+OPTIONAL_PACKAGES = (
+    "liger-kernel",
+    "peft",
+    "datasets",
+    "accelerate",
+    "unsloth",
+    "unsloth_zoo",
+    "xformers",
+    "bitsandbytes",
+    "flash-attn",
+    "cut-cross-entropy",
+)

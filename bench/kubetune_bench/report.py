@@ -7,7 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .cases import BASELINE, CASES
+from .cases import BASELINE, CASES, PEERS
+from .peers import is_peer
+
+# the report's name of each peer column
+PEER_COLUMNS = {"trl-best": "vs TRL best", "unsloth": "vs Unsloth"}
 
 
 def ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -50,14 +54,43 @@ def ratio_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if base.get("peak_memory_gib") and r.get("peak_memory_gib"):
                     row["memory_ratio"] = round(r["peak_memory_gib"] / base["peak_memory_gib"], 2)
         rows.append(row)
+    _peer_ratios(rows)
     return rows
+
+
+def best_peer_rows(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The fastest row of each peer's sweep, by (model, kind): the peer at its best."""
+    best: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        if is_peer(r["kind"]) and r.get("tokens_per_second") and r.get("gpus", 1) == 1:
+            key = (r["model"], r["kind"])
+            if key not in best or r["tokens_per_second"] > best[key]["tokens_per_second"]:
+                best[key] = r
+    return best
+
+
+def _peer_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each kubetune row against each peer at its best (``vs_trl-best``, ``vs_unsloth``, and the
+    memory ratio beside each); the best row of each sweep is marked ``sweep_best``."""
+    best = best_peer_rows(rows)
+    for r in best.values():
+        r["sweep_best"] = True
+    for r in rows:
+        for column, peer_kind in PEERS.get(r["kind"], {}).items():
+            peer = best.get((r["model"], peer_kind))
+            if peer is None or r.get("gpus", 1) > 1 or r.get("epoch_training_seconds"):
+                continue
+            r[f"vs_{column}"] = round(r["tokens_per_second"] / peer["tokens_per_second"], 2)
+            if peer.get("peak_memory_gib") and r.get("peak_memory_gib"):
+                r[f"memory_vs_{column}"] = round(r["peak_memory_gib"] / peer["peak_memory_gib"], 2)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table, then a line for each whole epoch and each failed compiled run."""
     head = (
         "| case | GPUs | tokens/s | tokens a step (all GPUs) | step s | peak GiB (per GPU) | MFU | vs notebook "
-        "| memory vs notebook | vs 1 GPU |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| memory vs notebook | vs 1 GPU | vs TRL best | vs Unsloth |"
+        "\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     lines = [head]
 
@@ -73,8 +106,9 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['case']}{cap} | {r.get('gpus', 1)} | {r['tokens_per_second']:,.0f} | {per_step} "
             f"| {r['step_seconds']:.3f} "
             f"| {mem} | {mfu} | {ratio(r.get('speedup'))} | {ratio(r.get('memory_ratio'))} "
-            f"| {ratio(r.get('scaling'))} |"
+            f"| {ratio(r.get('scaling'))} | {ratio(r.get('vs_trl-best'))} | {ratio(r.get('vs_unsloth'))} |"
         )
+    lines += _peer_lines(rows)
     for r in rows:
         if r.get("epoch_training_seconds"):
             lines.append(
@@ -88,6 +122,27 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _peer_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Under the table: each peer's sweep (its best in bold) and what its best lacked on the machine."""
+    lines = []
+    sweeps: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if is_peer(r["kind"]):
+            sweeps.setdefault((r["model"], r["kind"]), []).append(r)
+    for (model, kind), points in sweeps.items():
+        tried = ", ".join(
+            ("**{}**" if p.get("sweep_best") else "{}").format(
+                f"{p['case'].split('(', 1)[-1].rstrip(')')}: {p['tokens_per_second']:,.0f} tokens/s"
+            )
+            for p in points
+        )
+        lines.append(f"\n{model} {kind} sweep: {tried}.")
+        lacks = next((p.get("lacks") for p in points if p.get("lacks")), None)
+        if lacks:
+            lines.append(f"{model} {kind} lacked: " + "; ".join(lacks) + ".")
+    return lines
+
+
 def chart(rows: list[dict[str, Any]], path: Path) -> None:
     """A PNG of tokens/s (with each row's speedup over its notebook) and peak memory per row."""
     import matplotlib
@@ -99,7 +154,10 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
         r["case"] + (f"\n(cap {r['memory_cap_gib']:g} GiB)" if r.get("memory_cap_gib") else "") for r in rows
     ]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = ["#999999" if r["kind"].startswith("notebook") else "#2a7ab9" for r in rows]
+    colors = [
+        "#999999" if r["kind"].startswith("notebook") else ("#e08a2c" if is_peer(r["kind"]) else "#2a7ab9")
+        for r in rows
+    ]
     ax1.bar(range(len(rows)), [r["tokens_per_second"] for r in rows], color=colors)
     ax1.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
     ax1.set_ylabel("training tokens / s (real tokens)")
@@ -109,7 +167,10 @@ def chart(rows: list[dict[str, Any]], path: Path) -> None:
     ax2.bar(range(len(rows)), [r.get("peak_memory_gib") or 0 for r in rows], color=colors)
     ax2.set_xticks(range(len(rows)), labels, rotation=30, ha="right", fontsize=8)
     ax2.set_ylabel("peak GPU memory (GiB)")
-    fig.suptitle("kubetune defaults (blue) vs the notebooks' configurations (grey), same GPU, model and data")
+    fig.suptitle(
+        "kubetune defaults (blue) vs the notebooks' configurations (grey) and the peers (orange), "
+        "same GPU, model and data"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

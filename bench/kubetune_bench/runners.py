@@ -18,7 +18,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,16 @@ from .measure import (
     timing_callback,
     versions,
 )
+from .peers import (
+    SWEEPS,
+    check_measured,
+    import_unsloth,
+    is_peer,
+    is_unsloth,
+    step_rows,
+    trl_best_settings,
+    unsloth_settings,
+)
 from .workload import epoch_rows, flops_per_token, notebook_step_rows, peak_flops, synthetic_dataset
 
 
@@ -67,6 +77,8 @@ class CaseOptions:
     notebook_steps: bool = False  # a kubetune case at its notebook's tokens an optimizer step
     training_overrides: tuple[tuple[str, str], ...] = ()  # spec.training fields (camelCase, value)
     examples: Path | None = None  # the folder of the FineTuneJob examples (cases.default_examples_dir)
+    peer_batch: int | None = None  # a peer's micro-batch (packed rows; None: the first of its sweep)
+    peer_attn: str | None = None  # TRL at its best with this attention (None: the best available)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,8 @@ class _Built:
     trainer: Any
     plan_info: dict[str, Any]
     packing_check: dict[str, Any] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # a peer's exact settings
+    lacks: list[str] = field(default_factory=list)  # what a peer's best lacked here
 
 
 @dataclass(frozen=True)
@@ -350,6 +364,158 @@ def _kubetune_trainer(ctx: _Case, dataset: Any, tokenizer: Any, step_rows: int |
     return _Built(trainer, plan.as_dict(), packing_check)
 
 
+def _peer_example(ctx: _Case) -> tuple[Any, dict[str, Any] | None, int]:
+    """What a peer trains: its kubetune case's example (training settings, LoRA, rows a step)."""
+    from kubetune_api.trainer_config import load_manifest
+
+    spec = load_manifest(example_path(ctx.kind, ctx.options.examples)).spec
+    lora: dict[str, Any] | None = None
+    if is_lora(ctx.kind):
+        if spec.lora is None:
+            raise ValueError(f"{ctx.case}: its example has no spec.lora")
+        lora = {
+            "r": spec.lora.r,
+            "alpha": spec.lora.alpha,
+            "dropout": spec.lora.dropout,
+            "targets": list(spec.lora.target_modules),
+        }
+    return spec.training, lora, step_rows(spec.training)
+
+
+def _peer_plan_info(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the table shows of a peer's setup, in the plan's own terms."""
+    sft = settings["sft"]
+    return {
+        "precision": "bf16" if sft.get("bf16") else "fp32",
+        "packing": bool(sft.get("packing")),
+        "gradient_checkpointing": bool(sft.get("gradient_checkpointing")),
+        "liger": bool(sft.get("use_liger_kernel")),
+        "per_device_batch_size": sft["per_device_train_batch_size"],
+        "gradient_accumulation_steps": sft["gradient_accumulation_steps"],
+        "attn_implementation": settings.get("attn_implementation", ""),
+    }
+
+
+def _peer_batch(ctx: _Case) -> int:
+    return ctx.options.peer_batch or SWEEPS[ctx.kind][0]
+
+
+def _trl_best_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
+    """TRL's SFTTrainer with every speed option it offers (kubetune_bench.peers.trl_best_settings)."""
+    import torch
+    from peft import LoraConfig, TaskType
+    from trl import SFTConfig, SFTTrainer
+
+    training, lora, rows = _peer_example(ctx)
+    cuda = ctx.device.cuda
+    settings = trl_best_settings(
+        training,
+        batch=_peer_batch(ctx),
+        rows=rows,
+        max_length=max_length_of(ctx.model),
+        attn=ctx.options.peer_attn,
+        cuda=cuda,
+    )
+    model = _build_model(
+        ctx.model, getattr(torch, settings["dtype"]), settings["attn_implementation"], ctx.device.kind
+    )
+    peft = None
+    if lora is not None:
+        peft = LoraConfig(
+            task_type=TaskType.CAUSAL_LM,
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["targets"],
+            bias="none",
+        )
+        settings["lora"] = lora
+    args = SFTConfig(
+        output_dir=str(ctx.tmp / "out"),
+        max_steps=ctx.total_steps,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        use_cpu=not cuda,
+        disable_tqdm=True,
+        **settings["sft"],
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft
+    )
+    return _Built(trainer, _peer_plan_info(settings), settings=settings, lacks=settings.pop("lacks"))
+
+
+def _unsloth_attention() -> tuple[dict[str, Any], list[str]]:
+    """Which attention kernels Unsloth found (its own flags) and which packed backend it picks, and
+    what it lacked: FlashAttention-2 (PyPI ships flash-attn's source only) or a loadable xformers."""
+    found: dict[str, Any] = {}
+    try:
+        from unsloth.models import _utils as unsloth_utils  # type: ignore[import-not-found]
+        from unsloth.utils import attention_dispatch  # type: ignore[import-not-found]
+
+        found = {
+            "flash_attn_2": bool(unsloth_utils.HAS_FLASH_ATTENTION),
+            "xformers": bool(attention_dispatch.HAS_XFORMERS),
+            "torch_varlen": getattr(attention_dispatch, "_TORCH_VARLEN_ATTN", None) is not None,
+            "packed_backend": str(attention_dispatch.select_attention_backend(use_varlen=True)),
+        }
+    except (ImportError, AttributeError) as err:  # Unsloth's internals: a diagnostic, never a failure
+        found = {"unknown": str(err)}
+    lacks = []
+    if found.get("flash_attn_2") is False:
+        lacks.append(
+            "FlashAttention-2: flash-attn is not installed (PyPI ships its source only; no build here)"
+        )
+    if found.get("xformers") is False:
+        lacks.append("xformers: not installed or does not load with this torch")
+    return found, lacks
+
+
+def _unsloth_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
+    """Unsloth's FastLanguageModel and SFTTrainer at their best here (kubetune_bench.peers.unsloth_settings).
+
+    The model is the same random-weights model as the other cases', saved to the case's scratch
+    folder for Unsloth's loader (it loads from a path).
+    """
+    import torch
+    from trl import SFTConfig, SFTTrainer
+    from unsloth import FastLanguageModel  # type: ignore[import-not-found]
+
+    cuda = ctx.device.cuda
+    training, lora, rows = _peer_example(ctx)
+    settings = unsloth_settings(
+        training, lora, batch=_peer_batch(ctx), rows=rows, max_length=max_length_of(ctx.model), cuda=cuda
+    )
+    model_dir = ctx.tmp / "model"
+    dtype = getattr(torch, settings["load"]["dtype"])
+    base = _build_model(ctx.model, dtype, "sdpa", ctx.device.kind)
+    base.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
+    del base
+    if cuda:
+        torch.cuda.empty_cache()
+    load = dict(settings["load"], dtype=dtype)
+    model, _ = FastLanguageModel.from_pretrained(model_name=str(model_dir), **load)
+    if settings["peft"] is not None:
+        model = FastLanguageModel.get_peft_model(model, **settings["peft"])
+    args = SFTConfig(
+        output_dir=str(ctx.tmp / "out"),
+        max_steps=ctx.total_steps,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not cuda,
+        **settings["sft"],
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    attention, lacks = _unsloth_attention()
+    settings["unsloth_attention"] = attention
+    settings["attn_implementation"] = f"unsloth {attention.get('packed_backend', '?')}"
+    return _Built(trainer, _peer_plan_info(settings), settings=settings, lacks=lacks)
+
+
 def _profiler(ctx: _Case) -> Any:
     """torch.profiler over the measured steps, when asked (never over a whole epoch)."""
     if ctx.options.profile_path is None or ctx.options.epoch_tokens:
@@ -394,6 +560,9 @@ def _train(ctx: _Case, built: _Built) -> _Measured:
     else:
         seconds = (timing.end or time.perf_counter()) - (timing.start or time.perf_counter())
     steps = built.trainer.state.global_step if options.epoch_tokens else options.steps
+    done = built.trainer.state.global_step - (0 if options.epoch_tokens else options.warmup)
+    measured_seconds = seconds if timing.start is not None or options.epoch_tokens else 0.0
+    check_measured(ctx.case, tokens=int(counts[0]), steps=max(0, min(done, steps)), seconds=measured_seconds)
     return _Measured(int(counts[0]), float(counts[1]), seconds, train_seconds, steps, timing)
 
 
@@ -409,6 +578,11 @@ def _label(ctx: _Case, plan_info: dict[str, Any], step_rows: int | None) -> tupl
         label += f" (notebook's step: {step_rows} rows)"
     if options.training_overrides and kubetune:
         label += " (" + ", ".join(f"{k}={v}" for k, v in options.training_overrides) + ")"
+    if is_peer(ctx.kind):
+        label += (
+            f" (batch {plan_info['per_device_batch_size']} x {plan_info['gradient_accumulation_steps']}, "
+            f"{plan_info['attn_implementation']})"
+        )
     fp8 = str(plan_info.get("fp8", "off"))
     if fp8 != "off":
         label += f" (fp8 {fp8})"
@@ -458,6 +632,8 @@ def _result(ctx: _Case, built: _Built, measured: _Measured, step_rows: int | Non
         epoch_training_seconds=round(measured.train_seconds, 1) if options.epoch_tokens else None,
         notebook_step_rows=step_rows,
         versions=versions(),
+        settings=built.settings,
+        lacks=built.lacks,
     )
 
 
@@ -465,6 +641,8 @@ def run_case(case: str, options: CaseOptions, hooks: CaseHooks | None = None) ->
     """Train one case in this process and measure it (``kubetune bench`` gives each case its own process:
     Liger patches classes, and GPU memory must start empty)."""
     model_name, kind = CASES[case]
+    if is_unsloth(kind):
+        import_unsloth()  # before transformers, TRL and PEFT: it patches them as it loads
     device = _device(options.memory_cap_gib)
     with tempfile.TemporaryDirectory(prefix="kubetune-bench-") as tmp_name:
         ctx = _Case(case, model_name, kind, device, options, hooks or CaseHooks(), Path(tmp_name))
@@ -472,6 +650,10 @@ def run_case(case: str, options: CaseOptions, hooks: CaseHooks | None = None) ->
         dataset, step_rows = _case_data(model_name, kind, options)
         if is_kubetune(kind):
             built = _kubetune_trainer(ctx, dataset, tokenizer, step_rows)
+        elif is_unsloth(kind):
+            built = _unsloth_trainer(ctx, dataset, tokenizer)
+        elif is_peer(kind):
+            built = _trl_best_trainer(ctx, dataset, tokenizer)
         else:
             built = _notebook_trainer(ctx, dataset, tokenizer)
         measured = _train(ctx, built)
