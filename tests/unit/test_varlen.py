@@ -129,9 +129,10 @@ def test_runs_of_whole_examples_equal_each_example_alone(window: int | None, lim
             runs = varlen.runs(cu.tolist(), limit=limit)
             assert [n for _, _, ls in runs for n in ls] == lengths
             assert all(end - start <= max(limit, *ls) for start, end, ls in runs)
-        out = fn(q, k, v, cu, None, window) if fn is varlen.reference else fn(q, k, v, cu, None, window, limit)
+        out = (
+            fn(q, k, v, cu, None, window) if fn is varlen.reference else fn(q, k, v, cu, None, window, limit)
+        )
         (g,) = torch.autograd.grad((out * torch.arange(out.numel()).reshape(out.shape)).sum(), [q])
         grads.append((out.detach(), g))
     torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(grads[1][1], grads[0][1], rtol=1e-4, atol=1e-4)
-
