@@ -26,6 +26,11 @@ def test_an_exiting_python_process_records_its_kind_and_cpu(tmp_path: Path) -> N
     assert record["kind"] == "python -c"
     assert record["cpu"] >= 0.3 and record["wall"] >= record["cpu"] * 0.5
     assert record["heavy"] == []
+    # a library made unimportable (None in sys.modules) is not counted as imported
+    skipped = "import sys\nsys.modules['torch'] = None\n"
+    subprocess.run([sys.executable, "-c", skipped], env=env, check=True, timeout=60)
+    assert json.loads(log.read_text().splitlines()[-1])["heavy"] == []
+    log.write_text(log.read_text().splitlines()[0] + "\n")
     # without the variable nothing is written
     subprocess.run([sys.executable, "-c", "pass"], env={**env, proc_account.ENV: ""}, check=True, timeout=60)
     assert len(log.read_text().splitlines()) == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Container, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ENV = "KUBETUNE_PROC_ACCOUNT"
@@ -57,7 +57,7 @@ def kind(argv: Sequence[str], orig_argv: Sequence[str] = ()) -> str:
     return name
 
 
-def append(what: str, *, cpu: float, wall: float, modules: Container[str] = ()) -> None:
+def append(what: str, *, cpu: float, wall: float, modules: Mapping[str, object] | None = None) -> None:
     """One record into the file ``KUBETUNE_PROC_ACCOUNT`` names (nothing when it is unset)."""
     path = os.environ.get(ENV)
     if not path:
@@ -66,7 +66,8 @@ def append(what: str, *, cpu: float, wall: float, modules: Container[str] = ()) 
         "kind": what,
         "cpu": round(cpu, 3),
         "wall": round(wall, 3),
-        "heavy": [m for m in HEAVY if m in modules],
+        # imported: in sys.modules and not None (None marks a module made unimportable)
+        "heavy": [m for m in HEAVY if (modules or {}).get(m) is not None],
     }
     # one write of one line: lines of concurrent processes do not interleave (O_APPEND)
     with Path(path).open("a", encoding="utf-8") as out:
