@@ -258,7 +258,6 @@ def _notebook_plan_info(settings: dict[str, Any]) -> dict[str, Any]:
 def _notebook_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     """TRL's SFTTrainer configured exactly as the case's notebook does it."""
     import torch
-    from peft import LoraConfig, TaskType
     from trl import SFTConfig, SFTTrainer
 
     cuda = ctx.device.cuda
@@ -268,16 +267,7 @@ def _notebook_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     # A loads in the default fp32; B asks for bf16 weights.
     dtype = torch.bfloat16 if (ctx.kind == "notebook-b" and cuda) else torch.float32
     model = _build_model(ctx.model, dtype, "sdpa", ctx.device.kind)
-    peft = None
-    if is_lora(ctx.kind):
-        peft = LoraConfig(
-            task_type=TaskType.CAUSAL_LM,
-            r=LORA["r"],
-            lora_alpha=LORA["alpha"],
-            lora_dropout=LORA["dropout"],
-            target_modules=LORA["targets"],
-            bias="none",
-        )
+    peft = _lora_config(LORA) if is_lora(ctx.kind) else None
     args = SFTConfig(
         output_dir=str(ctx.tmp / "out"),
         max_steps=ctx.total_steps,
@@ -403,7 +393,6 @@ def _peer_batch(ctx: _Case) -> int:
 def _trl_best_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     """TRL's SFTTrainer with every speed option it offers (kubetune_bench.peers.trl_best_settings)."""
     import torch
-    from peft import LoraConfig, TaskType
     from trl import SFTConfig, SFTTrainer
 
     training, lora, rows = _peer_example(ctx)
@@ -421,14 +410,7 @@ def _trl_best_trainer(ctx: _Case, dataset: Any, tokenizer: Any) -> _Built:
     )
     peft = None
     if lora is not None:
-        peft = LoraConfig(
-            task_type=TaskType.CAUSAL_LM,
-            r=lora["r"],
-            lora_alpha=lora["alpha"],
-            lora_dropout=lora["dropout"],
-            target_modules=lora["targets"],
-            bias="none",
-        )
+        peft = _lora_config(lora)
         settings["lora"] = lora
     args = SFTConfig(
         output_dir=str(ctx.tmp / "out"),
@@ -658,3 +640,17 @@ def run_case(case: str, options: CaseOptions, hooks: CaseHooks | None = None) ->
             built = _notebook_trainer(ctx, dataset, tokenizer)
         measured = _train(ctx, built)
         return _result(ctx, built, measured, step_rows)
+
+
+def _lora_config(lora: dict[str, Any]) -> Any:
+    """PEFT's LoraConfig for a LoRA shape of the benchmark (``cases.LORA``'s keys)."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM,
+        r=lora["r"],
+        lora_alpha=lora["alpha"],
+        lora_dropout=lora["dropout"],
+        target_modules=lora["targets"],
+        bias="none",
+    )
