@@ -3,13 +3,15 @@
 The whole suite runs in parallel processes (pytest-xdist, started by ``hack/test.sh``). Each worker
 is its own pytest session, so each owns its session fixtures: its own API server, MLflow server and
 tiny model, on free ports and in its own temporary folders. A test is sent to any worker, except
-where :func:`work_unit` keeps tests together (the scheduler of :func:`scheduler`, which the controller
+where :func:`work_units` keeps tests together (the scheduler of :func:`scheduler`, which the controller
 runs: it sees test ids only, so it reads which modules share a fixture from their source):
 
-- every test under ``tests/cluster`` goes to one worker. Those tests share one cluster of real
-  controllers, and their training pods share the machine's network (the pod runner gives pods no
-  network of their own, and the Training Operator's master port is fixed), so two clusters may not
-  train at once;
+- the tests under ``tests/cluster`` are dealt, in their collection order, into at most
+  ``KUBETUNE_CLUSTER_LANES`` (default 2) units, so at most that many workers start a cluster of real
+  controllers (each worker that runs a cluster test starts its own: a cluster costs CPU while it
+  idles, and two cores run two at most usefully), and their scenarios run side by side. Jobs of two
+  clusters may train at once: the pod runner gives each job its own rendezvous port
+  (tests/support/podrunner.py);
 - the tests of a module with a module-scoped fixture (a trained model, a Hub stand-in, a Helm
   cluster) stay together, so that fixture is made once. Session fixtures are not grouped: each
   worker makes its own.
@@ -36,7 +38,9 @@ HEAVY_LIBRARIES = frozenset(
 )
 # Fixtures that start a server or a cluster (directly or through the fixtures they use).
 SERVER_FIXTURES = frozenset({"control_plane", "cluster", "mlflow_server", "tiny_model", "hub"})
-CLUSTER_GROUP = "cluster"
+CLUSTER_GROUP = "cluster"  # the units of the cluster tests are CLUSTER_GROUP-0, CLUSTER_GROUP-1, ...
+CLUSTER_LANES_ENV = "KUBETUNE_CLUSTER_LANES"
+DEFAULT_CLUSTER_LANES = 2
 CLUSTER_DIR = "tests/cluster/"
 UNIT_DIR = "tests/unit/"
 WIDE_SCOPES = frozenset({"module", "package"})  # session fixtures: one per worker, no grouping
@@ -123,24 +127,52 @@ def _defines_wide_fixture(path: Path) -> bool:
     return False
 
 
-def work_unit(nodeid: str, shared_modules: frozenset[str]) -> str:
-    """The unit of work a test belongs to: the tests of one unit run on one worker, one after another."""
-    path = nodeid.split("::", 1)[0]
-    if path.startswith(CLUSTER_DIR):
-        return CLUSTER_GROUP
-    if path in shared_modules:
-        return path
-    return nodeid
+def cluster_lanes() -> int:
+    """How many workers at most run cluster tests (``KUBETUNE_CLUSTER_LANES``, at least 1)."""
+    import os
+
+    raw = os.environ.get(CLUSTER_LANES_ENV, "")
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_CLUSTER_LANES
+    except ValueError:
+        raise pytest.UsageError(f"{CLUSTER_LANES_ENV}={raw!r}: not a whole number") from None
+
+
+def work_units(nodeids: Sequence[str], shared_modules: frozenset[str], lanes: int) -> dict[str, str]:
+    """The unit of work of each test: the tests of one unit run on one worker, one after another.
+
+    A cluster test's unit is one of ``lanes`` cluster lanes: the tests (a module with a module-wide
+    fixture as one piece) dealt in collection order to the lane with the fewest tests so far. Elsewhere
+    a module with a module-wide fixture is one unit, and every other test is a unit of its own."""
+    units: dict[str, str] = {}
+    pieces: dict[str, list[str]] = {}  # cluster pieces in collection order: a module, or one test
+    for nodeid in nodeids:
+        path = nodeid.split("::", 1)[0]
+        if path.startswith(CLUSTER_DIR):
+            pieces.setdefault(path if path in shared_modules else nodeid, []).append(nodeid)
+        else:
+            units[nodeid] = path if path in shared_modules else nodeid
+    sizes = [0] * lanes
+    for piece in pieces.values():
+        lane = sizes.index(min(sizes))
+        sizes[lane] += len(piece)
+        units.update(dict.fromkeys(piece, f"{CLUSTER_GROUP}-{lane}"))
+    return units
 
 
 def scheduler(config: pytest.Config, log: object) -> object:
-    """pytest-xdist's scheduler for this suite: its load-scope scheduling, by :func:`work_unit`."""
+    """pytest-xdist's scheduler for this suite: its load-scope scheduling, by :func:`work_units`."""
     from xdist.scheduler import LoadScopeScheduling
 
     shared = module_fixture_modules(Path(config.rootpath))
+    lanes = cluster_lanes()
 
     class ByWorkUnit(LoadScopeScheduling):  # type: ignore[misc]
+        units: dict[str, str] | None = None
+
         def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid, shared)
+            if self.units is None:  # first called once the collection is complete, with all of it
+                self.units = work_units(self.collection, shared, lanes)
+            return self.units[nodeid]
 
     return ByWorkUnit(config, log)

@@ -40,8 +40,13 @@ user (processes run as the test's own user, root: the interpreter of this machin
 /root, which other users cannot read; so ``runAsUser``/``fsGroup`` are not exercised), init
 containers (KWOK reports them completed), CPU limits, ephemeral-storage limits (``emptyDir``
 ``sizeLimit`` included), memory-backed ``emptyDir`` (a folder on disk, not charged to the cgroup),
-node-pressure eviction, probes, networking (every pod shares
-this machine's network: two pods listening on one port at once would collide), container restarts.
+node-pressure eviction, probes, container restarts, and pod networking: every pod shares this
+machine's network. What a pod network gives a job, its own address for its rendezvous, the runner
+gives it as a port: the rendezvous port an engine sets for every job alike (``MASTER_PORT``, the
+Training Operator's 23456; ``PET_MASTER_PORT``, the torch runtime's 29400) is replaced, in the
+process's environment only (the pod object keeps the engine's value), by a free port of that job's
+own, the same for all of its pods and their replacements (the job is its engine's job-name label).
+So jobs of several tests, or of several clusters on one machine, can train at once.
 
 Mount points: a container path that does not exist on this machine is created (an empty folder
 or file) before the bind mount, since there is no image filesystem to hold it.
@@ -51,11 +56,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import logging
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -71,6 +78,12 @@ CAPACITY_PARAMETER = "kubetune.test/capacity"
 CONTAINER_MARK = "PODRUNNER_CONTAINER_UID"
 TERMINATION_LOG_MAX = 4096  # the kubelet's limit on a termination message
 LOG_TAIL_LINES = 80
+# The variables that carry a job's rendezvous port (replaced per job: the module's docstring), the
+# labels that name a pod's job (Training Operator v1; JobSet, under Trainer v2), and where the
+# replacement ports come from: below Linux's default ephemeral range (32768-60999).
+RENDEZVOUS_PORT_ENV = ("MASTER_PORT", "PET_MASTER_PORT")
+JOB_NAME_LABELS = ("training.kubeflow.org/job-name", "jobset.sigs.k8s.io/jobset-name")
+JOB_PORTS = (20000, 32000)
 OOM_EXIT_CODE = 137  # 128 + SIGKILL: what the runtime reports for a container the OOM killer ended
 
 logger = logging.getLogger(__name__)
@@ -118,6 +131,8 @@ class PodRunner:
     # where containers' memory limits are enforced (None: nowhere; a warning said why)
     memory_cgroups: MemoryCgroups | None = None
     _stale_cgroups: list[Path] = field(default_factory=list)
+    # (namespace, job, the engine's port) -> the job's own port (_job_port)
+    _job_ports: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -462,7 +477,19 @@ class PodRunner:
             value = self._value_from(pod, container, var.value_from)
             if value is not None:
                 env[var.name] = value
+        job = _job_of(pod)
+        for name in RENDEZVOUS_PORT_ENV:
+            if job is not None and env.get(name, "").isdigit():
+                env[name] = str(self._job_port(pod.metadata.namespace, job, int(env[name])))
         return env
+
+    def _job_port(self, namespace: str, job: str, port: int) -> int:
+        """The port that stands in for ``port`` for every pod of one job (the module's docstring)."""
+        key = (namespace, job, port)
+        with self._lock:
+            if key not in self._job_ports:
+                self._job_ports[key] = _free_port(f"{namespace}/{job}/{port}", set(self._job_ports.values()))
+            return self._job_ports[key]
 
     def _value_from(self, pod: Any, container: Any, source: Any) -> str | None:
         ns = pod.metadata.namespace
@@ -750,6 +777,30 @@ def _unmount(folder: Path) -> None:
 
 
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+def _job_of(pod: Any) -> str | None:
+    """The training job a pod belongs to, by its engine's label (None: not a training job's pod)."""
+    labels = pod.metadata.labels or {}
+    return next((labels[k] for k in JOB_NAME_LABELS if labels.get(k)), None)
+
+
+def _free_port(seed: str, taken: set[int]) -> int:
+    """A port nothing listens on now, below the kernel's ephemeral range (where clients' ports come
+    from), starting at a place the seed picks, so that runners in other processes rarely try the same."""
+    span = JOB_PORTS[1] - JOB_PORTS[0]
+    start = int(hashlib.sha256(seed.encode()).hexdigest(), 16) % span
+    for i in range(span):
+        port = JOB_PORTS[0] + (start + i) % span
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"pod runner: no free port in {JOB_PORTS[0]}-{JOB_PORTS[1]} for {seed}")
 
 
 def _should_start(pod: Any) -> bool:

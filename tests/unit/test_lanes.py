@@ -67,17 +67,57 @@ def items(pytester: pytest.Pytester) -> dict[str, pytest.Item]:
     return {item.nodeid: item for item in collected}
 
 
-def test_cluster_tests_are_one_unit_and_a_module_fixture_keeps_its_module_together(
+def test_cluster_tests_share_their_lanes_and_a_module_fixture_keeps_its_module_together(
     pytester: pytest.Pytester, items: dict[str, pytest.Item]
 ) -> None:
     shared = lanes.module_fixture_modules(pytester.path)
     assert shared == {"tests/e2e/test_shared.py"}
-    unit = {nodeid: lanes.work_unit(nodeid, shared) for nodeid in items}
-    assert unit["tests/cluster/test_flow.py::test_trains"] == lanes.CLUSTER_GROUP
+    unit = lanes.work_units(list(items), shared, 2)
+    assert unit["tests/cluster/test_flow.py::test_trains"] == f"{lanes.CLUSTER_GROUP}-0"
     assert unit["tests/e2e/test_shared.py::test_one"] == unit["tests/e2e/test_shared.py::test_alone"]
     assert unit["tests/e2e/test_shared.py::test_one"] == "tests/e2e/test_shared.py"
     # elsewhere each test is a unit of its own
     assert unit["tests/unit/test_lane.py::test_pure"] == "tests/unit/test_lane.py::test_pure"
+
+
+def test_cluster_tests_are_dealt_to_the_lanes_and_a_shared_module_stays_whole() -> None:
+    ids = [
+        "tests/cluster/test_a.py::test_1",
+        "tests/cluster/test_a.py::test_2",
+        "tests/cluster/test_hub.py::test_1",  # a module-wide fixture: one piece
+        "tests/cluster/test_hub.py::test_2",
+        "tests/cluster/test_hub.py::test_3",
+        "tests/cluster/test_b.py::test_1",
+        "tests/cluster/test_b.py::test_2",
+        "tests/unit/test_u.py::test_1",
+    ]
+    unit = lanes.work_units(ids, frozenset({"tests/cluster/test_hub.py"}), 2)
+    lane = {nodeid: unit[nodeid] for nodeid in ids if nodeid.startswith("tests/cluster/")}
+    assert set(lane.values()) == {"cluster-0", "cluster-1"}
+    assert len({lane[f"tests/cluster/test_hub.py::test_{i}"] for i in (1, 2, 3)}) == 1
+    # the fewest tests so far: a1 -> 0, a2 -> 1, the hub's three -> 0, b1 and b2 -> 1
+    assert [lane[i] for i in ids[:7]] == [
+        "cluster-0",
+        "cluster-1",
+        *["cluster-0"] * 3,
+        "cluster-1",
+        "cluster-1",
+    ]
+    assert unit["tests/unit/test_u.py::test_1"] == "tests/unit/test_u.py::test_1"
+    # one lane: every cluster test in one unit, as before the lanes
+    assert set(lanes.work_units(ids, frozenset(), 1).values()) == {
+        "cluster-0",
+        "tests/unit/test_u.py::test_1",
+    }
+
+
+@pytest.mark.parametrize("raw", ["two", "1.5"])
+def test_a_cluster_lanes_setting_that_is_no_number_is_refused(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(lanes.CLUSTER_LANES_ENV, raw)
+    with pytest.raises(pytest.UsageError, match=f"{lanes.CLUSTER_LANES_ENV}='{raw}'"):
+        lanes.cluster_lanes()
 
 
 def test_a_conftest_with_a_module_fixture_groups_the_modules_below_it(pytester: pytest.Pytester) -> None:
@@ -93,8 +133,12 @@ def test_a_conftest_with_a_module_fixture_groups_the_modules_below_it(pytester: 
 
 
 @pytest.mark.slow  # a parallel pytest run of its own
-def test_the_parallel_run_keeps_the_cluster_tests_on_one_worker(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("cluster_lanes", [1, 2])
+def test_the_parallel_run_runs_the_cluster_tests_on_as_many_workers_as_lanes(
+    pytester: pytest.Pytester, cluster_lanes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Through pytest-xdist itself: the scheduler is the one the suite's conftest installs."""
+    monkeypatch.setenv(lanes.CLUSTER_LANES_ENV, str(cluster_lanes))
     (pytester.path / "tests/cluster").mkdir(parents=True)
     out = pytester.path / "workers.txt"
     record = f"import os\n\ndef record(name):\n    open({str(out)!r}, 'a').write(name + ' ' + os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n"
@@ -113,7 +157,7 @@ def test_the_parallel_run_keeps_the_cluster_tests_on_one_worker(pytester: pytest
     result = pytester.runpytest_subprocess("-n", "3", "-p", "no:cacheprovider", "--import-mode=importlib")
     result.assert_outcomes(passed=16)
     rows = [line.split() for line in out.read_text().splitlines()]
-    assert len({worker for name, worker in rows if name == "cluster"}) == 1
+    assert len({worker for name, worker in rows if name == "cluster"}) == cluster_lanes
     assert len(rows) == 16
 
 
