@@ -1,6 +1,11 @@
 """Download and trim the wheels `hack/gpu/peers.sh` installs on the device machine (no network there).
 
     python3 hack/gpu/peer_wheels.py            # -> .peer-wheels/kubetune/*.whl, .peer-wheels/unsloth/*.whl
+    python3 hack/gpu/peer_wheels.py --src      # + .peer-wheels/src: the committed tree (git archive HEAD)
+
+``--src`` is for a helper's worktree: the device call sends the session's own checkout, so the code to
+measure travels in the same git-ignored folder as the wheels (``carry=[".peer-wheels"]``, then
+``cd .peer-wheels/src && bash hack/gpu/peers.sh .. lora full``).
 
 Two sets, each installed into its own `pip install --target` folder there:
 
@@ -18,6 +23,8 @@ A trimmed wheel's RECORD lists only the files it keeps.
 
 from __future__ import annotations
 
+import argparse
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -96,8 +103,24 @@ def trim(wheel: Path, drop: object) -> None:
     kept.replace(wheel)
 
 
-def main() -> int:
-    root = Path(".peer-wheels")
+def source(folder: Path) -> None:
+    """Write the committed tree (``git archive HEAD``) into ``folder``, replacing what was there."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "HEAD"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Download and trim the wheels hack/gpu/peers.sh installs on the device machine."
+    )
+    parser.add_argument("--out", default=".peer-wheels", help="the folder to write (default: .peer-wheels)")
+    parser.add_argument(
+        "--src", action="store_true", help="also write the committed tree (git archive HEAD) into OUT/src"
+    )
+    args = parser.parse_args(argv)
+    root = Path(args.out)
     download(KUBETUNE, root / "kubetune")
     download(UNSLOTH, root / "unsloth")
     for wheel in sorted(root.glob("*/*.whl")):
@@ -108,6 +131,10 @@ def main() -> int:
     for wheel in sorted(root.glob("*/*.whl")):
         print(f"{wheel.stat().st_size / 2**20:7.2f} MiB  {wheel.relative_to(root)}")
     print(f"{total / 2**20:7.2f} MiB in all")
+    if args.src:
+        source(root / "src")
+        code = sum(p.stat().st_size for p in (root / "src").rglob("*") if p.is_file())
+        print(f"{code / 2**20:7.2f} MiB of source in {root / 'src'}")
     return 0
 
 
