@@ -40,6 +40,12 @@ if [ -n "${KUBETUNE_PROC_ACCOUNT:-}" ]; then
   KUBETUNE_PROC_ACCOUNT="$(realpath -m "$KUBETUNE_PROC_ACCOUNT")"
   export KUBETUNE_PROC_ACCOUNT PYTHONPATH="$PWD/tests/support/proc_account${PYTHONPATH:+:$PYTHONPATH}"
 fi
+# One thread per torch process: the suite's trainings are tiny and many run at once (parallel
+# workers, pods, the e2e tests' processes). torch sizes its thread pool by the machine's cores, and
+# on two busy cores its threads wait for each other: the tiny model's 60 steps took 3 to 4 times the
+# CPU with two threads as with one (docs/contributing.md, "Where the CPU goes"). Pods get the
+# environment their spec gives them, not this one (the trainer sizes its pool by its CPU request).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 echo "== pytest ($workers workers, ${KUBETUNE_TEST_ORDER:-file} order)"
 set +e
 pytest -n "$workers" "${order[@]}" --durations=30 "$@"

@@ -124,14 +124,22 @@ def tiny_job(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     return doc
 
 
+# How often wait_for asks: at first every quarter second, then less often, up to once a second. A
+# check is mostly a kubectl process and a request to the API server: four times a second through a
+# scenario of minutes is thousands of processes, and a second more to notice a change is nothing.
+POLL_FIRST_S, POLL_MAX_S, POLL_GROWTH = 0.25, 1.0, 1.5
+
+
 def wait_for(check: Callable[[], Any], timeout: float, what: str, cluster: Cluster | None = None) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
+    pause = POLL_FIRST_S
     while time.monotonic() < deadline:
         if cluster is not None:
             cluster.check_alive()
         last = check()
         if last:
             return last
-        time.sleep(0.25)
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(POLL_MAX_S, pause * POLL_GROWTH)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")

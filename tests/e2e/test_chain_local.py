@@ -61,7 +61,6 @@ def manifest(folder: Path, name: str, model: dict[str, Any], method: str, **regi
 
 def run_local(cwd: Path, path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = trainer_env()
-    env.pop("OMP_NUM_THREADS")  # one process: let it use both cores
     env["HF_HUB_OFFLINE"] = "1"
     env["HF_DATASETS_OFFLINE"] = "1"
     return subprocess.run(

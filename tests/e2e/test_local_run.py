@@ -27,7 +27,6 @@ PROC_ACCOUNT_DIR = Path(proc_account.__file__).parent
 def test_local_run_trains_registers_and_says_where_everything_is(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "tiny-local"
     env = trainer_env()
-    env.pop("OMP_NUM_THREADS")  # one process: let it use both cores
     env["HF_HUB_OFFLINE"] = "1"  # proves nothing is downloaded
     env["HF_DATASETS_OFFLINE"] = "1"
     env["KUBETUNE_CACHE"] = str(tmp_path / "cache")
