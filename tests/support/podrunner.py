@@ -48,8 +48,14 @@ process's environment only (the pod object keeps the engine's value), by a free 
 own, the same for all of its pods and their replacements (the job is its engine's job-name label).
 So jobs of several tests, or of several clusters on one machine, can train at once.
 
-Mount points: a container path that does not exist on this machine is created (an empty folder
-or file) before the bind mount, since there is no image filesystem to hold it.
+Mount points: a container path that does not exist on this machine is made (an empty folder or
+file) before the bind mount, since there is no image filesystem to hold it, and made inside the
+pod's mount namespace only: the existing folder it would be made in gets a writable layer there (an
+overlay on a tmpfs of the pod's own, with that folder's own mounts put back on top), so the
+machine's folders stay as they were (an empty ``/var/run/secrets/kubernetes.io`` left on a machine
+makes Kubernetes clients there believe they run in a pod). A path whose first missing folder is at
+the machine's root (``/data``) cannot be layered (an overlay on ``/`` is not seen from ``/``): that
+one folder is made on the machine, empty, and removed when the runner stops.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -131,6 +138,8 @@ class PodRunner:
     # where containers' memory limits are enforced (None: nowhere; a warning said why)
     memory_cgroups: MemoryCgroups | None = None
     _stale_cgroups: list[Path] = field(default_factory=list)
+    # top-level folders made on this machine for mount points (_mount_point_layers), removed at stop
+    _made_on_host: list[Path] = field(default_factory=list)
     # (namespace, job, the engine's port) -> the job's own port (_job_port)
     _job_ports: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
@@ -166,6 +175,12 @@ class PodRunner:
         for folder in (self.workdir / "volumes").iterdir():
             if folder.is_dir() and os.path.ismount(folder):
                 _unmount(folder)
+        for made in reversed(self._made_on_host):
+            with contextlib.suppress(OSError):  # not empty: something else wrote there, kept
+                if made.is_dir():
+                    made.rmdir()
+                elif made.stat().st_size == 0:
+                    made.unlink()
 
     def _guard(self, fn: Any) -> Any:
         def run() -> None:
@@ -243,7 +258,9 @@ class PodRunner:
         mounts = [(t, src) for t, src in mounts if not any(k.is_relative_to(t) for k in self.keep_visible)]
         env = self._env(pod, container)
         command = [*(container.command or []), *(container.args or [])]
-        binds = []
+        # mount points that do not exist here are made inside the pod's mount namespace, never on
+        # this machine (the module's docstring)
+        binds = self._mount_point_layers(root, [(Path(t), src.is_dir()) for t, src in mounts])
         # parents before what is mounted inside them
         for target, source in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
             kind = "-d" if source.is_dir() else "-f"
@@ -281,6 +298,57 @@ class PodRunner:
                 now(),
                 cgroup=cgroup,
             )
+
+    def _mount_point_layers(self, root: Path, targets: list[tuple[Path, bool]]) -> list[str]:
+        """Shell commands, run first in the pod's mount namespace, after which every mount target can
+        be made without changing this machine: each existing folder that a missing target would be
+        made in gets a writable layer (an overlay on a tmpfs of the pod's own, with the folder's own
+        mounts put back on top). A target whose first missing folder is at the machine's root cannot
+        be layered (an overlay on / is not seen from /): that folder is made here, empty, and removed
+        when the runner stops."""
+        below: list[Path] = []
+        for target, is_dir in targets:
+            missing = target
+            while not missing.parent.exists():
+                missing = missing.parent
+            if target.exists() or missing.is_symlink():
+                continue
+            if missing.parent == Path("/"):  # made here; inside it, layered like any other folder
+                with self._lock:
+                    if not missing.exists():
+                        if missing == target and not is_dir:
+                            missing.touch(mode=0o644)
+                        else:
+                            missing.mkdir(mode=0o755)
+                        self._made_on_host.append(missing)
+                if missing != target:
+                    below.append(missing)
+                continue
+            below.append(missing.parent.resolve())
+        folders = sorted(set(below), key=lambda f: len(f.parts))
+        if not folders:
+            return []
+        layers = root / "layers"
+        layers.mkdir(exist_ok=True)
+        q = shlex.quote
+        commands = [f"mount -t tmpfs -o mode=0700 kubetune-layers {q(str(layers))}"]
+        mounted = _mount_points()
+        for i, folder in enumerate(folders):
+            upper, work, lower = (layers / f"{i}-{part}" for part in ("upper", "work", "lower"))
+            commands.append(f"mkdir {q(str(upper))} {q(str(work))} {q(str(lower))}")
+            commands.append(f"chmod {folder.stat().st_mode & 0o7777:o} {q(str(upper))}")
+            # the folder as it is (with what is mounted inside it), to put its mounts back from
+            commands.append(f"mount --rbind {q(str(folder))} {q(str(lower))}")
+            commands.append(
+                f"mount -t overlay kubetune-layer -o lowerdir={folder},upperdir={upper},workdir={work} {q(str(folder))}"
+            )
+            inside = [m for m in mounted if m != folder and m.is_relative_to(folder)]
+            for m in inside:
+                if any(m != n and m.is_relative_to(n) for n in inside):
+                    continue  # under another of them: rbind puts it back with its parent
+                rel = m.relative_to(folder)
+                commands.append(f"mount --rbind {q(str(lower / rel))} {q(str(m))}")
+        return commands
 
     def _memory_cgroup(self, pod: Any, container: Any) -> Path | None:
         limit = ((container.resources and container.resources.limits) or {}).get("memory")
@@ -801,6 +869,15 @@ def _free_port(seed: str, taken: set[int]) -> int:
                 continue
         return port
     raise RuntimeError(f"pod runner: no free port in {JOB_PORTS[0]}-{JOB_PORTS[1]} for {seed}")
+
+
+def _mount_points() -> list[Path]:
+    """Where something is mounted in this process's mount namespace (/proc/self/mountinfo)."""
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split(" ")[4]  # with space, tab, newline and backslash octal-escaped
+        points.append(Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)))
+    return points
 
 
 def _should_start(pod: Any) -> bool:
