@@ -10,11 +10,13 @@ subprocess). How the whole suite is split over parallel workers: :mod:`tests.sup
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kubetune_trainer.process import FLOAT8_LIBRARIES, UNUSED_LIBRARIES
 from tests.support import lanes
 from tests.support.controlplane import REPO, ControlPlane, running_control_plane
 
@@ -47,6 +49,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """How the whole suite is split over parallel workers (tests/support/lanes.py)."""
     return lanes.scheduler(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _skipped_libraries_come_back() -> Iterator[None]:
+    """A step's entry point run in the test's own process (``register.main``, ``prepare.main``,
+    ``kubetune run --local``) makes the libraries no step uses absent from it
+    (:func:`kubetune_trainer.process.skip_unused_libraries`); the next test finds them installed
+    again, whatever order the tests run in (torchao: tests/unit/test_fp8.py)."""
+    names = UNUSED_LIBRARIES + FLOAT8_LIBRARIES
+    absent_before = {name for name in names if name in sys.modules and sys.modules[name] is None}
+    yield
+    for name in names:
+        if name not in absent_before and name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
 
 
 @pytest.fixture(scope="session")

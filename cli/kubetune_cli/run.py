@@ -403,10 +403,12 @@ def _prepare(cfg: TrainerConfig, other_training: Any, data_hash: str | None) -> 
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    from kubetune_trainer import settings
     from kubetune_trainer.process import skip_unused_libraries
     from kubetune_trainer.training import train
 
-    skip_unused_libraries()  # before anything imports transformers
+    # before anything imports transformers; torchao stays when KUBETUNE_FP8 asks for float8 training
+    skip_unused_libraries(float8=settings.current().float8_asked)
 
     cfg, tiny, cache = local_config(
         args.manifest, output_dir=args.output_dir, cache_dir=args.cache_dir, tracking_uri=args.tracking_uri

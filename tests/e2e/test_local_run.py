@@ -44,11 +44,13 @@ def test_local_run_trains_registers_and_says_where_everything_is(tmp_path: Path)
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    # one process trained and registered; it never imported what no step uses (scikit-learn, which
-    # transformers imports when it finds it: kubetune_trainer.process.skip_unused_libraries)
+    # one process trained and registered; it never imported what no step uses (scikit-learn, and
+    # torchao without KUBETUNE_FP8, which transformers imports when it finds them:
+    # kubetune_trainer.process.skip_unused_libraries)
     (record,) = [json.loads(line) for line in accounting.read_text().splitlines()]
     assert record["kind"] == "kubetune run" and record["cpu"] > 1, record
-    assert {"torch", "transformers", "mlflow"} <= set(record["heavy"]) and "sklearn" not in record["heavy"]
+    assert {"torch", "transformers", "mlflow"} <= set(record["heavy"]), record
+    assert not {"sklearn", "torchao"} & set(record["heavy"]), record
 
     assert (tmp_path / "cache" / "tiny" / "model" / "config.json").is_file()
     result = json.loads((out / TRAIN_RESULT_FILE).read_text())

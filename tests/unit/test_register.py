@@ -445,6 +445,68 @@ def test_main_fails_clearly_while_another_registration_holds_the_claim(tmp_path:
     assert f"pid {proc.pid}" in failure["error"] and "--claim-wait" in failure["error"]
 
 
+# The registration entry point in a process of its own, saying at its end which of the libraries that
+# load a model it imported.
+REGISTER_AND_SAY_IMPORTS = """
+import atexit, runpy, sys
+MODEL_LIBRARIES = ("torch", "transformers", "peft", "trl", "torchao")
+atexit.register(lambda: print("imported:", [m for m in MODEL_LIBRARIES if sys.modules.get(m) is not None]))
+sys.argv = ["kubetune_trainer.register", *sys.argv[1:]]
+runpy.run_module("kubetune_trainer.register", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_the_registration_that_waited_for_the_claim_reports_the_version_without_loading_a_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two registrations at once (a Job's replacement pod beside the old one): the one that waits for
+    the claim finds what the holder registered and reports it, and never imports torch, transformers
+    or PEFT (seconds of CPU in a pod that only reads MLflow): only the process that logs the model
+    loads it."""
+    from mlflow.tracking import MlflowClient
+
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_UV_AUTO_DETECT", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = make_config(tmp_path, uri)
+    config = write_config(tmp_path, cfg)
+    out = Path(cfg.output_dir)
+    log_path, term = tmp_path / "waiter.log", tmp_path / "termination-log"
+    holder = register_claim.RegistrationClaim(out, 0)
+    holder.acquire()
+    try:
+        # the holder registers: the job's run and a version of it, tagged with the job's lineage
+        mlflow = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        experiment_id = mlflow.create_experiment(cfg.experiment)
+        run_id = mlflow.create_run(experiment_id).info.run_id
+        run_file = {"run_id": run_id, "experiment_id": experiment_id, "tracking_uri": uri}
+        (out / "mlflow-run.json").write_text(json.dumps(run_file))
+        mlflow.create_registered_model(cfg.registered_model_name)
+        lineage = register.lineage_tags(cfg)
+        mlflow.create_model_version(cfg.registered_model_name, f"runs:/{run_id}/model", run_id, tags=lineage)
+        args = ["--config", str(config), "--termination-message-path", str(term)]
+        with log_path.open("wb") as log_file:
+            waiter = subprocess.Popen(
+                [sys.executable, "-c", REGISTER_AND_SAY_IMPORTS, *args],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 240
+        while "waiting for it to finish" not in log_path.read_text():
+            assert waiter.poll() is None, log_path.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the second registration never waited for the claim"
+            time.sleep(0.05)
+    finally:
+        holder.release()
+    assert waiter.wait(timeout=240) == 0, log_path.read_text()[-4000:]
+    said = log_path.read_text()
+    result = json.loads(term.read_text())
+    assert (result["version"], result["run_id"]) == ("1", run_id), result
+    assert "already registered" in said and "logging the model" not in said, said[-4000:]
+    assert "imported: []" in said, said[-4000:]
+
+
 # --- through MLflow's client, against a stub server --------------------------------------------------------
 
 

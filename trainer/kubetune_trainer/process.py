@@ -38,13 +38,23 @@ class Dist:
 # from the process, it costs nothing: about a second of CPU at every step's start, a sixth of its
 # imports (docs/contributing.md, "Where the time goes").
 UNUSED_LIBRARIES = ("sklearn",)
+# Installed for float8 training (KUBETUNE_FP8, :func:`kubetune_trainer.training.fast.apply_fp8`) and
+# used by nothing else here, but imported at start by transformers when it finds it: loading any
+# model imports transformers' quantizers, whose torchao one imports torchao (and torch's compiler
+# with it) for checkpoints quantized by torchao, which kubetune never loads. Absent, it costs
+# nothing: about a second of CPU in every process that loads a model or imports PEFT or TRL
+# (docs/contributing.md, "Where the time goes"). Preparation and registration never train in
+# float8; a training process keeps it when KUBETUNE_FP8 asks for float8.
+FLOAT8_LIBRARIES = ("torchao",)
 
 
-def skip_unused_libraries() -> None:
-    """Make :data:`UNUSED_LIBRARIES` absent from this process, before anything imports them: their
-    ``import`` raises ImportError and ``importlib.util.find_spec`` answers None (how transformers
-    asks). One already imported stays."""
-    for name in UNUSED_LIBRARIES:
+def skip_unused_libraries(*, float8: bool = False) -> None:
+    """Make :data:`UNUSED_LIBRARIES` absent from this process, before anything imports them, and
+    :data:`FLOAT8_LIBRARIES` too unless ``float8`` (a training process that KUBETUNE_FP8 asks to
+    train in float8: :attr:`kubetune_trainer.settings.Settings.float8_asked`): their ``import``
+    raises ImportError and ``importlib.util.find_spec`` answers None (how transformers, PEFT and
+    Accelerate ask). One already imported stays."""
+    for name in UNUSED_LIBRARIES if float8 else UNUSED_LIBRARIES + FLOAT8_LIBRARIES:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
 
 

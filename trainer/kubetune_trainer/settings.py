@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from kubetune_api.pod_env import CPUS_ENV, FAULT_INJECT_ENV, IMAGE_ENV, SHUTDOWN_GRACE_ENV
 from kubetune_api.registration import FORCE_ENV
-from kubetune_api.tuning import GPU_MEMORY_ENV, TUNING_ENV, TuningConfig
+from kubetune_api.tuning import FP8_ENV, GPU_MEMORY_ENV, TUNING_ENV, TuningConfig
 
 # --- the names ----------------------------------------------------------------------------------------
 
@@ -130,6 +130,19 @@ class Settings:
         """The measuring knobs (:class:`kubetune_api.tuning.TuningConfig`); ValueError naming the
         variable when one is malformed."""
         return TuningConfig.from_env(dict(self.tuning_env))
+
+    @property
+    def float8_asked(self) -> bool:
+        """``KUBETUNE_FP8`` asks for float8 training: set, and not ``off`` (a malformed value counts,
+        and :meth:`tuning` names it where the plan reads it). Read before the step imports anything
+        (:func:`kubetune_trainer.process.skip_unused_libraries`).
+
+        >>> (from_environ({}).float8_asked, from_environ({"KUBETUNE_FP8": "off"}).float8_asked)
+        (False, False)
+        >>> from_environ({"KUBETUNE_FP8": "tensorwise"}).float8_asked
+        True
+        """
+        return dict(self.tuning_env).get(FP8_ENV, "").strip() not in ("", "off")
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

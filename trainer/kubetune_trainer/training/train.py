@@ -606,7 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    skip_unused_libraries()
+    skip_unused_libraries(float8=settings.current().float8_asked)
     args = build_parser().parse_args(argv)
     failures.use_termination_log(args.termination_log)
     if settings.current().rank == 0:  # once per job (the launcher says it once per pod)
