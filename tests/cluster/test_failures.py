@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,6 +126,57 @@ def test_the_pod_runner_enforces_the_memory_limit_as_the_kubelet_does(cluster: C
     uids = [get(cluster, "pod", ns, n)["metadata"]["uid"] for n in ("over", "under")]
     parent = runner.memory_cgroups.parent
     wait_for(lambda: not any((parent / uid).exists() for uid in uids), 30, "the cgroups to be removed")
+
+
+MOUNTS = """
+import json, os, sys
+paths = sys.argv[1:]
+seen = {p: os.path.isdir(p) for p in paths}
+token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+seen[token] = os.path.isfile(token) and os.path.getsize(token) > 0
+open(os.environ["LOG"], "w").write(json.dumps(seen))
+"""
+
+
+def test_the_pod_runner_leaves_the_machines_folders_as_they_were(cluster: Cluster, ns: str) -> None:
+    """A pod's mount points that this machine lacks (its service account token's folder, a folder
+    under /etc, /opt and /var/lib, its termination log in /dev) are there for the pod, and not on the
+    machine, during the run or after it: a Kubernetes client here must not believe it runs in a pod.
+    A mount at a new top-level folder leaves that folder, empty, until the runner stops."""
+    tag = ns[-12:]
+    top = f"/kubetune-{tag}"
+    folders = [
+        f"/etc/kubetune-{tag}/conf",
+        f"/opt/kubetune-{tag}/x",
+        f"/var/lib/kubetune-{tag}",
+        f"{top}/deep",
+    ]
+    log = f"/dev/kubetune-{tag}-log"
+    before = {p: Path(p).exists() for p in ("/var/run/secrets", "/run/secrets")}
+    pod = bare_pod(
+        "mounts", ns, MOUNTS, args=folders, env=[{"name": "LOG", "value": log}], terminationMessagePath=log
+    )
+    pod["spec"]["automountServiceAccountToken"] = True
+    pod["spec"]["volumes"] = [{"name": f"v{i}", "emptyDir": {}} for i in range(len(folders))]
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": f"v{i}", "mountPath": path} for i, path in enumerate(folders)
+    ]
+    # the token's admission needs the namespace's default ServiceAccount, which kube-controller-manager makes
+    wait_for(lambda: get(cluster, "serviceaccount", ns, "default"), 60, "the default ServiceAccount", cluster)
+    cluster.apply(pod)
+    ended = wait_for(lambda: terminated(cluster, ns, "mounts"), 120, "the pod to end", cluster)
+    assert ended["exitCode"] == 0, (ended, recent_logs(cluster, ns))
+    seen = json.loads(ended["message"])
+    assert all(seen.values()), seen  # the pod had every mount point, and its token
+    for path in [*folders, log]:
+        first = next(
+            f"/{'/'.join(path.split('/')[1 : i + 1])}"
+            for i, part in enumerate(path.split("/"))
+            if tag in part
+        )
+        assert first == top or not Path(first).exists(), f"{first} was left on this machine"
+    assert {p: Path(p).exists() for p in before} == before
+    assert Path(top).is_dir() and not any(Path(top).iterdir())  # removed when the runner stops (tests/unit)
 
 
 FILL = """
