@@ -115,6 +115,9 @@ def tiny_job(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     training.update(maxSteps=12, saveSteps=4, evalSteps=4, loggingSteps=2, saveTotalLimit=2)
     doc["spec"]["registration"]["modelName"] = f"{namespace}-{name}"
     doc["spec"]["registration"]["experiment"] = f"kubetune/{namespace}"
+    # one CPU, as a small job asks: the trainer runs torch on as many threads (KUBETUNE_CPUS, the
+    # Downward API's request), and two scenarios' trainings share this machine's two cores
+    doc["spec"].setdefault("resources", {})["cpu"] = "1"
     for key, value in spec.items():
         node = doc["spec"]
         *path, last = key.split(".")

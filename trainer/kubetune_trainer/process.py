@@ -6,6 +6,7 @@ training and registration steps start with these.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,38 @@ def skip_unused_libraries(*, float8: bool = False) -> None:
     Accelerate ask). One already imported stays."""
     for name in UNUSED_LIBRARIES if float8 else UNUSED_LIBRARIES + FLOAT8_LIBRARIES:
         sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
+
+
+def cpu_share(cpus_requested: int | None, processes: int, cpus_here: int) -> int | None:
+    """The threads each of a pod's ``processes`` gets: its share of the CPUs the pod asked for, no
+    more than this machine has, at least one; None where the pod asked for none.
+
+    >>> cpu_share(8, 1, 96), cpu_share(8, 4, 96), cpu_share(60, 1, 2), cpu_share(1, 8, 96), cpu_share(None, 1, 96)
+    (8, 2, 2, 1, None)
+    """
+    if cpus_requested is None:
+        return None
+    return max(1, min(cpus_requested, cpus_here) // max(1, processes))
+
+
+def share_cpus() -> int | None:
+    """Size this process's thread pools by the CPUs its pod asked for (``KUBETUNE_CPUS``, the Downward
+    API's request): torch, and the OpenMP and BLAS pools under it, otherwise start one thread per core
+    of the node, whatever the pod asked for. On a node of 96 cores, a pod of 8 CPUs would run 96
+    threads under a quota of 8, and they wait for each other: the tiny model's steps took 3 to 4 times
+    the CPU with two threads on two busy cores as with one (docs/contributing.md, "Where the CPU
+    goes"). Call it before torch is imported (they read ``OMP_NUM_THREADS`` when they start). An
+    ``OMP_NUM_THREADS`` already set wins (the user's, or torchrun's 1 for each of several workers).
+    Returns the threads set, None where nothing was set."""
+    env = settings.current()
+    threads = cpu_share(env.cpus_requested, env.local_world_size, len(os.sched_getaffinity(0)))
+    if threads is None or env.omp_threads_set:
+        return None
+    os.environ[settings.OMP_THREADS_ENV] = str(threads)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # imported already (a local run's process, a test): its pool is sized now
+        torch.set_num_threads(threads)
+    return threads
 
 
 def setup_logging(dist: Dist) -> None:

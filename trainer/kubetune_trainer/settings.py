@@ -92,6 +92,7 @@ IGNORED_CONTROL_ENV = (
 FAULT_ENV = FAULT_INJECT_ENV
 # library settings kubetune looks at before it sets its own default
 COMPILE_THREADS_ENV = "TORCHINDUCTOR_COMPILE_THREADS"
+OMP_THREADS_ENV = "OMP_NUM_THREADS"  # torch's (and OpenMP's, BLAS's) threads per process
 
 __all__ = [
     "CPUS_ENV",
@@ -120,6 +121,7 @@ class Settings:
     image: str | None = None
     cpus_requested: int | None = None  # KUBETUNE_CPUS when a positive whole number
     compile_threads_set: bool = False  # TORCHINDUCTOR_COMPILE_THREADS set by the user: it wins
+    omp_threads_set: bool = False  # OMP_NUM_THREADS set (by the user, or torchrun for its workers): it wins
     gpu_memory_gib: str | None = None  # KUBETUNE_GPU_MEMORY_GIB as written (for messages)
     fault: str = ""  # KUBETUNE_FAULT_INJECT
     # the names of IGNORED_CONTROL_ENV that are set (never their values: nothing decides with them)
@@ -163,6 +165,7 @@ def from_environ(env: Mapping[str, str]) -> Settings:
         image=env.get(IMAGE_ENV, "").strip() or None,
         cpus_requested=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None,
         compile_threads_set=COMPILE_THREADS_ENV in env,
+        omp_threads_set=bool(env.get(OMP_THREADS_ENV, "").strip()),
         gpu_memory_gib=env.get(GPU_MEMORY_ENV) or None,
         fault=env.get(FAULT_ENV, ""),
         ignored_control=tuple(name for name in IGNORED_CONTROL_ENV if name in env),

@@ -57,7 +57,7 @@ from kubetune_api.trainer_config import TERMINATION_MESSAGE_PATH, TrainerConfig,
 from .. import settings
 from ..plan import estimate
 from ..plan.plan import shape_from_config
-from ..process import Dist, load_config, setup_logging, skip_unused_libraries
+from ..process import Dist, load_config, setup_logging, share_cpus, skip_unused_libraries
 from ..sources import chain, data_check
 from ..sources.chat import ensure_chat_format
 from ..sources.data import check_raw_data, raw_datasets
@@ -601,6 +601,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     skip_unused_libraries()
+    share_cpus()
     setup_logging(Dist.from_env())
     settings.warn_ignored_control(log, "prepare")
     if not sys.stderr.isatty():

@@ -108,7 +108,7 @@ from ..mlflow.client import (
     redacted_stdio,
 )
 from ..mlflow.run import JobRun, identity_tags, redact, resolve_registry_uri, resolve_tracking_uri, same_job
-from ..process import skip_unused_libraries
+from ..process import share_cpus, skip_unused_libraries
 from ..sources.model import model_source
 from ..volume import checkpoints
 from ..volume.catalog import Selected, base_eval_loss, select_for_registration
@@ -631,6 +631,7 @@ def _fail(code: int, reason: str, message: str, term_path: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     skip_unused_libraries()
+    share_cpus()
     args = build_parser().parse_args(argv)
     # Libraries print too (MLflow prints run URLs): what reaches the pod log is redacted as well.
     with redacted_stdio():

@@ -46,7 +46,7 @@ from .. import settings
 from ..mlflow.client import install_log_redaction, redacted_stdio
 from ..mlflow.tracking import MlflowTracker
 from ..plan import plan as run_plan
-from ..process import Dist, load_config, setup_logging, skip_unused_libraries
+from ..process import Dist, load_config, setup_logging, share_cpus, skip_unused_libraries
 from ..sources.chat import ensure_chat_format
 from ..sources.data_check import EXIT_BAD_INPUT, BadInputError, DataCheck
 from ..volume import catalog, checkpoints, resume
@@ -607,6 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     skip_unused_libraries(float8=settings.current().float8_asked)
+    share_cpus()
     args = build_parser().parse_args(argv)
     failures.use_termination_log(args.termination_log)
     if settings.current().rank == 0:  # once per job (the launcher says it once per pod)
