@@ -20,8 +20,13 @@ from kubetune_trainer import settings as trainer_settings
 
 REPO = Path(__file__).resolve().parents[2]
 # What the trainer reads from its environment that a spec may set: the tuning variables, the test
-# hook, and a library's own setting that kubetune only looks at before setting its default.
-USER_SETTABLE = {*TUNING_ENV, names.FAULT_INJECT_ENV, trainer_settings.COMPILE_THREADS_ENV}
+# hook, and the libraries' own settings that kubetune only looks at before setting its default.
+USER_SETTABLE = {
+    *TUNING_ENV,
+    names.FAULT_INJECT_ENV,
+    trainer_settings.COMPILE_THREADS_ENV,
+    trainer_settings.OMP_THREADS_ENV,
+}
 
 
 def _job(*, started: bool = False, **spec_fields: object) -> spec.FineTuneJob:
