@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from kubetune_trainer.tiny import TINY_ROOT
+from tests.support import lanes
 from tests.support.cluster import Cluster, running_cluster
 from tests.support.controlplane import REPO
 from tests.support.mlflow_server import MlflowServer, running_mlflow_server
@@ -37,6 +38,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/cluster/" in str(item.fspath):
             item.add_marker(skip)
+
+
+# Session fixtures this folder's tests share, stopped once a parallel worker's last cluster test ran.
+CLUSTER_FIXTURES = ("cluster", "mlflow_server")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """In a parallel run, stop the cluster (and its MLflow server) after the last test of this
+    worker's cluster lane (tests/support/lanes.py), not when the worker ends: a cluster left idle
+    while the worker goes on with other folders' tests cost a fifth of a core (its API server, etcd
+    and controllers, the pod runner's polls): two of them, more than a third of a core. A
+    cluster test that comes later after all starts a new one. One process (no workers) keeps the
+    cluster to the end: there, a shuffled order mixes the folders."""
+    yield
+    if not os.environ.get("PYTEST_XDIST_WORKER") or (
+        nextitem is not None and nextitem.nodeid.startswith(lanes.CLUSTER_DIR)
+    ):
+        return
+    manager = item.session._fixturemanager
+    for name in CLUSTER_FIXTURES:
+        fixturedefs = manager.getfixturedefs(name, item)
+        if fixturedefs:  # this folder's own (the last): a worker's other folders may use their own
+            fixturedefs[-1].finish(item._request)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")

@@ -182,3 +182,45 @@ def test_a_heavy_import_skips_what_asked_for_it(name: str) -> None:
 @pytest.mark.parametrize("name", ["kubetune_api.spec", "yaml", "pydantic", "torchvision_like", "mlflowish"])
 def test_light_imports_go_through(name: str) -> None:
     assert lanes._HeavyImportSkips().find_spec(name) is None
+
+
+@pytest.mark.slow  # a parallel pytest run of its own
+def test_a_worker_stops_its_cluster_right_after_its_lane(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/cluster/conftest.py's teardown hook, through pytest-xdist: one worker runs the cluster
+    lane first (the biggest unit), stops the cluster right after its last test, then the others."""
+    monkeypatch.setenv(lanes.CLUSTER_LANES_ENV, "1")
+    out = pytester.path / "events.txt"
+    record = f"def record(what):\n    open({str(out)!r}, 'a').write(what + '\\n')\n"
+    (pytester.path / "tests/cluster").mkdir(parents=True)
+    (pytester.path / "tests/cluster/conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "import importlib.util, pytest\n"
+        f"spec = importlib.util.spec_from_file_location('real_cluster_conftest', {str(REPO / 'tests/cluster/conftest.py')!r})\n"
+        "real = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(real)\n"
+        "pytest_runtest_teardown = real.pytest_runtest_teardown  # the hook under test\n"
+        + record
+        + "\n@pytest.fixture(scope='session')\ndef cluster():\n"
+        "    record('start')\n    yield 'c'\n    record('stop')\n"
+    )
+    (pytester.path / "tests/cluster/test_flow.py").write_text(
+        record + "".join(f"\n\ndef test_c{i}(cluster):\n    record('cluster')\n" for i in range(3))
+    )
+    (pytester.path / "tests/test_other.py").write_text(
+        record + "".join(f"\n\ndef test_o{i}():\n    record('other')\n" for i in range(3))
+    )
+    pytester.makeconftest(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.support import lanes\n\n"
+        "def pytest_xdist_make_scheduler(config, log):\n    return lanes.scheduler(config, log)\n"
+    )
+    result = pytester.runpytest_subprocess(
+        "-n", "1", "-p", "no:cacheprovider", "-p", "no:randomly", "--import-mode=importlib"
+    )
+    result.assert_outcomes(passed=6)
+    events = out.read_text().split()
+    assert events == ["start", "cluster", "cluster", "cluster", "stop", "other", "other", "other"], events
