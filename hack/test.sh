@@ -24,11 +24,12 @@ echo "== mypy"; mypy
 echo "== import contracts"; lint-imports
 echo "== CRD drift"; python -m kubetune_api.crd --check crds/kubetune.io_finetunejobs.yaml
 echo "== docs"; NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$(mktemp -d)"
-# The suite in this one process by default; KUBETUNE_TEST_WORKERS=N runs it in N parallel workers,
-# each with its own servers (tests/support/lanes.py says how tests are split). On two cores the
-# suite is CPU-bound (tiny trainings), and four workers took longer than one and starved the cluster
-# tests into time-outs (docs/contributing.md, "Where the time goes"). The 30 slowest are printed.
-workers="${KUBETUNE_TEST_WORKERS:-0}"
+# The suite in two parallel workers by default (KUBETUNE_TEST_WORKERS=N: N; 0: this one process),
+# each with its own servers, the cluster tests in two lanes, one per worker (tests/support/lanes.py).
+# On two cores two workers keep both busy (31.5 minutes against 43 in one process); four took longer
+# than one and starved the cluster tests into time-outs (docs/contributing.md, "Where the time
+# goes"). The 30 slowest tests are printed.
+workers="${KUBETUNE_TEST_WORKERS:-2}"
 # The files' order by default; KUBETUNE_TEST_ORDER=random shuffles it (pytest-randomly: modules,
 # then the tests in each; the seed is printed first, and `--randomly-seed=N` replays an order).
 order=()
