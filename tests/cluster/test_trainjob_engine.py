@@ -40,6 +40,16 @@ def cluster(tiny_image: Path) -> Iterator[Cluster]:
         yield c
 
 
+def diagnostics(cluster: Cluster, ns: str) -> str:
+    out = [f"--- {name}.log\n{cluster.log(name, 40)}" for name in ("trainer", "jobset", "kueue")]
+    events = cluster.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False)
+    out.append(f"--- events\n{events.stdout}{events.stderr}")
+    for kind in ("trainjob", "jobset"):
+        objs = cluster.kubectl("-n", ns, "get", kind, "-o", "yaml", check=False)
+        out.append(f"--- {kind}\n{objs.stdout[-6000:]}{objs.stderr}")
+    return "\n".join(out)
+
+
 def owner_kind(obj: dict[str, Any]) -> str:
     return str(obj["metadata"]["ownerReferences"][0]["kind"])
 
@@ -54,6 +64,13 @@ def true_condition(obj: dict[str, Any] | None, kind: str) -> bool:
 def test_a_tiny_job_on_trainjob_trains_and_registers_through_the_real_controllers(
     cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
 ) -> None:
+    try:
+        train_and_register(cluster, mlflow_server, ns)
+    except AssertionError as e:  # what the controllers said (the cluster's folder goes at the end)
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+
+
+def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -> None:
     name = "tiny"
     tj = f"{name}-train"
     cluster.apply(tiny_job(name, ns, engine="TrainJob"))
