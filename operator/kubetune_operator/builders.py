@@ -535,11 +535,12 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
             {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
+    # rule names as JobSet's webhook takes them: a letter, then letters, digits, '_', ',' or ':'
     failure_policy = {
         "maxRestarts": settings.train_backoff_limit,
         "rules": [
             {
-                "name": "permanent-exit-code",
+                "name": "permanentExitCode",
                 "action": "FailJobSet",
                 "onJobFailureReasons": ["PodFailurePolicy"],
                 "onJobFailureMessagePatterns": ["failed with exit code"],

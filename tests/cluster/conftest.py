@@ -6,6 +6,7 @@ per test. The pod runner runs pods only in the namespaces of running tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -77,15 +78,24 @@ def tiny_image() -> Iterator[Path]:
     shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def cluster(tiny_image: Path) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def cluster_for_tests(tiny_image: Path, **options: bool) -> Iterator[Cluster]:
+    """The cluster the tests run in (``options``: ``running_cluster``'s: which engines run), its
+    pods' image holding the tiny model and a folder for the tests' own data."""
     testdata = Path("/var/tmp") / f"kubetune-testdata-{os.getpid()}"
     testdata.mkdir(mode=0o755, exist_ok=True)
     try:
-        with running_cluster({TINY_IMAGE_DIR: tiny_image, TESTDATA_DIR: testdata}) as c:
+        with running_cluster({TINY_IMAGE_DIR: tiny_image, TESTDATA_DIR: testdata}, **options) as c:
             yield c
     finally:
         shutil.rmtree(testdata, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_image: Path) -> Iterator[Cluster]:
+    """The Training Operator's cluster (PyTorchJob); a test module of another engine's overrides it."""
+    with cluster_for_tests(tiny_image) as c:
+        yield c
 
 
 @pytest.fixture(scope="session")

@@ -232,7 +232,7 @@ def test_trainjob_failed_with_a_permanent_exit_code_is_explained(
             "Failed",
             "True",
             "FailJobSetFailurePolicyAction",
-            f"jobset failed due to failure policy rule permanent-exit-code (first failed job: {tj}-node-0)",
+            f"jobset failed due to failure policy rule permanentExitCode (first failed job: {tj}-node-0)",
         ),
     )
     obj = wait_phase(kube, namespace, name, "Failed")

@@ -9,12 +9,18 @@ plus, as processes on 127.0.0.1, every controller a user's cluster runs for kube
 * KWOK: keeps the fake GPU nodes Ready (with leases) and marks pods bound to them Running;
 * the Kubeflow Training Operator v1.9: PyTorchJob -> pods, headless Service, env, conditions,
   restarts by exit code;
-* Kueue: quota and admission of PyTorchJobs that name a queue, with its webhooks called by the
-  API server.
+* Kueue: quota and admission of PyTorchJobs (and TrainJobs) that name a queue, with its webhooks
+  called by the API server;
+* on request (``running_cluster(trainer_v2=True)``): Kubeflow Trainer v2's controller manager
+  (TrainJob -> JobSet) and the JobSet controller (JobSet -> Jobs, headless Service), with their
+  real CRDs and their webhooks called by the API server (JobSet's defaults are load-bearing), and
+  Kueue's TrainJob integration on. ``training_operator=False`` leaves the Training Operator out
+  (a cluster with only Trainer v2, as a 2026 Kubeflow platform installs).
 
 Then ``podrunner.PodRunner`` stands in for the container runtime (and a volume provisioner): it
 runs each pod's command as a local process and reports its real exit. The binaries are built from
-Go modules by ``hack/build-control-plane.sh cluster`` into the cache outside the repository.
+Go modules by ``hack/build-control-plane.sh cluster`` (Trainer v2 and JobSet: ``trainer-v2``) into
+the cache outside the repository.
 
 Fake nodes: ``NODES`` nodes with ``GPUS_PER_NODE`` ``nvidia.com/gpu`` each, labelled with the GPU
 product of the examples. StorageClass ``STORAGE_CLASS`` (default) provisions folder volumes;
@@ -61,7 +67,10 @@ QUEUE_CPUS = 100  # two jobs of 60 CPUs do not fit together
 TRAINING_OPERATOR_CERTS = Path("/tmp/k8s-webhook-server/serving-certs")
 # Hard-coded in Kueue v0.17: it will not start without a metrics serving certificate there.
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
-KUEUE_KINDS = ("kueue-x-k8s-io", "kubeflow-org-v1-pytorchjob")
+KUEUE_KINDS = ("kueue-x-k8s-io",)  # the webhooks of Kueue's own kinds; a framework's: KUEUE_FRAMEWORKS
+# Kueue's name of each training engine's integration, and the path fragment of its webhooks
+KUEUE_PYTORCHJOB = ("kubeflow.org/pytorchjob", "kubeflow-org-v1-pytorchjob")
+KUEUE_TRAINJOB = ("trainer.kubeflow.org/trainjob", "trainer-kubeflow-org-v1alpha1-trainjob")
 
 
 def find_cluster_assets() -> Path:
@@ -77,6 +86,22 @@ def find_cluster_assets() -> Path:
     return Path(build.stdout.strip().splitlines()[-1])
 
 
+def find_trainer_v2_assets() -> Path:
+    """Kubeflow Trainer v2's controller manager and the JobSet controller, with their CRDs and
+    webhook configurations (``hack/build-control-plane.sh trainer-v2``; or a folder of your own in
+    ``KUBETUNE_TRAINER_V2_ASSETS``)."""
+    env = os.environ.get("KUBETUNE_TRAINER_V2_ASSETS")
+    if env and (Path(env) / "trainer-controller-manager").exists():
+        return Path(env)
+    build = subprocess.run(
+        [str(REPO / "hack" / "build-control-plane.sh"), "trainer-v2"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return Path(build.stdout.strip().splitlines()[-1])
+
+
 @dataclass
 class Cluster:
     cp: ControlPlane
@@ -85,6 +110,8 @@ class Cluster:
     image_files: dict[str, Path]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     runner: PodRunner | None = None
+    training_operator: bool = True  # the Kubeflow Training Operator v1 (PyTorchJob)
+    trainer_v2: Path | None = None  # Trainer v2 and JobSet's assets: run them (TrainJob)
 
     @property
     def kubeconfig(self) -> Path:
@@ -164,7 +191,13 @@ class Cluster:
         )
         self._start_kwok()
         self._make_nodes_and_storage()
-        self._start_training_operator()
+        if self.training_operator:
+            self._start_training_operator()
+        else:  # the control plane installs the PyTorchJob CRD: a cluster without it has none
+            self.kubectl("delete", "crd", "pytorchjobs.kubeflow.org", "--ignore-not-found")
+        if self.trainer_v2 is not None:
+            self._start_jobset(self.trainer_v2)
+            self._start_trainer(self.trainer_v2)
         if self.has_kueue:
             self._start_kueue()
         self._start_runner()
@@ -312,28 +345,167 @@ class Cluster:
             raise TimeoutError(f"training-operator certificate not issued:\n{self.log('training-operator')}")
         self._wait_log("training-operator", "Starting workers", 90)
 
-    def _start_kueue(self) -> None:
-        d = self.workdir / "kueue"
+    def _serving_certs(self, name: str) -> Path:
+        """A folder of this cluster holding a serving certificate for 127.0.0.1 that the API server
+        trusts (``tls.crt``, ``tls.key``, as a webhook Secret's volume holds them) and ``ca.crt``."""
+        d = self.workdir / name
         d.mkdir(exist_ok=True)
-        # a serving certificate the API server trusts, for 127.0.0.1
         shutil.copy(self.cp.workdir / "ca.crt", d / "ca.crt")
         shutil.copy(self.cp.workdir / "ca.key", d / "ca.key")
-        _issue(d, "tls", "/CN=kueue-webhook", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+        _issue(d, "tls", f"/CN={name}-webhook", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+        return d
+
+    def _url_webhooks(
+        self,
+        manifest: Path,
+        certs: Path,
+        port: int,
+        prefix: str,
+        paths: tuple[str, ...] | None = None,
+        object_selectors: dict[str, dict[str, Any]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """A component's webhook configurations as shipped (its Service's paths), called at
+        ``https://127.0.0.1:<port>`` instead, renamed ``<prefix>-<name>``; only the webhooks whose
+        path contains one of ``paths`` (None: all); ``object_selectors`` by webhook name (what the
+        component's kustomize patches add)."""
+        import base64
+
+        ca = base64.b64encode((certs / "ca.crt").read_bytes()).decode()
+        docs = []
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            if not doc:
+                continue
+            hooks = []
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                if paths is not None and not any(p in path for p in paths):
+                    continue
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+                if hook["name"] in (object_selectors or {}):
+                    hook["objectSelector"] = (object_selectors or {})[hook["name"]]
+                hooks.append(hook)
+            doc["webhooks"] = hooks
+            doc["metadata"]["name"] = f"{prefix}-{doc['metadata']['name']}"
+            docs.append(doc)
+        return docs
+
+    def _apply_crds(self, folder: Path, what: str) -> None:
+        """CRDs by server-side apply (too large for the last-applied annotation), until Established."""
+        self.kubectl("apply", "--server-side", "-f", str(folder))
+        deadline = time.monotonic() + 60
+        while self.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s", "-f", str(folder), check=False
+        ).returncode:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}'s CRDs not established")
+            time.sleep(0.5)
+
+    def _wait_ready(self, name: str, health_port: int, timeout: float = 90) -> None:
+        """Until the component's ``/readyz`` answers 200 (a manager's, once its webhook server serves)."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    return
+            time.sleep(0.5)
+        raise TimeoutError(f"{name} not ready:\n{self.log(name)}")
+
+    def _start_jobset(self, assets: Path) -> None:
+        """The JobSet controller, its CRD, and its webhooks: the JobSet ones (its defaults: Indexed
+        Jobs, DNS hostnames, the success policy; Trainer v2 relies on them) and the pod ones, only
+        for JobSet's pods (the objectSelector of its kustomize patches)."""
+        self._apply_crds(assets / "jobset-crds", "JobSet")
+        certs = self._serving_certs("jobset")
+        port, health = free_port(), free_port()
+        config = {
+            "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+            "kind": "Configuration",
+            "webhook": {"port": port, "host": "127.0.0.1", "certDir": str(certs)},
+            "metrics": {"bindAddress": "0", "certDir": str(certs)},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+        }
+        (certs / "config.yaml").write_text(yaml.safe_dump(config))
+        self._spawn(
+            "jobset",
+            [
+                str(assets / "jobset"),
+                f"--config={certs / 'config.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--metrics-bind-address=0",
+                f"--health-probe-bind-address=127.0.0.1:{health}",
+            ],
+        )
+        self._wait_ready("jobset", health)
+        selectors = {}
+        for patch in sorted((assets / "jobset-webhook-patches").glob("*.yaml")):
+            for op in yaml.safe_load(patch.read_text()) or []:
+                value = op.get("value") or {}
+                if value.get("objectSelector"):
+                    selectors[value["name"]] = value["objectSelector"]
+        assert {"mpod.kb.io", "vpod.kb.io"} <= set(selectors), (
+            f"JobSet's pod webhooks lost their selector: {selectors}"
+        )
+        self.apply(
+            *self._url_webhooks(assets / "jobset-webhooks.yaml", certs, port, "jobset", None, selectors)
+        )
+
+    def _start_trainer(self, assets: Path) -> None:
+        """Kubeflow Trainer v2's controller manager (TrainJob -> JobSet), its CRDs and its webhooks
+        (defaulting TrainJobs; validating TrainJobs and runtimes). Certificates come from this
+        cluster (its own certificate management off): the webhook server reads them from
+        controller-runtime's default folder under ``TMPDIR``, a folder of this process."""
+        self._apply_crds(assets / "trainer-crds", "Trainer v2")
+        certs = self._serving_certs("trainer")
+        tmp = self.workdir / "trainer-tmp"
+        served = tmp / "k8s-webhook-server" / "serving-certs"
+        served.mkdir(parents=True)
+        for key in ("tls.crt", "tls.key"):
+            shutil.copy(certs / key, served / key)
+        port, health = free_port(), free_port()
+        config = {
+            "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+            "kind": "Configuration",
+            "webhook": {"port": port, "host": "127.0.0.1"},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            "certManagement": {"enable": False},
+        }
+        (certs / "config.yaml").write_text(yaml.safe_dump(config))
+        self._spawn(
+            "trainer",
+            [
+                str(assets / "trainer-controller-manager"),
+                f"--config={certs / 'config.yaml'}",
+                f"--kubeconfig={self.kubeconfig}",
+            ],
+            env={"TMPDIR": str(tmp)},
+        )
+        self._wait_ready("trainer", health)
+        self.apply(*self._url_webhooks(assets / "trainer-webhooks.yaml", certs, port, "trainer"))
+
+    def _start_kueue(self) -> None:
+        d = self._serving_certs("kueue")
         metrics = self.workdir / "kueue-metrics-certs"  # seen by it at KUEUE_METRICS_CERTS
         metrics.mkdir()
         shutil.copy(d / "tls.crt", metrics / "tls.crt")
         shutil.copy(d / "tls.key", metrics / "tls.key")
         self.kubectl("create", "namespace", "kueue-system")
-        crds = self.assets / "kueue-crds"
-        self.kubectl("apply", "--server-side", "-f", str(crds))
         # Kueue sets up its indexes at start and exits if a kind is not served yet
-        deadline = time.monotonic() + 60
-        while self.kubectl(
-            "wait", "--for=condition=Established", "--timeout=30s", "-f", str(crds), check=False
-        ).returncode:
-            if time.monotonic() > deadline:
-                raise TimeoutError("Kueue's CRDs not established")
-            time.sleep(0.5)
+        self._apply_crds(self.assets / "kueue-crds", "Kueue")
+        frameworks = [
+            f
+            for f, on in ((KUEUE_PYTORCHJOB, self.training_operator), (KUEUE_TRAINJOB, self.trainer_v2))
+            if on
+        ]
         port, health = free_port(), free_port()
         config = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -345,7 +517,7 @@ class Cluster:
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "manageJobsWithoutQueueName": False,
-            "integrations": {"frameworks": ["kubeflow.org/pytorchjob"]},
+            "integrations": {"frameworks": [name for name, _ in frameworks]},
         }
         (d / "config.yaml").write_text(yaml.safe_dump(config))
         self._spawn(
@@ -358,40 +530,10 @@ class Cluster:
             ],
             private={KUEUE_METRICS_CERTS: metrics},
         )
-        import urllib.request
-
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as r,
-            ):
-                if r.status == 200:
-                    break
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"kueue not ready:\n{self.log('kueue')}")
-        # its webhooks, only after it answers (failurePolicy Fail), for its kinds and PyTorchJobs
-        ca = (d / "ca.crt").read_bytes()
-        import base64
-
-        docs = []
-        for doc in yaml.safe_load_all((self.assets / "kueue-webhooks.yaml").read_text()):
-            hooks = []
-            for hook in doc["webhooks"]:
-                path = hook["clientConfig"]["service"]["path"]
-                if not any(kind in path for kind in KUEUE_KINDS):
-                    continue
-                hook["clientConfig"] = {
-                    "url": f"https://127.0.0.1:{port}{path}",
-                    "caBundle": base64.b64encode(ca).decode(),
-                }
-                hooks.append(hook)
-            doc["webhooks"] = hooks
-            doc["metadata"]["name"] = f"kueue-{doc['metadata']['name']}"
-            docs.append(doc)
-        self.apply(*docs)
+        self._wait_ready("kueue", health)
+        # its webhooks, only after it answers (failurePolicy Fail), for its kinds and its frameworks'
+        paths = (*KUEUE_KINDS, *(path for _, path in frameworks))
+        self.apply(*self._url_webhooks(self.assets / "kueue-webhooks.yaml", d, port, "kueue", paths))
         self.apply(
             {
                 "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -467,7 +609,15 @@ class Cluster:
     def stop(self) -> None:
         if self.runner is not None:
             self.runner.stop()
-        for name in ("kueue", "training-operator", "kwok", "kube-scheduler", "kube-controller-manager"):
+        for name in (
+            "kueue",
+            "trainer",
+            "jobset",
+            "training-operator",
+            "kwok",
+            "kube-scheduler",
+            "kube-controller-manager",
+        ):
             p = self.procs.get(name)
             if p is None:
                 continue
@@ -480,11 +630,23 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running_cluster(image_files: dict[str, Path]) -> Iterator[Cluster]:
+def running_cluster(
+    image_files: dict[str, Path], *, trainer_v2: bool = False, training_operator: bool = True
+) -> Iterator[Cluster]:
+    """``trainer_v2``: Kubeflow Trainer v2 and JobSet run too (they cost CPU: only for the tests
+    of TrainJob); ``training_operator=False``: the Training Operator does not (nor its CRD)."""
     assets = find_cluster_assets()
+    trainer_assets = find_trainer_v2_assets() if trainer_v2 else None
     workdir = Path(tempfile.mkdtemp(prefix="kubetune-cluster-", dir="/var/tmp"))
     with running_control_plane(admission_plugins_off=()) as cp:
-        cluster = Cluster(cp=cp, assets=assets, workdir=workdir, image_files=image_files)
+        cluster = Cluster(
+            cp=cp,
+            assets=assets,
+            workdir=workdir,
+            image_files=image_files,
+            training_operator=training_operator,
+            trainer_v2=trainer_assets,
+        )
         try:
             cluster.start()
             yield cluster

@@ -13,7 +13,8 @@ kubelet that needs a container runtime:
   only): ConfigMap and Secret keys as files, a projected service-account token from the real
   TokenRequest API, a folder per PersistentVolume, a folder per emptyDir, and the "image"'s own
   files (``image_files``: container path -> local folder, e.g. the tiny model the trainer image
-  carries). ``/etc/hosts`` maps every pod hostname and Service name to 127.0.0.1;
+  carries). ``/etc/hosts`` maps every pod hostname (with its subdomain: ``<host>.<subdomain>``, as a
+  headless Service's DNS answers) and Service name to 127.0.0.1;
 * **reports the outcome** as the kubelet does: the process's real exit code, and the termination
   message from ``terminationMessagePath`` (or the log's tail with ``FallbackToLogsOnError``), in
   the pod's status; ``restartPolicy: Never`` pods only (the Training Operator and the Job
@@ -516,8 +517,13 @@ class PodRunner:
         lines = ["127.0.0.1 localhost"]
         names: set[str] = set()
         for pod in self.core.list_pod_for_all_namespaces().items:
-            names.add(pod.spec.hostname or pod.metadata.name)
-            names.add(pod.metadata.name)
+            host = pod.spec.hostname or pod.metadata.name
+            names.update({host, pod.metadata.name})
+            if pod.spec.subdomain:  # a headless Service's pod (a JobSet's): <host>.<subdomain>[.<ns>[.svc]]
+                fqdn = f"{host}.{pod.spec.subdomain}"
+                names.update(
+                    {fqdn, f"{fqdn}.{pod.metadata.namespace}", f"{fqdn}.{pod.metadata.namespace}.svc"}
+                )
         for svc in self.core.list_service_for_all_namespaces().items:
             ns = svc.metadata.namespace
             names.update({svc.metadata.name, f"{svc.metadata.name}.{ns}", f"{svc.metadata.name}.{ns}.svc"})

@@ -8,6 +8,7 @@ against Trainer's and JobSet's webhooks (no Trainer v2 controller runs in the te
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -133,6 +134,8 @@ def test_the_failure_policy_restarts_as_the_exit_code_policy_does() -> None:
     policy = jobset["failurePolicy"]
     assert policy["maxRestarts"] == SETTINGS.train_backoff_limit
     first, second = policy["rules"]
+    # JobSet v0.11's webhook refuses any other rule name (a hyphen included)
+    assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", r["name"]) for r in policy["rules"])
     assert first["action"] == "FailJobSet" and first["onJobFailureReasons"] == ["PodFailurePolicy"]
     # the Job controller's message of an exit-code rule: "Container node for pod ns/p failed with exit code 2 ..."
     assert first["onJobFailureMessagePatterns"] == ["failed with exit code"]

@@ -1,0 +1,150 @@
+"""A FineTuneJob on Kubeflow Trainer v2 (``spec.engine: TrainJob``) through the real controllers
+(issue 31 item 4).
+
+The cluster of tests/support/cluster.py with Trainer v2.2.0's controller manager and the JobSet
+v0.11.1 controller running too (``trainer_v2=True``), their real CRDs installed and their webhooks
+called by the API server, and Kueue's TrainJob integration on. Nothing here plays a controller:
+kubetune makes the job's TrainingRuntime and TrainJob, Trainer v2 makes the JobSet (and the torch
+environment), JobSet makes the Job and the headless Service, the Job controller the pod, the
+scheduler places it, and the pod runner runs the trainer's own command: it trains the tiny model,
+the registration Job registers it in MLflow, and the job succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.conftest import cluster_for_tests, tiny_job, wait_for
+from tests.cluster.test_real_controllers import (
+    checkpoint_folder,
+    env_of,
+    get,
+    versions,
+    wait_phase,
+)
+from tests.support.cluster import Cluster
+from tests.support.mlflow_server import MlflowServer
+from tests.support.operator import OperatorProcess
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_image: Path) -> Iterator[Cluster]:
+    """This module's cluster: both engines' controllers (the Training Operator and Trainer v2)."""
+    with cluster_for_tests(tiny_image, trainer_v2=True) as c:
+        yield c
+
+
+def diagnostics(cluster: Cluster, ns: str) -> str:
+    out = [f"--- {name}.log\n{cluster.log(name, 40)}" for name in ("trainer", "jobset", "kueue")]
+    events = cluster.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False)
+    out.append(f"--- events\n{events.stdout}{events.stderr}")
+    for kind in ("trainjob", "jobset"):
+        objs = cluster.kubectl("-n", ns, "get", kind, "-o", "yaml", check=False)
+        out.append(f"--- {kind}\n{objs.stdout[-6000:]}{objs.stderr}")
+    return "\n".join(out)
+
+
+def owner_kind(obj: dict[str, Any]) -> str:
+    return str(obj["metadata"]["ownerReferences"][0]["kind"])
+
+
+def true_condition(obj: dict[str, Any] | None, kind: str) -> bool:
+    return any(
+        c["type"] == kind and c["status"] == "True"
+        for c in ((obj or {}).get("status") or {}).get("conditions") or []
+    )
+
+
+def test_a_tiny_job_on_trainjob_trains_and_registers_through_the_real_controllers(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    try:
+        train_and_register(cluster, mlflow_server, ns)
+    except AssertionError as e:  # what the controllers said (the cluster's folder goes at the end)
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+
+
+def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -> None:
+    name = "tiny"
+    tj = f"{name}-train"
+    cluster.apply(tiny_job(name, ns, engine="TrainJob"))
+
+    # kubetune's children: the job's own TrainingRuntime and the TrainJob on it
+    trainjob = wait_for(lambda: get(cluster, "trainjob", ns, tj), 120, "kubetune's TrainJob", cluster)
+    assert owner_kind(trainjob) == "FineTuneJob"
+    assert trainjob["spec"]["runtimeRef"] == {
+        "name": tj,
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+    }
+    assert owner_kind(get(cluster, "trainingruntime", ns, tj)) == "FineTuneJob"
+
+    # what the real controllers made of them: Trainer v2 the JobSet, JobSet the Job and the
+    # headless Service, the Job controller the pod
+    jobset = wait_for(lambda: get(cluster, "jobset", ns, tj), 60, "Trainer v2's JobSet", cluster)
+    assert owner_kind(jobset) == "TrainJob"
+    # JobSet's webhook defaults (and kubetune's runtime) made DNS hostnames on
+    assert jobset["spec"]["network"]["enableDNSHostnames"] is True
+    job = wait_for(lambda: get(cluster, "job", ns, f"{tj}-node-0"), 60, "JobSet's Job", cluster)
+    assert owner_kind(job) == "JobSet"
+    assert job["spec"]["completionMode"] == "Indexed"
+    service = wait_for(lambda: get(cluster, "service", ns, tj), 60, "JobSet's headless Service", cluster)
+    assert service["spec"]["clusterIP"] == "None"
+
+    def the_pod() -> dict[str, Any] | None:
+        items = (get(cluster, "pod", ns, selector=f"{JOBSET_NAME_LABEL}={tj}") or {}).get("items") or []
+        return items[0] if items else None
+
+    pod = wait_for(the_pod, 60, "the Job controller's pod", cluster)
+    assert owner_kind(pod) == "Job"
+    assert pod["metadata"]["name"].startswith(f"{tj}-node-0-0-")
+    assert pod["spec"]["hostname"] == f"{tj}-node-0-0"
+    assert pod["spec"]["subdomain"] == tj
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["node"]
+    # Trainer v2's torch plugin set the rendezvous of torchrun (no MASTER_ADDR/WORLD_SIZE as v1's)
+    env = env_of(pod)
+    assert env["PET_NNODES"] == "1"
+    assert env["PET_NPROC_PER_NODE"] == "1"
+    assert env["PET_MASTER_ADDR"] == f"{tj}-node-0-0.{tj}"
+    assert env["PET_MASTER_PORT"] == "29500"
+    assert "MASTER_ADDR" not in env
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert len(names) == len(set(names)), f"an env variable is defined twice: {names}"
+    scheduled = wait_for(
+        lambda: ((the_pod() or {}).get("spec") or {}).get("nodeName"), 60, "the scheduler's binding"
+    )
+    assert scheduled.startswith("gpu-node-")
+
+    status = wait_phase(cluster, ns, name, "Succeeded")
+
+    assert status["engine"] == "TrainJob"
+    assert status["children"]["trainJob"] == tj
+    # JobSet completed its Jobs, Trainer v2 copied it into the TrainJob's Complete
+    assert true_condition(get(cluster, "jobset", ns, tj), "Completed")
+    assert true_condition(get(cluster, "trainjob", ns, tj), "Complete")
+    reg = get(cluster, "job", ns, f"{name}-register")
+    assert reg["status"].get("succeeded") == 1
+    model = f"{ns}-{name}"
+    assert status["registeredModel"]["name"] == model
+    assert status["registeredModel"]["version"] == "1"
+    assert [v.version for v in versions(mlflow_server, model)] == ["1"]
+    folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
+    assert (folder / "final").is_dir(), sorted(p.name for p in folder.iterdir())
+
+    # deleting the FineTuneJob: the garbage collector removes the TrainJob and all it made
+    cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
+
+    def gone() -> list[str]:
+        return [
+            kind
+            for kind in ("trainjob", "trainingruntime", "jobset", "job", "pod", "service", "pvc")
+            if (get(cluster, kind, ns) or {}).get("items")
+        ]
+
+    wait_for(lambda: not gone(), 120, "the garbage collector to remove the children", cluster)
