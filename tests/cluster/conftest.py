@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,9 +61,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     manager = item.session._fixturemanager
     for name in CLUSTER_FIXTURES:
-        fixturedefs = manager.getfixturedefs(name, item)
-        if fixturedefs:  # this folder's own (the last): a worker's other folders may use their own
-            fixturedefs[-1].finish(item._request)  # type: ignore[attr-defined]
+        for fixturedef in manager.getfixturedefs(name, item) or ():
+            # this folder's (the session's, a module's own): not one a worker's other folders use
+            if fixturedef.baseid.startswith(lanes.CLUSTER_DIR.rstrip("/")):
+                fixturedef.finish(item._request)  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -82,8 +84,9 @@ def tiny_image() -> Iterator[Path]:
 def cluster_for_tests(tiny_image: Path, **options: bool) -> Iterator[Cluster]:
     """The cluster the tests run in (``options``: ``running_cluster``'s: which engines run), its
     pods' image holding the tiny model and a folder for the tests' own data."""
-    testdata = Path("/var/tmp") / f"kubetune-testdata-{os.getpid()}"
-    testdata.mkdir(mode=0o755, exist_ok=True)
+    # a folder of each cluster's own: a module's cluster ends while the session's goes on
+    testdata = Path(tempfile.mkdtemp(prefix="kubetune-testdata-", dir="/var/tmp"))
+    testdata.chmod(0o755)
     try:
         with running_cluster({TINY_IMAGE_DIR: tiny_image, TESTDATA_DIR: testdata}, **options) as c:
             yield c
