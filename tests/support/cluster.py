@@ -73,33 +73,29 @@ KUEUE_PYTORCHJOB = ("kubeflow.org/pytorchjob", "kubeflow-org-v1-pytorchjob")
 KUEUE_TRAINJOB = ("trainer.kubeflow.org/trainjob", "trainer-kubeflow-org-v1alpha1-trainjob")
 
 
-def find_cluster_assets() -> Path:
-    env = os.environ.get("KUBETUNE_CLUSTER_ASSETS")  # a folder of your own (Kueue may be missing)
-    if env and (Path(env) / "training-operator").exists():
-        return Path(env)
+def _built(env: str, binary: str, mode: str) -> Path:
+    """The folder named by ``env`` when it holds ``binary``, else what ``hack/build-control-plane.sh
+    mode`` builds (or finds in its cache): the folder on its last line."""
+    own = os.environ.get(env)
+    if own and (Path(own) / binary).exists():
+        return Path(own)
     build = subprocess.run(
-        [str(REPO / "hack" / "build-control-plane.sh"), "cluster"],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
+        [str(REPO / "hack" / "build-control-plane.sh"), mode], check=True, stdout=subprocess.PIPE, text=True
     )
     return Path(build.stdout.strip().splitlines()[-1])
+
+
+def find_cluster_assets() -> Path:
+    """The controllers of the PyTorchJob cluster (``KUBETUNE_CLUSTER_ASSETS``: a folder of your own,
+    where Kueue may be missing)."""
+    return _built("KUBETUNE_CLUSTER_ASSETS", "training-operator", "cluster")
 
 
 def find_trainer_v2_assets() -> Path:
     """Kubeflow Trainer v2's controller manager and the JobSet controller, with their CRDs and
     webhook configurations (``hack/build-control-plane.sh trainer-v2``; or a folder of your own in
     ``KUBETUNE_TRAINER_V2_ASSETS``)."""
-    env = os.environ.get("KUBETUNE_TRAINER_V2_ASSETS")
-    if env and (Path(env) / "trainer-controller-manager").exists():
-        return Path(env)
-    build = subprocess.run(
-        [str(REPO / "hack" / "build-control-plane.sh"), "trainer-v2"],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    return Path(build.stdout.strip().splitlines()[-1])
+    return _built("KUBETUNE_TRAINER_V2_ASSETS", "trainer-controller-manager", "trainer-v2")
 
 
 @dataclass
