@@ -53,8 +53,8 @@ MEMORY_HEADROOM = 0.85
 # MICRO_STEP_SECONDS of host work (the training loop and the launch of its kernels; 0.12 s for
 # Qwen2-0.5B LoRA with 1-row micro-steps and for Qwen3-4B full with 2-row ones, compiled), and
 # otherwise 6 x parameters x tokens FLOPs (a mixture of experts: its active parameters) at
-# SUSTAINED_FRACTION of the GPU's dense bf16 peak (Qwen3-4B full: ~500 of 989 TFLOP/s), RECOMPUTE_COST times that with gradient checkpointing
-# (one more forward pass).
+# SUSTAINED_FRACTION of the GPU's dense bf16 peak (Qwen3-4B full: ~500 of 989 TFLOP/s),
+# RECOMPUTE_COST times that with gradient checkpointing (one more forward pass).
 MICRO_STEP_SECONDS = 0.12
 SUSTAINED_FRACTION = 0.5
 RECOMPUTE_COST = 4 / 3
