@@ -274,3 +274,24 @@ def test_qwen3_30b_a3b_lora_fits_an_80_gib_gpu_and_runs_at_its_active_size() -> 
     as_dense = ModelShape(params=shape.params, hidden_size=2048, num_layers=48, vocab_size=151936)
     dense = estimate(cfg, as_dense, DATA)
     assert moe.tokens_per_second > 5 * dense.tokens_per_second
+
+
+@pytest.mark.parametrize("product", ["NVIDIA-L4", "NVIDIA-H100-80GB-HBM3"])
+def test_the_preparation_refuses_qwen3_30b_a3b_from_its_config_json(tmp_path: Path, product: str) -> None:
+    """Where DoesNotFit is decided (the preparation step, from the downloaded config.json): LoRA on a
+    24 GiB L4, a full fine-tune on an 80 GiB H100; the same config read as dense passed both."""
+    import json
+
+    from kubetune_api.preparation import Refusal
+    from kubetune_trainer.preparation.prepare import Refused, _estimate
+
+    cfg = qwen3_example(product, "lora" if product == "NVIDIA-L4" else "full")
+    dense = {k: v for k, v in QWEN3_30B_A3B.items() if k != "num_experts"}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], **dense}))
+    assert _estimate(cfg, tmp_path, DATA).fits
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3MoeForCausalLM"], **QWEN3_30B_A3B})
+    )
+    with pytest.raises(Refused) as refused:
+        _estimate(cfg, tmp_path, DATA)
+    assert refused.value.refusal.reason == Refusal.DOES_NOT_FIT
