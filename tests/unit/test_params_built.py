@@ -221,3 +221,18 @@ def test_a_moe_families_expert_modules_are_found() -> None:
         config, model = _built(model_type, values)
         found = [m for m in model.modules() if type(m).__name__.endswith("Experts")]
         assert len(found) == count_params(config.to_dict()).moe_layers, name
+
+
+def test_a_multimodal_models_count_is_its_text_models_and_leaves_the_vision_tower_out() -> None:
+    """Qwen3-VL-MoE: the count of its text_config is the language model and LM head, to the
+    parameter; the vision tower is not counted (on purpose: kubetune_trainer.plan.params)."""
+    _, text = CONFIGS["qwen3-moe"]
+    vision = {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64, "out_hidden_size": 64}
+    config = transformers.AutoConfig.for_model("qwen3_vl_moe", text_config=text, vision_config=vision)
+    with torch.device("meta"):
+        model = transformers.AutoModelForImageTextToText.from_config(config)
+    language = sum(p.numel() for p in model.model.language_model.parameters())
+    language += sum(p.numel() for p in model.lm_head.parameters())
+    count = count_params(config.to_dict()["text_config"])
+    assert count.total == language < sum(p.numel() for p in model.parameters())
+    assert shape_from_config(config.to_dict()["text_config"]).params == language

@@ -48,7 +48,7 @@ from typing import Any
 # head_dim where a family's config class has its own default (else hidden_size / heads)
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "qwen3_moe": 128, "gpt_oss": 64}
 # families whose attention normalizes each head's queries and keys (one RMSNorm weight of head_dim each)
-_QK_NORM = frozenset({"qwen3", "qwen3_moe"})
+_QK_NORM = frozenset({"qwen3", "qwen3_moe", "qwen3_vl", "qwen3_vl_moe"})
 # families whose q/k/v projections always carry a bias (Qwen2's is not in its config)
 _QKV_BIAS = frozenset({"qwen2"})
 
