@@ -28,6 +28,7 @@ from kubetune_api.tuning import (
 )
 
 from .. import settings
+from .params import count_params, num_experts
 
 # The attention implementation of packed rows without padding (the name that
 # kubetune_trainer.training.varlen registers its kernel under in transformers).
@@ -51,12 +52,15 @@ MEMORY_HEADROOM = 0.85
 # (measured on an H200, docs/benchmarks-history.md "small memory budgets"): every micro-step costs at least
 # MICRO_STEP_SECONDS of host work (the training loop and the launch of its kernels; 0.12 s for
 # Qwen2-0.5B LoRA with 1-row micro-steps and for Qwen3-4B full with 2-row ones, compiled), and
-# otherwise 6 x parameters x tokens FLOPs at SUSTAINED_FRACTION of the GPU's dense bf16 peak
-# (Qwen3-4B full: ~500 of 989 TFLOP/s), RECOMPUTE_COST times that with gradient checkpointing
-# (one more forward pass).
+# otherwise 6 x parameters x tokens FLOPs (a mixture of experts: its active parameters) at
+# SUSTAINED_FRACTION of the GPU's dense bf16 peak (Qwen3-4B full: ~500 of 989 TFLOP/s),
+# RECOMPUTE_COST times that with gradient checkpointing (one more forward pass).
 MICRO_STEP_SECONDS = 0.12
 SUSTAINED_FRACTION = 0.5
 RECOMPUTE_COST = 4 / 3
+# The MLP width (intermediate / hidden) the activation constants of estimate_training_bytes were
+# calibrated on (Qwen3-4B: 9728 / 2560); a mixture of experts whose top-k experts are wider keeps more.
+DENSE_MLP_RATIO = 3.8
 
 # Dense bf16 (= fp16) tensor FLOP/s by GPU name (vendor datasheets; SXM parts where there are two);
 # the longest matching name wins ("L40S" before "L4"). A GPU not listed plans with an A100's.
@@ -165,16 +169,62 @@ def cpu_has_native_bf16() -> bool:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The few numbers of a model config the memory estimate needs."""
+    """The few numbers of a model config the memory estimate needs.
+
+    ``params`` is every parameter the GPU holds (a mixture of experts: all experts);
+    ``active_params`` those one token's forward pass uses (top-k routed experts, shared experts and
+    everything dense), None for a dense model (all of ``params``). Memory is planned with ``params``,
+    compute (FLOPs) with :attr:`flops_params`.
+    """
 
     params: int
     hidden_size: int
     num_layers: int
     vocab_size: int
+    active_params: int | None = None
+    # mixture of experts: routed experts per token, MoE layers, routed experts per MoE layer, and the
+    # intermediate units a token passes through in a MoE layer (k x expert width + shared experts')
+    experts_per_token: int = 0
+    moe_layers: int = 0
+    num_experts: int = 0
+    routed_width: int = 0
+
+    @property
+    def flops_params(self) -> int:
+        """The parameters whose products one token computes: the active ones."""
+        return self.params if self.active_params is None else self.active_params
 
 
 def shape_from_config(conf: dict[str, Any]) -> ModelShape:
-    """The plan's model shape from a (text) model config as a dict."""
+    """The plan's model shape from a (text) model config as a dict.
+
+    A mixture of experts (a config naming routed experts) is counted as its model class builds it
+    (:func:`.params.count_params`: all experts' weights, and the active ones a token uses). A dense
+    model keeps the plan's first approximation, on which its memory model was calibrated: per layer
+    4 h^2 of attention and a gated MLP, plus an input embedding and an LM head (counted twice
+    even when tied: an over-count of vocab x hidden for tied models, on the safe side).
+
+    >>> moe = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32,
+    ...     "vocab_size": 32000, "intermediate_size": 14336, "num_local_experts": 8,
+    ...     "num_experts_per_tok": 2, "num_attention_heads": 32, "num_key_value_heads": 8}
+    >>> s = shape_from_config(moe)
+    >>> round(s.params / 1e9, 1), round(s.flops_params / 1e9, 1), s.experts_per_token, s.moe_layers
+    (46.7, 12.9, 2, 32)
+    """
+    if num_experts(conf):
+        count = count_params(conf)
+        if count.moe:
+            return ModelShape(
+                params=count.total,
+                hidden_size=int(conf.get("hidden_size") or 0),
+                num_layers=int(conf.get("num_hidden_layers") or 0),
+                vocab_size=int(conf.get("vocab_size") or 0),
+                active_params=count.active,
+                experts_per_token=count.experts_per_token,
+                moe_layers=count.moe_layers,
+                num_experts=count.num_experts,
+                routed_width=count.routed_width,
+            )
     hidden = int(conf.get("hidden_size") or 0)
     layers = int(conf.get("num_hidden_layers") or 0)
     vocab = int(conf.get("vocab_size") or 0)
@@ -241,9 +291,12 @@ def estimate_training_bytes(
     """A rough upper bound of GPU memory for one micro-step, in bytes (AdamW, packed rows).
 
     Weights ``param_bytes`` per parameter (2 for bf16); full fine-tuning adds gradients and AdamW's
-    two moments, which torch keeps in the parameters' dtype (4 x param_bytes in all). Activations
+    two moments, which torch keeps in the parameters' dtype (4 x param_bytes in all). A mixture of
+    experts holds all of it for every expert (``shape.params``: a token uses a few experts, the
+    step's tokens use them all; LoRA's frozen base is every expert too). Activations
     per token per hidden unit per layer: ~36 bytes for full fine-tuning and ~70 for LoRA (dropout
-    keeps a copy of every adapted layer's input) without checkpointing, ~2 with it. Multi-GPU full
+    keeps a copy of every adapted layer's input) without checkpointing, ~2 with it; a MoE layer
+    adds its routed copies (:func:`moe_activation_bytes`). Multi-GPU full
     fine-tuning adds DDP's gradient buckets, or divides the states by the GPUs under FSDP2. Calibrated on
     an H200: Qwen3-4B full with 8k-token micro-steps peaked at 56 GiB, Qwen2-0.5B LoRA r8 with
     32k-token micro-steps at 46 GiB (Liger, varlen attention, fused cross-entropy: no logits).
@@ -258,12 +311,34 @@ def estimate_training_bytes(
         weights = 16 * shape.params // max(1, world_size) + 2 * shape.params // max(1, shape.num_layers)
         optimizer = 0
     full_layer = 70 if lora else 36
+    routed = moe_activation_bytes(shape)
     if checkpointing:
         # each layer's input kept, and one layer's activations while its backward recomputes it
-        activations = tokens * shape.hidden_size * (2 * shape.num_layers + full_layer)
+        activations = tokens * (shape.hidden_size * (2 * shape.num_layers + full_layer) + routed)
     else:
-        activations = tokens * shape.hidden_size * shape.num_layers * full_layer
+        activations = tokens * (shape.hidden_size * shape.num_layers * full_layer + shape.moe_layers * routed)
     return weights + optimizer + activations
+
+
+def moe_activation_bytes(shape: ModelShape) -> int:
+    """What a mixture-of-experts layer keeps for the backward pass per token, beyond a dense layer's
+    (0 for a dense model): bf16 copies of the token's hidden state for each of its ``k`` routed
+    experts (the gathered input, and the expert's output kept for its routing weight's gradient:
+    2 k hidden), the intermediates of the experts it passes through (gate, up and their product)
+    beyond those of the calibration's MLP (:data:`DENSE_MLP_RATIO` x hidden), and the router's fp32
+    probabilities over all experts. Not yet measured on a GPU.
+
+    >>> qwen3_30b_a3b = ModelShape(params=30_532_122_624, hidden_size=2048, num_layers=48,
+    ...     vocab_size=151_936, active_params=3_353_032_704, experts_per_token=8, moe_layers=48,
+    ...     num_experts=128, routed_width=6144)
+    >>> moe_activation_bytes(qwen3_30b_a3b)  # 2 x (2 x 8 x 2048) + 4 x 128; 6144 < 3.8 x 2048
+    66048
+    """
+    if not shape.moe_layers:
+        return 0
+    copies = 2 * shape.experts_per_token * shape.hidden_size
+    wider = max(0, shape.routed_width - int(DENSE_MLP_RATIO * shape.hidden_size))
+    return 2 * (copies + 3 * wider) + 4 * shape.num_experts
 
 
 def estimate_step_seconds(
@@ -280,7 +355,8 @@ def estimate_step_seconds(
     0.48
     """
     rate = SUSTAINED_FRACTION * (peak_flops or DEFAULT_PEAK_FLOPS)
-    compute = 6 * shape.params * tokens / rate * (RECOMPUTE_COST if checkpointing else 1.0)
+    # a mixture of experts computes with the experts each token goes to: its active parameters
+    compute = 6 * shape.flops_params * tokens / rate * (RECOMPUTE_COST if checkpointing else 1.0)
     return micro_steps * max(MICRO_STEP_SECONDS, compute)
 
 
