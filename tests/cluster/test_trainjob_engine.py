@@ -25,6 +25,8 @@ from tests.cluster.test_real_controllers import (
     checkpoint_folder,
     env_of,
     get,
+    queued_until_quota_frees,
+    suspended_until_resumed,
     versions,
     wait_phase,
 )
@@ -151,6 +153,32 @@ def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -
         ]
 
     wait_for(lambda: not gone(), 120, "the garbage collector to remove the children", cluster)
+
+
+# The scenarios of tests/cluster/test_real_controllers.py on TrainJob (issue 31 item 4): the same
+# steps and assertions, the engine's child and its suspend field read where Trainer v2 keeps them
+
+
+def test_a_queued_trainjob_waits_for_quota_and_runs_when_it_frees(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """Kueue's TrainJob integration: the second job beyond the quota is suspended by Kueue, the
+    FineTuneJob says it is queued, and it runs once the first ends."""
+    try:
+        queued_until_quota_frees(cluster, ns, "TrainJob")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+
+
+def test_spec_suspend_holds_a_trainjobs_pods_until_it_is_turned_off(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """spec.suspend through Trainer v2 and JobSet: a suspended TrainJob gets no pods; set to false,
+    the JobSet's Job makes them and the job trains to the end."""
+    try:
+        suspended_until_resumed(cluster, mlflow_server, ns, "TrainJob")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
 
 
 @pytest.mark.parametrize("example", ["qwen3-4b-full.yaml", "multinode-lora.yaml"])
