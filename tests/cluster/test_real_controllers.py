@@ -64,6 +64,33 @@ def apply_job(cluster: Cluster, doc: dict[str, Any]) -> None:
     cluster.apply(doc)
 
 
+# Each engine's training child, as kubetune names it (``<job>-train``), and where it says suspended
+CHILD_KINDS = {"PyTorchJob": "pytorchjob", "TrainJob": "trainjob"}
+
+
+def on(engine: str) -> dict[str, str]:
+    """``spec.engine`` for a scenario on ``engine``: none for PyTorchJob, which ``auto`` picks where
+    the Training Operator runs (as the scenarios did before they ran on both engines)."""
+    return {} if engine == "PyTorchJob" else {"engine": engine}
+
+
+def training_child(cluster: Cluster, ns: str, name: str, engine: str) -> Any:
+    return get(cluster, CHILD_KINDS[engine], ns, f"{name}-train")
+
+
+def child_suspended(child: dict[str, Any], engine: str) -> Any:
+    spec = child["spec"]
+    return (spec.get("runPolicy") or {}).get("suspend") if engine == "PyTorchJob" else spec.get("suspend")
+
+
+def training_pods(cluster: Cluster, ns: str, name: str) -> list[str]:
+    """The names of the FineTuneJob ``name``'s training pods, on either engine (kubetune's labels)."""
+    selector = f"kubetune.io/job={name},app.kubernetes.io/component=training"
+    return [
+        p["metadata"]["name"] for p in (get(cluster, "pod", ns, selector=selector) or {}).get("items") or []
+    ]
+
+
 def versions(mlflow_server: MlflowServer, model: str) -> list[Any]:
     from mlflow.tracking import MlflowClient
 
@@ -252,10 +279,15 @@ def test_a_queued_job_waits_for_quota_and_runs_when_it_frees(
 ) -> None:
     """Kueue, with its webhooks called by the API server: the second job beyond the quota is
     suspended by Kueue, the FineTuneJob says it is queued, and it runs once the first ends."""
+    queued_until_quota_frees(cluster, ns, "PyTorchJob")
+
+
+def queued_until_quota_frees(cluster: Cluster, ns: str, engine: str) -> None:
+    """The quota scenario on ``engine`` (tests/cluster/test_trainjob_engine.py runs it on TrainJob)."""
     assert cluster.has_kueue, f"no kueue binary in {cluster.assets}"
     queue = cluster.local_queue(ns)
-    first = tiny_job("first", ns, **{"resources.queueName": queue, "resources.cpu": "60"})
-    second = tiny_job("second", ns, **{"resources.queueName": queue, "resources.cpu": "60"})
+    first = tiny_job("first", ns, **on(engine), **{"resources.queueName": queue, "resources.cpu": "60"})
+    second = tiny_job("second", ns, **on(engine), **{"resources.queueName": queue, "resources.cpu": "60"})
     apply_job(cluster, first)
     wait_for(lambda: job_status(cluster, ns, "first").get("phase") in ("Training", "Registering", "Succeeded"),
              120, "the first job to run", cluster)  # fmt: skip
@@ -269,9 +301,9 @@ def test_a_queued_job_waits_for_quota_and_runs_when_it_frees(
 
     cond = wait_for(queued, 120, "the second job to be queued", cluster)
     assert "quota" in cond["message"].lower() or "queue" in cond["message"].lower(), cond
-    ptj = get(cluster, "pytorchjob", ns, "second-train")
-    assert ptj["spec"]["runPolicy"]["suspend"] is True
-    assert get(cluster, "pod", ns, "second-train-master-0") is None
+    # Kueue suspended the engine's child, and no training pod of it exists
+    assert child_suspended(training_child(cluster, ns, "second", engine), engine) is True
+    assert training_pods(cluster, ns, "second") == []
     wait_phase(cluster, ns, "first", "Succeeded")
     wait_phase(cluster, ns, "second", "Succeeded")
 
@@ -441,8 +473,14 @@ def test_spec_suspend_holds_the_pods_until_it_is_turned_off(
 ) -> None:
     """spec.suspend through the real Training Operator: a suspended PyTorchJob gets no pods; set to
     false, the Training Operator makes them and the job trains to the end."""
+    suspended_until_resumed(cluster, mlflow_server, ns, "PyTorchJob")
+
+
+def suspended_until_resumed(cluster: Cluster, mlflow_server: MlflowServer, ns: str, engine: str) -> None:
+    """The spec.suspend scenario on ``engine`` (tests/cluster/test_trainjob_engine.py runs it on
+    TrainJob: Trainer v2 suspends the JobSet, and JobSet its Jobs)."""
     name = "held"
-    doc = tiny_job(name, ns, suspend=True)
+    doc = tiny_job(name, ns, suspend=True, **on(engine))
     doc["spec"]["training"].update(maxSteps=4, saveSteps=2, evalSteps=2)
     apply_job(cluster, doc)
 
@@ -451,22 +489,21 @@ def test_spec_suspend_holds_the_pods_until_it_is_turned_off(
         return conds.get("Suspended", {}).get("status") == "True"
 
     wait_for(suspended, 120, "the FineTuneJob Suspended", cluster)
-    ptj = wait_for(lambda: get(cluster, "pytorchjob", ns, f"{name}-train"), 60, "the PyTorchJob", cluster)
-    assert ptj["spec"]["runPolicy"]["suspend"] is True
-    # the Training Operator's own verdict, and no pod for as long as it lasts
+    child = wait_for(lambda: training_child(cluster, ns, name, engine), 60, f"the {engine}", cluster)
+    assert child_suspended(child, engine) is True
+    # the engine's own verdict, and no pod for as long as it lasts
     wait_for(
         lambda: any(
             c["type"] == "Suspended" and c["status"] == "True"
-            for c in (get(cluster, "pytorchjob", ns, f"{name}-train").get("status") or {}).get("conditions")
+            for c in ((training_child(cluster, ns, name, engine) or {}).get("status") or {}).get("conditions")
             or []
         ),
         60,
-        "the Training Operator's Suspended condition",
+        f"the {engine}'s Suspended condition",
         cluster,
     )
     time.sleep(5)
-    training = "app.kubernetes.io/component=training"
-    assert not (get(cluster, "pod", ns, selector=training) or {}).get("items")
+    assert training_pods(cluster, ns, name) == []
     # the preparation ran while suspended (it holds no GPU): training starts as soon as it is resumed
     assert (get(cluster, "job", ns, f"{name}-prepare") or {}).get("status", {}).get("succeeded") == 1
     cluster.kubectl(

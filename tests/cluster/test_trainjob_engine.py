@@ -12,23 +12,28 @@ the registration Job registers it in MLflow, and the job succeeds.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster.conftest import cluster_for_tests, tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
     checkpoint_folder,
     env_of,
     get,
+    queued_until_quota_frees,
+    suspended_until_resumed,
     versions,
     wait_phase,
 )
 from tests.support.cluster import Cluster
 from tests.support.mlflow_server import MlflowServer
 from tests.support.operator import OperatorProcess
+from tests.support.render_check import dry_run, not_kept, render_example
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
@@ -148,3 +153,83 @@ def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -
         ]
 
     wait_for(lambda: not gone(), 120, "the garbage collector to remove the children", cluster)
+
+
+# The scenarios of tests/cluster/test_real_controllers.py on TrainJob (issue 31 item 4): the same
+# steps and assertions, the engine's child and its suspend field read where Trainer v2 keeps them
+
+
+def test_a_queued_trainjob_waits_for_quota_and_runs_when_it_frees(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """Kueue's TrainJob integration: the second job beyond the quota is suspended by Kueue, the
+    FineTuneJob says it is queued, and it runs once the first ends."""
+    try:
+        queued_until_quota_frees(cluster, ns, "TrainJob")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+
+
+def test_spec_suspend_holds_a_trainjobs_pods_until_it_is_turned_off(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """spec.suspend through Trainer v2 and JobSet: a suspended TrainJob gets no pods; set to false,
+    the JobSet's Job makes them and the job trains to the end."""
+    try:
+        suspended_until_resumed(cluster, mlflow_server, ns, "TrainJob")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+
+
+@pytest.mark.parametrize("example", ["qwen3-4b-full.yaml", "multinode-lora.yaml"])
+def test_render_on_trainjob_passes_trainer_v2s_and_jobsets_webhooks(
+    cluster: Cluster, ns: str, tmp_path: Path, example: str
+) -> None:
+    """What ``kubetune render`` prints for an example on TrainJob is accepted by the real engine, its
+    webhooks included (issue 31 item 5; tests/integration checks the CRDs alone): the TrainingRuntime
+    is created, the TrainJob passes Trainer v2's webhooks in a server-side dry run (the runtime must
+    exist, ``trainer.env`` may not set the torch environment) with every rendered field kept, and,
+    created suspended, Trainer v2 makes its JobSet, which JobSet's webhooks admit (pod names within 63
+    characters, DNS hostnames). No FineTuneJob and no operator: the render alone."""
+    rendered = render_example(tmp_path, example, ns, "TrainJob")
+    runtime, trainjob = (next(d for d in rendered if d["kind"] == k) for k in ("TrainingRuntime", "TrainJob"))
+    tj = trainjob["metadata"]["name"]
+    cluster.kubectl("-n", ns, "create", "-f", "-", input=yaml.safe_dump(runtime))
+
+    out = dry_run(cluster.kubectl, ns, [trainjob])
+    assert out.returncode == 0, out.stderr
+    kept = json.loads(out.stdout)
+    assert not_kept(kept, trainjob) == []
+
+    # the check has teeth: Trainer v2's webhook, not the CRD, refuses a TrainJob whose runtime does
+    # not exist and one whose trainer env sets the torch environment
+    missing = json.loads(json.dumps(trainjob))
+    missing["spec"]["runtimeRef"]["name"] = "no-such-runtime"
+    out = dry_run(cluster.kubectl, ns, [missing])
+    assert out.returncode != 0 and "denied the request" in out.stderr and "no-such-runtime" in out.stderr, (
+        out.stderr
+    )
+    torch_env = json.loads(json.dumps(trainjob))
+    torch_env["spec"].setdefault("trainer", {}).setdefault("env", []).append(
+        {"name": "PET_NNODES", "value": "3"}
+    )
+    out = dry_run(cluster.kubectl, ns, [torch_env])
+    assert out.returncode != 0 and "denied the request" in out.stderr and "PET_NNODES" in out.stderr, (
+        out.stderr
+    )
+
+    # created (suspended: no pod), Trainer v2 builds the JobSet and JobSet's webhooks admit it
+    trainjob["spec"]["suspend"] = True
+    cluster.kubectl("-n", ns, "create", "-f", "-", input=yaml.safe_dump(trainjob))
+    try:
+        jobset = wait_for(lambda: get(cluster, "jobset", ns, tj), 60, "Trainer v2's JobSet", cluster)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+    assert owner_kind(jobset) == "TrainJob"
+    assert jobset["spec"]["suspend"] is True
+    assert jobset["spec"]["network"]["enableDNSHostnames"] is True
+    nodes = trainjob["spec"]["trainer"].get("numNodes", 1)
+    assert [r["replicas"] for r in jobset["spec"]["replicatedJobs"] if r["name"] == "node"] == [1]
+    node = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "node")
+    assert node["template"]["spec"]["parallelism"] == nodes
+    assert not (get(cluster, "pod", ns) or {}).get("items"), "a suspended TrainJob made a pod"

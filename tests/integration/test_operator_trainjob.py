@@ -14,15 +14,11 @@ of a job on TrainJob is accepted by the same CRDs (issue 31 item 5)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from tests.integration.conftest import (
     condition,
     finish_registration_job,
@@ -32,7 +28,8 @@ from tests.integration.conftest import (
     wait_for,
     wait_phase,
 )
-from tests.support.controlplane import REPO, ControlPlane
+from tests.support.controlplane import ControlPlane
+from tests.support.render_check import dry_run, not_kept, render_example
 from tests.support.trainer_crds import CRD_FILES
 
 from kubetune_api.engines import Engine
@@ -75,23 +72,6 @@ def _create(kube: Any, namespace: str, **spec: Any) -> tuple[str, dict[str, Any]
     return str(doc["metadata"]["name"]), doc
 
 
-def _contains(stored: Any, built: Any, path: str = "") -> list[str]:
-    """What of ``built`` the API server did not keep (pruned or changed); defaults it added are fine."""
-    if isinstance(built, dict):
-        if not isinstance(stored, dict):
-            return [path or "."]
-        return [p for k, v in built.items() for p in _contains(stored.get(k), v, f"{path}.{k}")]
-    if isinstance(built, list):
-        if not isinstance(stored, list) or len(stored) != len(built):
-            return [path]
-        return [
-            p
-            for i, (s, b) in enumerate(zip(stored, built, strict=True))
-            for p in _contains(s, b, f"{path}[{i}]")
-        ]
-    return [] if stored == built else [path]
-
-
 def _trainer_status(
     kube: Any, namespace: str, name: str, *conditions: tuple[str, str, str, str], active: int = 0
 ) -> None:
@@ -132,8 +112,8 @@ def test_trainjob_job_is_created_runs_and_registers(
     settings = Settings.from_env()
     typed = parse_job({**doc, "metadata": job["metadata"]})
     built_runtime, built_trainjob = builders.build_training(TJ, typed, settings)
-    assert _contains(runtime["spec"], built_runtime["spec"]) == []
-    assert _contains(live["spec"], built_trainjob["spec"]) == []
+    assert not_kept(runtime["spec"], built_runtime["spec"]) == []
+    assert not_kept(live["spec"], built_trainjob["spec"]) == []
     assert live["spec"]["runtimeRef"] == {"name": tj, "apiGroup": TJ.group, "kind": "TrainingRuntime"}
     (step,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     pod = step["template"]["spec"]["template"]["spec"]
@@ -419,42 +399,6 @@ def test_trainjob_pod_not_created_is_explained(
 # --- kubetune render on TrainJob (issue 31 item 5) ---------------------------------------------------------
 
 
-def _render(tmp_path: Path, example: str, namespace: str) -> list[dict[str, Any]]:
-    """``kubetune render`` (the installed command) of an example with ``spec.engine: TrainJob``, into
-    ``namespace``."""
-    doc = yaml.safe_load((REPO / "examples" / example).read_text())
-    doc["spec"]["engine"] = "TrainJob"
-    path = tmp_path / example
-    path.write_text(yaml.safe_dump(doc))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBETUNE_")}
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "kubetune"), "render", str(path), "--namespace", namespace],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def _dry_run(control_plane: ControlPlane, namespace: str, docs: list[dict[str, Any]]) -> Any:
-    return control_plane.kubectl(
-        "apply",
-        "--dry-run=server",
-        "--validate=strict",
-        "--namespace",
-        namespace,
-        "-o",
-        "json",
-        "-f",
-        "-",
-        input=yaml.safe_dump_all(docs),
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("example", ["qwen3-4b-full.yaml", "multinode-lora.yaml"])
 def test_render_on_trainjob_is_accepted_by_trainers_crds(
     control_plane: ControlPlane, namespace: str, trainer_crds: None, tmp_path: Path, example: str
@@ -466,20 +410,20 @@ def test_render_on_trainjob_is_accepted_by_trainers_crds(
 
     Only the CRDs: Trainer's and JobSet's webhooks (the TrainJob's runtime must exist, ``trainer.env``
     may not set the torch env, the JobSet defaults) need their controllers running, which this
-    control plane has not; they are checked with the real controllers in tests/cluster (issue 31
-    item 4)."""
-    rendered = _render(tmp_path, example, namespace)
+    control plane has not; tests/cluster/test_trainjob_engine.py checks the render against them with the
+    real controllers (issue 31 item 5)."""
+    rendered = render_example(tmp_path, example, namespace, "TrainJob")
     training = [d for d in rendered if d["kind"] in ("TrainingRuntime", "TrainJob")]
     assert [d["kind"] for d in training] == ["TrainingRuntime", "TrainJob"]
     assert "PyTorchJob" not in [d["kind"] for d in rendered]
-    out = _dry_run(control_plane, namespace, training)
+    out = dry_run(control_plane.kubectl, namespace, training)
     assert out.returncode == 0, out.stderr
     stored = json.loads(out.stdout)["items"]
     assert [(s["kind"], s["metadata"]["name"]) for s in stored] == [
         (d["kind"], d["metadata"]["name"]) for d in training
     ]
     for built, kept in zip(training, stored, strict=True):
-        assert _contains(kept, built) == [], built["kind"]
+        assert not_kept(kept, built) == [], built["kind"]
     # nothing was created: a dry run
     assert (
         control_plane.kubectl("get", "trainjobs,trainingruntimes", "-n", namespace, "-o", "name").stdout == ""
@@ -488,5 +432,5 @@ def test_render_on_trainjob_is_accepted_by_trainers_crds(
     # the check has teeth: a field Trainer v2.2 does not know is refused, named
     wrong = json.loads(json.dumps(training))
     wrong[1]["spec"]["trainer"]["numProcsPerNode"] = 1
-    out = _dry_run(control_plane, namespace, wrong)
+    out = dry_run(control_plane.kubectl, namespace, wrong)
     assert out.returncode != 0 and 'unknown field "spec.trainer.numProcsPerNode"' in out.stderr, out.stderr
