@@ -420,6 +420,16 @@ def object_rules() -> tuple[Rule, ...]:
             field=".evalFraction",
         ),
         Rule(
+            ("spec.dataset",),
+            "self.layout == 'native' || self.format == 'auto' || self.format == 'messages'",
+            "spec.dataset.layout sharegpt and alpaca are converted into chat messages: spec.dataset.format "
+            "must be messages (or auto)",
+            lambda s: (
+                s.get("layout", "native") == "native" or s.get("format", "auto") in ("auto", "messages")
+            ),
+            field=".format",
+        ),
+        Rule(
             ("spec.training",),
             "has(self.epochs) != has(self.maxSteps)",
             "set exactly one of training.epochs or training.maxSteps",
