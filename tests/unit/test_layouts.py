@@ -404,3 +404,19 @@ def test_loaded_splits_are_converted_by_the_same_rows_function() -> None:
             Dataset.from_list([SHAREGPT_ROW]),
             None,
         )
+
+
+def test_the_alpaca_example_converts_alpaca_rows_with_its_system_prompt(tmp_path: Path) -> None:
+    """examples/alpaca-lora.yaml's data set section, pointed at a file of rows in yahma/alpaca-cleaned's
+    columns (the Hub is not reached here)."""
+    from kubetune_api.trainer_config import load_manifest
+
+    spec = load_manifest(Path(__file__).resolve().parents[2] / "examples" / "alpaca-lora.yaml").spec
+    assert (spec.dataset.name, spec.dataset.layout) == ("yahma/alpaca-cleaned", "alpaca")
+    data = _jsonl(tmp_path / "alpaca.jsonl", [ALPACA_ROW, {**ALPACA_ROW, "input": ""}] * 25)
+    local = spec.dataset.model_copy(update={"name": None, "path": str(data)})
+    checked = check_files(local)
+    assert (checked.format, checked.layout, checked.converted) == ("messages", "alpaca", 50)
+    first = convert_row(layout_of(local), ALPACA_ROW)["messages"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant"]
+    assert first[0]["content"] == spec.dataset.system_prompt
