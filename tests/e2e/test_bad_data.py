@@ -61,6 +61,15 @@ CASES: dict[str, tuple[str, str, str | None, str]] = {
         f" line 1: messages[0] has role 'human'; expected one of {ROLES}{SHAREGPT_HINT} (format messages, "
         "as spec.dataset.format says)",
     ),
+    "ShareGPT's columns without its layout": (
+        "conversations.jsonl",
+        json.dumps({"conversations": [{"from": "human", "value": "hot?"}, {"from": "gpt", "value": "cold"}]})
+        + "\n",
+        None,
+        ": cannot tell the dataset format from its columns ['conversations']: expected 'messages', "
+        "'prompt' + 'completion', or 'text' (or set spec.dataset.format); the columns are ShareGPT's: set "
+        "spec.dataset.layout: sharegpt",
+    ),
     "an unknown role deep in the file": (
         "late.jsonl",
         "\n".join([*_chat(6), _human_bot().replace('"human"', '"user"')]) + "\n",

@@ -173,8 +173,20 @@ def test_native_without_any_mapping_converts_nothing() -> None:
             "column 'conversations' is missing; expected a conversation, a list of turns each "
             '{"from": ..., "value": "..."} (spec.dataset.layout sharegpt)',
         ),
+        (
+            {**SHAREGPT_ROW, "system": 3},
+            "column 'system' is a number; expected a string (spec.dataset.layout sharegpt)",
+        ),
     ],
-    ids=["unknown role", "empty", "only system", "no role key", "no content key", "no conversation"],
+    ids=[
+        "unknown role",
+        "empty",
+        "only system",
+        "no role key",
+        "no content key",
+        "no conversation",
+        "system 3",
+    ],
 )
 def test_a_sharegpt_row_that_cannot_be_converted_names_the_column_and_the_field(
     row: dict[str, Any], problem: str

@@ -190,7 +190,7 @@ def _kind(value: Any) -> str:
 def _role(layout: Layout, role: Any, label: str) -> Any:
     mapped = layout.roles.get(role, role) if isinstance(role, str) else role
     if mapped in KNOWN_ROLES or layout.name != DatasetLayout.SHAREGPT:
-        return mapped  # type: ignore[no-any-return]  # native: the data check names an unknown one
+        return mapped  # native: the data check names an unknown one
     known = ", ".join(repr(r) for r in layout.roles)
     raise LayoutError(
         f"{label} has role {role!r}, which layout sharegpt does not know ({known}); map it in "
@@ -202,7 +202,7 @@ def _turns(layout: Layout, value: Any, column: str) -> list[dict[str, Any]]:
     """The turns of a conversation column, with the layout's keys renamed and roles mapped."""
     role_key, content_key = layout.columns["role"], layout.columns["content"]
     if not isinstance(value, list):
-        return value  # type: ignore[no-any-return]  # native: the data check names what it is
+        return value  # native: the data check names what it is
     out = []
     for i, turn in enumerate(value):
         if not isinstance(turn, dict):
@@ -235,6 +235,15 @@ def _with_system(layout: Layout, messages: list[dict[str, Any]], own: Any) -> li
     return [{"role": "system", "content": text}, *messages] if text else messages
 
 
+def _own_system(layout: Layout, row: dict[str, Any]) -> str | None:
+    """A row's own system prompt (its system column; null or absent: none)."""
+    column = layout.columns["system"]
+    own = row.get(column)
+    if own is not None and not isinstance(own, str):
+        raise LayoutError(f"column {column!r} is {_kind(own)}; expected a string ({layout.where('system')})")
+    return own
+
+
 def _sharegpt(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
     column = layout.columns["messages"]
     value = row.get(column)
@@ -243,8 +252,7 @@ def _sharegpt(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
             f"column {column!r} is {_kind(value)}; expected a conversation, a list of turns each "
             f'{{"{layout.columns["role"]}": ..., "{layout.columns["content"]}": "..."}} ({layout.where("messages")})'
         )
-    messages = _turns(layout, value, column)
-    messages = _with_system(layout, messages, row.get(layout.columns["system"]))
+    messages = _with_system(layout, _turns(layout, value, column), _own_system(layout, row))
     if not any(m.get("role") != "system" for m in messages):
         raise LayoutError(
             f"column {column!r} holds only system turns: an empty conversation after conversion "
@@ -273,12 +281,7 @@ def _alpaca(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
             what = "instruction and input are" if key == "instruction" else "output is"
             raise LayoutError(f"{what} empty: an empty conversation after conversion ({layout.where(key)})")
     messages = [{"role": "user", "content": asked}, {"role": "assistant", "content": output}]
-    own = row.get(layout.columns["system"])
-    if own is not None and not isinstance(own, str):
-        raise LayoutError(
-            f"column {layout.columns['system']!r} is {_kind(own)}; expected a string ({layout.where('system')})"
-        )
-    return {"messages": _with_system(layout, messages, own)}
+    return {"messages": _with_system(layout, messages, _own_system(layout, row))}
 
 
 def _native(layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
