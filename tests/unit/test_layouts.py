@@ -432,3 +432,23 @@ def test_the_alpaca_example_converts_alpaca_rows_with_its_system_prompt(tmp_path
     first = convert_row(layout_of(local), ALPACA_ROW)["messages"]
     assert [m["role"] for m in first] == ["system", "user", "assistant"]
     assert first[0]["content"] == spec.dataset.system_prompt
+
+
+def test_training_without_preparation_loads_the_converted_rows(tmp_path: Path) -> None:
+    """The trainer where the platform turned preparation off reads the raw data itself: the same
+    conversion, through the datasets library, with only kubetune's columns left."""
+    from tests.e2e.conftest import trainer_config
+
+    from kubetune_api.trainer_config import TrainerConfig
+    from kubetune_trainer.sources.data import check_raw_data, raw_datasets
+
+    data = _jsonl(tmp_path / "sharegpt.jsonl", [SHAREGPT_ROW, {**SHAREGPT_ROW, "system": "Be exact."}] * 5)
+    dataset = {"path": str(data), "layout": "sharegpt", "evalFraction": 0.2}
+    cfg = TrainerConfig.load(trainer_config(tmp_path / "out", tmp_path / "no-model", dataset=dataset))
+    checked = check_raw_data(cfg)
+    train, evaluation, fmt = raw_datasets(cfg, checked)
+    assert (fmt, checked.converted, len(train), len(evaluation)) == ("messages", 10, 8, 2)
+    assert train.column_names == evaluation.column_names == ["messages"]
+    systems = {row["messages"][0]["content"] for row in train if row["messages"][0]["role"] == "system"}
+    assert systems == {"Be exact."}
+    assert all([m["role"] for m in row["messages"]][-2:] == ["user", "assistant"] for row in train)
