@@ -60,7 +60,8 @@ HINTS: dict[Refusal, str] = {
     Refusal.DATASET_EMPTY: "the data set (or the split spec.dataset names) has no rows: point "
     "spec.dataset at a file or split that holds examples",
     Refusal.DATASET_SCHEMA: "a row lacks what its format needs (the message names the column and row): "
-    "fix the data, or set spec.dataset.format to the format the rows have",
+    "fix the data, or set spec.dataset.format to the format the rows have, spec.dataset.layout to their "
+    "layout (sharegpt, alpaca), or spec.dataset.columns and roles to the data's own names",
     Refusal.DATASET_NOT_FOUND: "check spec.dataset.name/path and revision; a private data set needs "
     "spec.secrets.huggingFaceToken",
     Refusal.NO_ASSISTANT_TURNS: "spec.training.assistantOnlyLoss trains only on assistant turns, and "
@@ -126,6 +127,15 @@ class PreparationReport(ApiModel):
     tokenized_key: str = Field(description="Key of the tokenized data set on the volume.")
     tokenized_hash: str | None = Field(default=None, description="Content hash of the tokenized data.")
     reused: bool = Field(default=False, description="The tokenized data was already on the volume.")
+    dataset_layout: str = Field(
+        default="native",
+        description="The layout the rows were read in (spec.dataset.layout): native, sharegpt or alpaca.",
+    )
+    converted_rows: int = Field(
+        default=0,
+        description="Rows of the training and evaluation splits converted into kubetune's own columns "
+        "(spec.dataset.layout, columns, roles, systemPrompt); 0 when they were read as they are.",
+    )
     data: DataStats = Field(description="Examples, tokens and lengths.")
     estimate: Estimate | None = Field(default=None, description="Memory, speed, time and cost estimate.")
     seconds: float | None = Field(default=None, description="How long preparation took.")
@@ -138,10 +148,14 @@ class PreparationReport(ApiModel):
         ...     loss_token_fraction=0.4))
         >>> r.summary()
         '2,000 training examples, 1,500,000 tokens (3.1% truncated at maxLength)'
+        >>> r.model_copy(update={"dataset_layout": "sharegpt", "converted_rows": 2000}).summary()
+        '2,000 training examples, 1,500,000 tokens (3.1% truncated at maxLength); 2,000 rows converted from layout sharegpt'
         """
         d = self.data
         text = f"{d.train_examples:,} training examples, {d.tokens:,} tokens"
         text += f" ({100 * d.truncated_fraction:.1f}% truncated at maxLength)"
+        if self.converted_rows:
+            text += f"; {self.converted_rows:,} rows converted from layout {self.dataset_layout}"
         e = self.estimate
         if e is not None:
             hours = e.duration_seconds / 3600

@@ -145,6 +145,29 @@ def _source_rules(kind: str) -> list[Rule]:
     ]
 
 
+def _dataset_rules() -> list[Rule]:
+    """spec.dataset's own fields together (those that do nothing in some combination: :mod:`.rules_ignored`)."""
+    return [
+        Rule(
+            ("spec.dataset",),
+            "!(has(self.evalSplit) && has(self.evalFraction))",
+            "spec.dataset needs at most one of evalSplit or evalFraction",
+            lambda s: not (_has(s, "evalSplit") and _has(s, "evalFraction")),
+            field=".evalFraction",
+        ),
+        Rule(
+            ("spec.dataset",),
+            "self.layout == 'native' || self.format == 'auto' || self.format == 'messages'",
+            "spec.dataset.layout sharegpt and alpaca are converted into chat messages: spec.dataset.format "
+            "must be messages (or auto)",
+            lambda s: (
+                s.get("layout", "native") == "native" or s.get("format", "auto") in ("auto", "messages")
+            ),
+            field=".format",
+        ),
+    ]
+
+
 def _quantity_rule(place: str) -> Rule:
     return Rule(
         (place,),
@@ -412,13 +435,7 @@ def object_rules() -> tuple[Rule, ...]:
         *root,
         *_source_rules("model"),
         *_source_rules("dataset"),
-        Rule(
-            ("spec.dataset",),
-            "!(has(self.evalSplit) && has(self.evalFraction))",
-            "spec.dataset needs at most one of evalSplit or evalFraction",
-            lambda s: not (_has(s, "evalSplit") and _has(s, "evalFraction")),
-            field=".evalFraction",
-        ),
+        *_dataset_rules(),
         Rule(
             ("spec.training",),
             "has(self.epochs) != has(self.maxSteps)",

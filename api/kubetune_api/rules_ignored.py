@@ -37,9 +37,67 @@ WATCHDOG_DEFAULTS = (("spikeFactor", 3.0), ("patience", 3), ("window", 20))
 _CLAIM = "is only used when kubetune creates the claim (no existingClaim)"
 
 
+# spec.dataset.columns' fields each layout reads (spec.DatasetColumns): a field of another layout's is refused
+LAYOUT_COLUMNS = {
+    "native": ("messages", "role", "content", "prompt", "completion", "text"),
+    "sharegpt": ("messages", "role", "content", "system"),
+    "alpaca": ("instruction", "input", "output", "system"),
+}
+ALL_COLUMNS = tuple(dict.fromkeys(c for cs in LAYOUT_COLUMNS.values() for c in cs))
+
+
+def _layout_columns_rule(layout: str) -> Rule:
+    others = tuple(c for c in ALL_COLUMNS if c not in LAYOUT_COLUMNS[layout])
+    taken = LAYOUT_COLUMNS[layout]
+    named = ", ".join(taken[:-1]) + " and " + taken[-1]
+    return Rule(
+        ("spec.dataset",),
+        f"!has(self.columns) || self.layout != '{layout}' || !("
+        + " || ".join(f"has(self.columns.{c})" for c in others)
+        + ")",
+        f"spec.dataset.columns with layout {layout} names only {named} (the others are another layout's)",
+        lambda s: (
+            not _has(s, "columns")
+            or s.get("layout", "native") != layout
+            or not any(_has(s["columns"], c) for c in others)
+        ),
+        field=".columns",
+    )
+
+
+def _layout_rules() -> list[Rule]:
+    at = ("spec.dataset",)
+    return [
+        *(_layout_columns_rule(layout) for layout in LAYOUT_COLUMNS),
+        Rule(
+            at,
+            "!has(self.roles) || self.layout != 'alpaca'",
+            "spec.dataset.roles is not used with layout alpaca: its rows have no roles (the instruction is the "
+            "user's turn, the output the assistant's)",
+            lambda s: not _has(s, "roles") or s.get("layout", "native") != "alpaca",
+            field=".roles",
+        ),
+        Rule(
+            at,
+            "!has(self.roles) || self.format != 'text'",
+            "spec.dataset.roles is not used with format text: its rows have no turns",
+            lambda s: not _has(s, "roles") or s.get("format", "auto") != "text",
+            field=".roles",
+        ),
+        Rule(
+            at,
+            "!has(self.systemPrompt) || self.format == 'auto' || self.format == 'messages'",
+            "spec.dataset.systemPrompt is put into chat conversations: it needs format messages (or auto)",
+            lambda s: not _has(s, "systemPrompt") or s.get("format", "auto") in ("auto", "messages"),
+            field=".systemPrompt",
+        ),
+    ]
+
+
 def _dataset_rules() -> list[Rule]:
     at = ("spec.dataset",)
     return [
+        *_layout_rules(),
         Rule(
             at,
             "!has(self.revision) || self.revision == 'main' || has(self.name)",

@@ -99,6 +99,20 @@ class DatasetFormat(StrEnum):
     TEXT = "text"
 
 
+class DatasetLayout(StrEnum):
+    """How the rows hold their examples: kubetune's own columns, or a common layout converted to them."""
+
+    NATIVE = "native"
+    SHAREGPT = "sharegpt"
+    ALPACA = "alpaca"
+
+
+# The roles chat templates render; spec.dataset.roles maps a data set's own role names onto them.
+ChatRole = Literal["system", "user", "assistant", "tool"]
+# A column of the data, or a key of its turns
+ColumnName = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_CONTROL_PATTERN)]
+
+
 # --- references -----------------------------------------------------------------------------------
 
 
@@ -174,8 +188,44 @@ class ModelSource(ApiModel):
     )
 
 
+class DatasetColumns(ApiModel):
+    """Where the layout's fields are in the data, for data whose names differ from the layout's own
+    (each unset field: the layout's name, in parentheses)."""
+
+    messages: ColumnName | None = Field(
+        default=None,
+        description="Column that holds the conversation, a list of turns (native: messages; sharegpt: "
+        "conversations).",
+    )
+    role: ColumnName | None = Field(
+        default=None, description="Key of each turn that holds its role (native: role; sharegpt: from)."
+    )
+    content: ColumnName | None = Field(
+        default=None, description="Key of each turn that holds its text (native: content; sharegpt: value)."
+    )
+    system: ColumnName | None = Field(
+        default=None,
+        description="Column that holds a row's own system prompt (sharegpt and alpaca: system; used where a "
+        "row has one).",
+    )
+    instruction: ColumnName | None = Field(
+        default=None, description="Column of the instruction (alpaca: instruction)."
+    )
+    input: ColumnName | None = Field(
+        default=None,
+        description="Column of the instruction's optional input, appended to it (alpaca: input).",
+    )
+    output: ColumnName | None = Field(default=None, description="Column of the answer (alpaca: output).")
+    prompt: ColumnName | None = Field(default=None, description="Column of the prompt (native: prompt).")
+    completion: ColumnName | None = Field(
+        default=None, description="Column of the completion (native: completion)."
+    )
+    text: ColumnName | None = Field(default=None, description="Column of the text (native: text).")
+
+
 class DatasetSource(ApiModel):
-    """The training data: a Hub data set, or a JSONL/Parquet file or folder on a volume."""
+    """The training data: a Hub data set, or a JSONL/Parquet file or folder on a volume, in kubetune's
+    own layout or one converted to it (layout, columns, roles, systemPrompt) by the preparation step."""
 
     name: Annotated[str, Field(max_length=200, pattern=HUB_ID_PATTERN)] | None = Field(
         default=None, description="Hugging Face Hub data set id, e.g. trl-lib/Capybara."
@@ -198,6 +248,28 @@ class DatasetSource(ApiModel):
     format: DatasetFormat = Field(
         default=DatasetFormat.AUTO,
         description="Row format: messages (chat), promptCompletion, text, or auto (detected from columns).",
+    )
+    layout: DatasetLayout = Field(
+        default=DatasetLayout.NATIVE,
+        description="How the rows hold their examples: native (kubetune's columns: messages, prompt and "
+        "completion, or text), sharegpt (a 'conversations' list of turns {from, value}, roles human, gpt and "
+        "system) or alpaca (instruction, optional input, output, optional system). sharegpt and alpaca are "
+        "converted into chat messages before tokenizing (format messages).",
+    )
+    columns: DatasetColumns | None = Field(
+        default=None,
+        description="The data's own names for the layout's columns and turn keys, where they differ "
+        "(e.g. messages: dialog, role: speaker).",
+    )
+    roles: Annotated[dict[str, ChatRole], Field(max_length=32)] | None = Field(
+        default=None,
+        description="The data's role names mapped onto system, user, assistant or tool (e.g. human: user, "
+        "bot: assistant); sharegpt maps human, gpt and system itself. A role left unmapped that is none of "
+        "the four is refused.",
+    )
+    system_prompt: Annotated[str, Field(min_length=1, max_length=16384)] | None = Field(
+        default=None,
+        description="A system message put first in each conversation that has none (chat data only).",
     )
     eval_split: Annotated[str, Field(min_length=1, max_length=100, pattern=NO_CONTROL_PATTERN)] | None = (
         Field(default=None, description="Split to evaluate on (e.g. test).")

@@ -57,6 +57,11 @@ def render_report(report: PreparationReport) -> list[str]:
         + (" (tokenized data reused)" if report.reused else "")
         + (f" in {report.seconds:.1f}s" if report.seconds is not None else ""),
         f"  examples        {examples}",
+        *(
+            [f"  converted       {report.converted_rows:,} rows from layout {report.dataset_layout}"]
+            if report.converted_rows
+            else []
+        ),
         f"  tokens          {d.tokens:,} an epoch (after truncation)",
         f"  length          p50 {d.length_p50:,}  p95 {d.length_p95:,}  max {d.length_max:,} tokens",
         f"  truncated       {_percent(d.truncated_fraction)} of the examples cut at maxLength",

@@ -22,6 +22,10 @@ pytestmark = [pytest.mark.e2e]
 
 NO_MODEL = "/nonexistent/kubetune-test-model"
 ROLES = "'system', 'user', 'assistant', 'tool'"
+SHAREGPT_HINT = (
+    "; these are ShareGPT's role names: map them in spec.dataset.roles (human: user, gpt: assistant), "
+    "or set spec.dataset.layout: sharegpt for ShareGPT's own columns (conversations, from, value)"
+)
 MESSAGES = 'a list of messages, each {"role": ..., "content": "..."}'
 
 
@@ -54,15 +58,24 @@ CASES: dict[str, tuple[str, str, str | None, str]] = {
         "sharegpt.jsonl",
         _human_bot() + "\n",
         "messages",
-        f" line 1: messages[0] has role 'human'; expected one of {ROLES} (format messages, as "
-        "spec.dataset.format says)",
+        f" line 1: messages[0] has role 'human'; expected one of {ROLES}{SHAREGPT_HINT} (format messages, "
+        "as spec.dataset.format says)",
+    ),
+    "ShareGPT's columns without its layout": (
+        "conversations.jsonl",
+        json.dumps({"conversations": [{"from": "human", "value": "hot?"}, {"from": "gpt", "value": "cold"}]})
+        + "\n",
+        None,
+        ": cannot tell the dataset format from its columns ['conversations']: expected 'messages', "
+        "'prompt' + 'completion', or 'text' (or set spec.dataset.format); the columns are ShareGPT's: set "
+        "spec.dataset.layout: sharegpt",
     ),
     "an unknown role deep in the file": (
         "late.jsonl",
         "\n".join([*_chat(6), _human_bot().replace('"human"', '"user"')]) + "\n",
         None,
-        f" line 7: messages[1] has role 'bot'; expected one of {ROLES} "
-        "(format messages, detected from the columns ['messages'])",
+        f" line 7: messages[1] has role 'bot'; expected one of {ROLES}; map it onto one of them in "
+        "spec.dataset.roles (e.g. bot: assistant) (format messages, detected from the columns ['messages'])",
     ),
     "a row that is not an object": (
         "list.jsonl",

@@ -56,6 +56,10 @@ def _data_volume(path: str = "/data/train.jsonl", **volume: Any) -> Change:
     }
 
 
+def _layout(layout: str, **fields: Any) -> Change:
+    return {"spec.dataset.layout": layout, **{f"spec.dataset.{k}": v for k, v in fields.items()}}
+
+
 def _env(*items: dict[str, Any]) -> Change:
     return {"spec.env": list(items)}
 
@@ -750,6 +754,41 @@ INVALID: list[Case] = [
         "spec.training.lossWatchdog.enabled",
     ),
     _C("merge-lora-off-with-full", {"spec.registration.mergeLora": False}, "spec.registration.mergeLora"),
+    # --- data set layouts (issue 34 item 3): each layout's own columns, roles where rows have them ---
+    _C("layout-unknown", {"spec.dataset.layout": "openai"}, "spec.dataset.layout"),
+    _C(
+        "layout-sharegpt-as-text",
+        {"spec.dataset.layout": "sharegpt", "spec.dataset.format": "text"},
+        "spec.dataset.format",
+    ),
+    _C(
+        "layout-alpaca-prompt-completion",
+        {"spec.dataset.layout": "alpaca", "spec.dataset.format": "promptCompletion"},
+        "spec.dataset.format",
+    ),
+    _C("columns-prompt-with-sharegpt", _layout("sharegpt", columns={"prompt": "q"}), "spec.dataset.columns"),
+    _C(
+        "columns-messages-with-alpaca",
+        _layout("alpaca", columns={"messages": "turns"}),
+        "spec.dataset.columns",
+    ),
+    _C("columns-instruction-native", _layout("native", columns={"instruction": "q"}), "spec.dataset.columns"),
+    _C("columns-system-native", _layout("native", columns={"system": "sys"}), "spec.dataset.columns"),
+    _C("columns-empty-name", _layout("sharegpt", columns={"messages": ""}), "spec.dataset.columns.messages"),
+    _C("columns-newline", _layout("alpaca", columns={"output": "a\nb"}), "spec.dataset.columns.output"),
+    _C("roles-with-alpaca", _layout("alpaca", roles={"human": "user"}), "spec.dataset.roles"),
+    _C(
+        "roles-with-text",
+        {"spec.dataset.format": "text", "spec.dataset.roles": {"human": "user"}},
+        "spec.dataset.roles",
+    ),
+    _C("roles-to-unknown-role", _layout("sharegpt", roles={"bot": "robot"}), "spec.dataset.roles"),
+    _C(
+        "system-prompt-with-prompt-completion",
+        {"spec.dataset.format": "promptCompletion", "spec.dataset.systemPrompt": "Be brief."},
+        "spec.dataset.systemPrompt",
+    ),
+    _C("system-prompt-empty", {"spec.dataset.systemPrompt": ""}, "spec.dataset.systemPrompt"),
     # --- budgets ---
     _C("budget-empty", {"spec.budget": {}}, "spec.budget"),
     _C("budget-register-only", {"spec.budget": {"register": False}}, "spec.budget"),
@@ -778,6 +817,35 @@ VALID: list[Case] = [
         "",
     ),
     _C("subset-dotted", {"spec.dataset.subset": "20231101.en"}, ""),
+    # data set layouts: each with its own columns, roles and a system prompt
+    _C("layout-native-default", {"spec.dataset.layout": "native"}, ""),
+    _C(
+        "layout-sharegpt-mapped",
+        _layout(
+            "sharegpt",
+            columns={"messages": "dialog", "role": "speaker", "content": "text", "system": "sys"},
+            roles={"bot": "assistant", "human": "user", "function": "tool"},
+            systemPrompt="You are a helpful assistant.\nAnswer briefly.",
+        ),
+        "",
+    ),
+    _C(
+        "layout-alpaca-mapped",
+        {
+            **_layout("alpaca", columns={"instruction": "q", "input": "context", "output": "a"}),
+            "spec.dataset.format": "auto",
+        },
+        "",
+    ),
+    _C(
+        "layout-native-renamed",
+        {
+            **_layout("native", columns={"prompt": "question", "completion": "answer"}),
+            "spec.dataset.format": "promptCompletion",
+        },
+        "",
+    ),
+    _C("layout-native-roles", _layout("native", roles={"human": "user", "gpt": "assistant"}), ""),
     # ... each field of rules_ignored where it has its effect, or at its default
     _C("data-seed-with-eval-fraction", {"spec.dataset.seed": 7}, ""),
     _C("data-path-main-revision", {**_data_volume(), "spec.dataset.revision": "main"}, ""),

@@ -86,6 +86,12 @@ def test_a_report_without_estimate_or_revisions() -> None:
     assert "(peak estimate, DOES NOT FIT)" in text and "8 x NVIDIA-H100-80GB-HBM3\n" in text
 
 
+def test_rows_converted_from_another_layout_are_a_line_of_their_own() -> None:
+    assert not any("converted" in line for line in render_report(REPORT))
+    lines = render_report(REPORT.model_copy(update={"dataset_layout": "alpaca", "converted_rows": 16_000}))
+    assert lines[2] == "  converted       16,000 rows from layout alpaca"
+
+
 def test_the_refusal_lines_say_why_and_what_to_do() -> None:
     lines = render_refusal(
         PreparationRefusal.of(Refusal.MOSTLY_TRUNCATED, "72% of 1,000 examples are longer")

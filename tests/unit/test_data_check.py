@@ -21,6 +21,11 @@ from kubetune_trainer.sources.data_check import (
 from kubetune_trainer.volume import checkpoints
 
 ROLES = "'system', 'user', 'assistant', 'tool'"
+# what a refusal of ShareGPT's role names in kubetune's own layout suggests
+SHAREGPT_HINT = (
+    "; these are ShareGPT's role names: map them in spec.dataset.roles (human: user, gpt: assistant), "
+    "or set spec.dataset.layout: sharegpt for ShareGPT's own columns (conversations, from, value)"
+)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +66,7 @@ ROLES = "'system', 'user', 'assistant', 'tool'"
         (
             {"messages": [{"role": "gpt", "content": "hi"}]},
             "messages",
-            f"messages[0] has role 'gpt'; expected one of {ROLES}",
+            f"messages[0] has role 'gpt'; expected one of {ROLES}{SHAREGPT_HINT}",
         ),
         (
             {"messages": [{"role": "user"}]},
@@ -108,8 +113,8 @@ def test_a_json_array_file_and_parquet_are_checked_row_by_row(tmp_path: Path) ->
     with pytest.raises(DataError) as e:
         check_files(DatasetSource(path=str(array)))
     assert str(e.value) == (
-        f"{array} row 2: messages[0] has role 'bot'; expected one of {ROLES} "
-        "(format messages, detected from the columns ['messages'])"
+        f"{array} row 2: messages[0] has role 'bot'; expected one of {ROLES}; map it onto one of them "
+        "in spec.dataset.roles (e.g. bot: assistant) (format messages, detected from the columns ['messages'])"
     )
 
     import pyarrow as pa
@@ -285,6 +290,6 @@ def test_a_hub_data_sets_rows_are_checked_as_loaded() -> None:
     with pytest.raises(DataError) as e:
         check_loaded(Dataset.from_list(good), Dataset.from_list(bad), src)
     assert str(e.value) == (
-        f"org/chat split 'test' row 2: messages[0] has role 'human'; expected one of {ROLES} "
+        f"org/chat split 'test' row 2: messages[0] has role 'human'; expected one of {ROLES}{SHAREGPT_HINT} "
         "(format messages, detected from the columns ['messages'])"
     )

@@ -309,3 +309,89 @@ def test_a_data_file_changed_in_place_is_prepared_again(tmp_path: Path, tiny_mod
     assert (first.data.train_examples, second.data.train_examples) == (100, 50)
     assert not second.reused and second.tokenized_key != first.tokenized_key
     assert second.dataset_hash != first.dataset_hash
+
+
+def _sharegpt_rows(path: Path) -> Path:
+    """TINY_DATA's conversations in ShareGPT's layout (conversations of {from, value}, human/gpt)."""
+    names = {"user": "human", "assistant": "gpt", "system": "system"}
+    rows = [json.loads(line) for line in TINY_DATA.read_text().splitlines() if line.strip()]
+    return write(
+        path / "sharegpt.jsonl",
+        [
+            {
+                "id": n,
+                "conversations": [{"from": names[m["role"]], "value": m["content"]} for m in r["messages"]],
+            }
+            for n, r in enumerate(rows)
+        ],
+    )
+
+
+def test_a_sharegpt_data_set_is_converted_once_and_tokenized_as_its_native_twin(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """Issue 34 item 3: the same conversations in ShareGPT's layout and in kubetune's give the same
+    tokens and labels; the report says the layout and how many rows were converted."""
+    from datasets import load_from_disk
+
+    from kubetune_trainer.preparation.prepare import prepare
+    from kubetune_trainer.sources.prepared import prepared
+
+    sharegpt_data = {"path": str(_sharegpt_rows(tmp_path)), "layout": "sharegpt", "evalFraction": 0.1}
+    sharegpt = TrainerConfig.load(
+        trainer_config(tmp_path / "sharegpt" / "out", tiny_model, dataset=sharegpt_data, maxLength=64)
+    )
+    native = TrainerConfig.load(
+        trainer_config(
+            tmp_path / "native" / "out",
+            tiny_model,
+            dataset={"path": str(TINY_DATA), "evalFraction": 0.1},
+            maxLength=64,
+        )
+    )
+    ours, theirs = prepare(sharegpt), prepare(native)
+    rows = len([line for line in TINY_DATA.read_text().splitlines() if line.strip()])
+    assert (ours.dataset_layout, ours.converted_rows) == ("sharegpt", rows)
+    assert (theirs.dataset_layout, theirs.converted_rows) == ("native", 0)
+    assert f"; {rows:,} rows converted from layout sharegpt" in ours.summary()
+    assert ours.tokenized_key != theirs.tokenized_key
+    a, b = prepared(sharegpt), prepared(native)
+    assert a is not None and b is not None and a.format == b.format == "messages"
+    for mine, twin in ((a.train_dir, b.train_dir), (a.eval_dir, b.eval_dir)):
+        assert mine is not None and twin is not None
+        x, y = load_from_disk(str(mine)), load_from_disk(str(twin))
+        assert x["input_ids"] == y["input_ids"] and x["labels"] == y["labels"]
+    manifest = json.loads((Path(sharegpt.output_dir) / MANIFEST_FILE).read_text())
+    assert (manifest["data"]["layout"], manifest["data"]["convertedRows"]) == ("sharegpt", rows)
+
+
+def test_an_alpaca_data_set_with_a_system_prompt_is_prepared_and_its_bad_rows_refused(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from kubetune_trainer.preparation.prepare import prepare
+
+    rows = [{"instruction": f"Add {i} and 1.", "input": "", "output": f"{i + 1}"} for i in range(12)]
+    data = write(tmp_path / "alpaca.jsonl", rows)
+    dataset = {"path": str(data), "layout": "alpaca", "systemPrompt": "You add numbers."}
+    cfg = TrainerConfig.load(trainer_config(tmp_path / "out", tiny_model, dataset=dataset))
+    report = prepare(cfg)
+    assert (report.data.train_examples, report.dataset_layout, report.converted_rows) == (12, "alpaca", 12)
+    plain = TrainerConfig.load(
+        trainer_config(tmp_path / "plain", tiny_model, dataset={**dataset, "systemPrompt": None})
+    )
+    # the system prompt is in the tokens: another prompt, other tokens (never the stale ones)
+    assert prepare(plain).tokenized_key != report.tokenized_key
+    assert prepare(plain).data.tokens < report.data.tokens
+
+    write(data, [*rows, {"instruction": "Add.", "output": ""}])
+    r = refused(TrainerConfig.load(trainer_config(tmp_path / "again", tiny_model, dataset=dataset)))
+    assert r.reason == Refusal.DATASET_SCHEMA and r.hint == HINTS[r.reason]
+    assert r.message == (
+        f"{data} line 13: output is empty: an empty conversation after conversion (spec.dataset.layout alpaca)"
+    )
+    missing = {**dataset, "columns": {"output": "answer"}}
+    r = refused(TrainerConfig.load(trainer_config(tmp_path / "missing", tiny_model, dataset=missing)))
+    assert (
+        r.reason == Refusal.DATASET_SCHEMA
+        and "spec.dataset.columns.output names column 'answer'" in r.message
+    )

@@ -26,6 +26,13 @@ REFUSED = {
     "warmup-ratio-with-constant",
     "watchdog-settings-while-off",
     "merge-lora-off-with-full",
+    "columns-prompt-with-sharegpt",
+    "columns-messages-with-alpaca",
+    "columns-instruction-native",
+    "columns-system-native",
+    "roles-with-alpaca",
+    "roles-with-text",
+    "system-prompt-with-prompt-completion",
 }
 ADMITTED = {
     "data-seed-with-eval-fraction",
@@ -37,6 +44,10 @@ ADMITTED = {
     "watchdog-tuned",
     "merge-lora-off-with-lora",
     "registration-off-with-alias-and-gate",
+    "layout-sharegpt-mapped",
+    "layout-alpaca-mapped",
+    "layout-native-renamed",
+    "layout-native-roles",
 }
 
 

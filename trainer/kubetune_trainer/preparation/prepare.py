@@ -12,7 +12,9 @@ reports and why it refuses are the contract of :mod:`kubetune_api.preparation`:
    ``registered``: the version an alias resolves to, downloaded from MLflow) is put in place by
    :mod:`..sources.chain` (``prepared/start.json``), and its tokenizer tokenizes the data;
 2. the data: read and checked row by row as the trainer reads it (:mod:`..sources.data_check`,
-   :func:`..sources.data.raw_datasets`: format detection, splits, eval fraction), then tokenized with
+   :func:`..sources.data.raw_datasets`: a ShareGPT or Alpaca layout, renamed columns and roles
+   converted into kubetune's own columns by :mod:`..sources.layout`, format detection, splits, eval
+   fraction), then tokenized with
    TRL's own dataset preparation (chat template, assistant and completion masks, labels) and saved
    with ``save_to_disk`` under ``prepared/data/<key>/``, ``key`` a hash of everything that changes
    the tokens. The trainer hands these to TRL, which packs or truncates them as it would have
@@ -358,7 +360,12 @@ def load(cfg: TrainerConfig, root: Path) -> tuple[DataCheck, Any, Any, str]:
         raise Refused(Refusal.DATASET_EMPTY, f"{where}: split {src.split!r} has no rows")
     if identity is not None:
         checked = DataCheck(
-            format=fmt, data_hash=identity.data_hash, revision=identity.revision, rows=checked.rows
+            format=fmt,
+            data_hash=identity.data_hash,
+            revision=identity.revision,
+            rows=checked.rows,
+            layout=checked.layout,
+            converted=checked.converted,
         )
     return checked, train, evaluation, fmt
 
@@ -551,6 +558,8 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
         tokenized_key=key,
         tokenized_hash=tokenized_hash,
         reused=reused,
+        dataset_layout=checked.layout,
+        converted_rows=checked.converted,
         data=data,
         estimate=est,
         seconds=round(time.monotonic() - started, 1),
@@ -563,6 +572,8 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
             "revision": checked.revision,
             "dataHash": checked.data_hash,
             "format": fmt,
+            "layout": checked.layout,
+            "convertedRows": checked.converted,
             "key": key,
             "tokenizerHash": tok_hash,
             "tokenizedHash": tokenized_hash,

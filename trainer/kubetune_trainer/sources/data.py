@@ -20,6 +20,7 @@ from .. import settings
 from . import data_check
 from .data_check import COLUMNS, DataCheck, DataError
 from .data_check import data_files as _data_files
+from .layout import LayoutError, convert_dataset, layout_of
 
 
 def load_splits(src: DatasetSource, *, revision: str | None = None) -> tuple[Any, Any]:
@@ -76,10 +77,25 @@ def check_raw_data(cfg: TrainerConfig) -> DataCheck:
     )
 
 
+def converted(src: DatasetSource, train: Any, evaluation: Any) -> tuple[Any, Any]:
+    """The loaded splits in kubetune's own columns (spec.dataset.layout, columns, roles, systemPrompt):
+    the one conversion (:mod:`.layout`), here for every reader of the raw data."""
+    layout = layout_of(src)
+    label = f"{src.name or src.path}"
+    try:
+        return (
+            convert_dataset(layout, train, f"{label} split {src.split!r}"),
+            convert_dataset(layout, evaluation, f"{label} split {src.eval_split or 'eval'!r}"),
+        )
+    except LayoutError as e:
+        raise DataError(str(e)) from None
+
+
 def raw_datasets(cfg: TrainerConfig, checked: DataCheck) -> tuple[Any, Any, str]:
-    """The splits as the spec's source holds them now (what preparation tokenizes)."""
+    """The splits as the spec's source holds them now, in kubetune's own columns (what preparation
+    tokenizes)."""
     src = cfg.spec.dataset
-    train, evaluation = load_splits(src, revision=checked.revision)
+    train, evaluation = converted(src, *load_splits(src, revision=checked.revision))
     if checked.format is not None:
         fmt = checked.format  # every row was read and checked already
     else:

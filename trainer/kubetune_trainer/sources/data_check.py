@@ -7,7 +7,12 @@ from the columns of the training split), and every row of the splits that train 
 hold what that format needs. The first problem ends the run with a :class:`DataError` whose message
 names the file, the line (or row), the column or message role, and what was expected::
 
-    data/chat.jsonl line 7: messages[0] has role 'human'; expected one of 'system', 'user', 'assistant', 'tool'
+    data/chat.jsonl line 7: messages[0] has role 'bot'; expected one of 'system', 'user', 'assistant', 'tool'; map it onto one of them in spec.dataset.roles (e.g. bot: assistant)
+
+Data in another layout (``spec.dataset.layout``: ShareGPT, Alpaca, or renamed columns and roles) is
+converted row by row first (:mod:`.layout`), so its problems name the data's own columns and the
+spec field to change; a refusal of rows in kubetune's own layout says which layout the columns or
+role names look like.
 
 Such errors exit with code 2 (:data:`EXIT_BAD_INPUT`; the operator treats 1-127 as permanent) and
 print no traceback. Hub data sets are checked the same way once loaded, still before the model.
@@ -17,8 +22,8 @@ files' contents (and, for a folder, their names in it), or the resolved commit o
 It is written into every COMPLETE marker next to the training hash, so that a checkpoint is
 resumed only by the same training on the same data.
 
->>> problem_in_row({"messages": [{"role": "human", "content": "hi"}]}, "messages")
-"messages[0] has role 'human'; expected one of 'system', 'user', 'assistant', 'tool'"
+>>> problem_in_row({"messages": [{"role": "bot", "content": "hi"}]}, "messages")
+"messages[0] has role 'bot'; expected one of 'system', 'user', 'assistant', 'tool'; map it onto one of them in spec.dataset.roles (e.g. bot: assistant)"
 >>> problem_in_row({"text": 3}, "text")
 "column 'text' is a number; expected a string"
 """
@@ -35,18 +40,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubetune_api.spec import DatasetFormat, DatasetSource
+from kubetune_api.spec import DatasetFormat, DatasetLayout, DatasetSource
 
 from ..mlflow.run import redact
+from .layout import (
+    KNOWN_ROLES,
+    Layout,
+    LayoutError,
+    columns_problem,
+    convert_row,
+    layout_hint,
+    layout_of,
+    role_hint,
+)
 
 log = logging.getLogger(__name__)
 
 # Input the user has to fix (data, manifest, trainer config): a message, exit code 2, no traceback.
 EXIT_BAD_INPUT = 2
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-# The roles chat templates render (ChatML, Qwen, Llama): anything else is a mistake in the data
-# (ShareGPT's human/gpt, a bot, a typo) that would train silently as text nobody asked for.
-KNOWN_ROLES = ("system", "user", "assistant", "tool")
+# The roles chat templates render (ChatML, Qwen, Llama; layout.KNOWN_ROLES): anything else is a mistake
+# in the data (ShareGPT's human/gpt unconverted, a bot, a typo) that would train silently as text
+# nobody asked for.
 COLUMNS = {
     DatasetFormat.MESSAGES: ("messages",),
     DatasetFormat.PROMPT_COMPLETION: ("prompt", "completion"),
@@ -73,6 +88,8 @@ class DataCheck:
     data_hash: str | None
     revision: str | None = None
     rows: dict[str, int] = field(default_factory=dict)
+    layout: str = DatasetLayout.NATIVE
+    converted: int = 0  # rows of the training and eval splits converted into kubetune's columns
 
 
 def validation_lines(error: Any) -> list[str]:
@@ -264,7 +281,8 @@ def _message_problem(message: Any, label: str) -> str | None:
     if role is None:
         return f"{label} has no 'role'; expected one of {roles}"
     if role not in KNOWN_ROLES:
-        return f"{label} has role {role!r}; expected one of {roles}"
+        hint = role_hint(role) if isinstance(role, str) else ""
+        return f"{label} has role {role!r}; expected one of {roles}{hint}"
     content = message.get("content")
     if content is None and role == "assistant" and message.get("tool_calls"):
         return None  # a tool call: no text
@@ -326,7 +344,10 @@ def detect_format(columns: list[str], declared: str) -> str:
         needed = COLUMNS[DatasetFormat(declared)]
         missing = [c for c in needed if c not in columns]
         if missing:
-            raise DataError(f"dataset format {declared} needs column(s) {missing}; the data has {columns}")
+            raise DataError(
+                f"dataset format {declared} needs column(s) {missing}; the data has {columns}"
+                + layout_hint(columns)
+            )
         return declared
     if "messages" in columns:
         return DatasetFormat.MESSAGES
@@ -336,7 +357,7 @@ def detect_format(columns: list[str], declared: str) -> str:
         return DatasetFormat.TEXT
     raise DataError(
         f"cannot tell the dataset format from its columns {columns}: expected 'messages', "
-        "'prompt' + 'completion', or 'text' (or set spec.dataset.format)"
+        "'prompt' + 'completion', or 'text' (or set spec.dataset.format)" + layout_hint(columns)
     )
 
 
@@ -346,12 +367,24 @@ class _Scan:
     is known only when every row's columns are)."""
 
     assistant_only_loss: bool
+    layout: Layout
     columns: list[str] = field(default_factory=list)
     rows: int = 0
     first_problem: dict[str, str] = field(default_factory=dict)
+    raw_columns: list[str] = field(default_factory=list)  # the data's own, before conversion
+    conversion_problem: str | None = None
 
     def add(self, label: str, where: str, row: dict[str, Any]) -> None:
         self.rows += 1
+        if self.layout.converts:
+            for column in row:
+                if column not in self.raw_columns:
+                    self.raw_columns.append(column)
+            try:
+                row = convert_row(self.layout, row)
+            except LayoutError as e:
+                self.conversion_problem = self.conversion_problem or f"{label} {where}: {e}"
+                return
         for column in row:
             if column not in self.columns:
                 self.columns.append(column)
@@ -361,16 +394,34 @@ class _Scan:
                 if problem:
                     self.first_problem[fmt] = f"{label} {where}: {problem}"
 
+    def raise_conversion_problem(self, path: Path, split: str) -> None:
+        """A column the layout reads that the split lacks, else the first row that did not convert."""
+        problem = columns_problem(self.layout, self.raw_columns)
+        if problem:
+            raise DataError(f"{path}: split {split!r}: {problem}")
+        if self.conversion_problem:
+            raise DataError(self.conversion_problem)
+
     def raise_problem(self, fmt: str, how: str) -> None:
         problem = self.first_problem.get(fmt)
         if problem:
             raise DataError(f"{problem} (format {fmt}, {how})")
 
 
-def _how(declared: str, columns: list[str]) -> str:
+def _how(declared: str, columns: list[str], layout: Layout | None = None) -> str:
+    if layout is not None and layout.name != DatasetLayout.NATIVE:
+        return f"converted from layout {layout.name}"
     if declared != DatasetFormat.AUTO:
         return "as spec.dataset.format says"
     return f"detected from the columns {columns}"
+
+
+def _check_system_prompt(layout: Layout, where: str, fmt: str) -> None:
+    if layout.system_prompt and fmt != DatasetFormat.MESSAGES:
+        raise DataError(
+            f"{where}: spec.dataset.systemPrompt is put into chat conversations (a 'messages' column); "
+            f"the data is in format {fmt}"
+        )
 
 
 def _check_eval_fraction(src: DatasetSource, where: str, rows: int) -> None:
@@ -391,12 +442,16 @@ def check_files(src: DatasetSource, *, assistant_only_loss: bool = False) -> Dat
         raise DataError(f"{path}: dataset has no split {src.split!r} (it has {sorted(splits)})")
     if src.eval_split and src.eval_split not in splits:
         raise DataError(f"{path}: dataset has no eval split {src.eval_split!r} (it has {sorted(splits)})")
+    layout = layout_of(src)
+    used = [src.split] + ([src.eval_split] if src.eval_split else [])
     scans: dict[str, _Scan] = {}
     for split, files in splits.items():
-        scan = scans[split] = _Scan(assistant_only_loss=assistant_only_loss)
+        scan = scans[split] = _Scan(assistant_only_loss=assistant_only_loss, layout=layout)
         for file in files:
             for where, row in file_rows(file):
                 scan.add(str(file), where, row)
+    for split in used:
+        scans[split].raise_conversion_problem(path, split)
     train = scans[src.split]
     declared = str(src.format)
     try:
@@ -408,12 +463,17 @@ def check_files(src: DatasetSource, *, assistant_only_loss: bool = False) -> Dat
             f"{path}: spec.training.assistantOnlyLoss needs chat data (a 'messages' column); "
             f"the data is in format {fmt}"
         )
-    used = [src.split] + ([src.eval_split] if src.eval_split else [])
+    _check_system_prompt(layout, str(path), fmt)
     for split in used:
-        scans[split].raise_problem(fmt, _how(declared, train.columns))
+        scans[split].raise_problem(fmt, _how(declared, train.columns, layout))
     _check_eval_fraction(src, str(path), train.rows)
+    rows = {split: scans[split].rows for split in used}
     return DataCheck(
-        format=fmt, data_hash=content_hash(path), rows={split: scans[split].rows for split in used}
+        format=fmt,
+        data_hash=content_hash(path),
+        rows=rows,
+        layout=layout.name,
+        converted=sum(rows.values()) if layout.converts else 0,
     )
 
 
@@ -424,6 +484,7 @@ def check_loaded(
     label = f"{src.name or src.path}"
     columns = list(train.column_names)
     declared = str(src.format)
+    layout = layout_of(src)
     try:
         fmt = detect_format(columns, declared)
     except DataError as e:
@@ -433,6 +494,7 @@ def check_loaded(
             f"{label}: spec.training.assistantOnlyLoss needs chat data (a 'messages' column); "
             f"the data is in format {fmt}"
         )
+    _check_system_prompt(layout, label, fmt)
     for split, data in ((src.split, train), (src.eval_split or "eval", evaluation)):
         if data is None:
             continue
@@ -441,7 +503,7 @@ def check_loaded(
             problem = problem_in_row(row, fmt, assistant_only_loss=assistant_only_loss)
             if problem:
                 raise DataError(
-                    f"{label} split {split!r} row {n}: {problem} (format {fmt}, {_how(declared, columns)})"
+                    f"{label} split {split!r} row {n}: {problem} (format {fmt}, {_how(declared, columns, layout)})"
                 )
     return fmt
 

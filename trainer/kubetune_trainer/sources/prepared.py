@@ -21,6 +21,7 @@ from kubetune_api.trainer_config import TrainerConfig
 from . import chain
 from .chat import CHATML_TEMPLATE
 from .data_check import BadInputError, DataCheck, splits_of
+from .layout import layout_of
 
 # Bump when the tokenized layout or its meaning changes: older prepared data is then not reused.
 LAYOUT_VERSION = 1
@@ -91,6 +92,9 @@ def tokenization_key(cfg: TrainerConfig, tok_hash: str, data_hash: str | None, f
         "format": fmt,
         "assistantOnlyLoss": t.assistant_only_loss,
     }
+    conversion = layout_of(src).identity()
+    if conversion is not None:  # only when rows are converted: the keys of native data stay as they were
+        parts["conversion"] = conversion
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
