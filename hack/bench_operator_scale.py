@@ -385,7 +385,7 @@ class PreparationStandIn:
 
     def _watch(self) -> None:
         from kubernetes import watch
-        from tests.support.podrunner import node_started
+        from tests.support.podrunner import node_started, now
 
         w = watch.Watch()
         selector = f"{LABEL_COMPONENT}={PREPARATION}"
@@ -398,10 +398,10 @@ class PreparationStandIn:
             if pod.metadata.uid in self._seen or pod.metadata.deletion_timestamp or not node_started(pod):
                 continue
             self._seen.add(pod.metadata.uid)
-            started = pod.status.container_statuses[0].state.running.started_at
+            running = [cs.state.running.started_at for cs in pod.status.container_statuses or []]
+            started = running[0].strftime("%Y-%m-%dT%H:%M:%SZ") if running and running[0] else now()
             containers = [(c.name, c.image) for c in pod.spec.containers]
-            item = (time.monotonic() + self.hold, pod.metadata.name, pod.metadata.uid, containers,
-                    started.strftime("%Y-%m-%dT%H:%M:%SZ"))  # fmt: skip
+            item = (time.monotonic() + self.hold, pod.metadata.name, pod.metadata.uid, containers, started)
             with self._ready:
                 heapq.heappush(self._due, item)
                 self._ready.notify()
