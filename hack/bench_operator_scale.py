@@ -813,14 +813,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             if spy is not None:
                 result["profile"] = top_frames(work / "profile.txt")
-            errors = [
-                line
-                for line in operator_log.read_text(errors="replace").splitlines()
-                if '"levelname": "ERROR"' in line or "Traceback" in line
-            ]
+            errors, temporary = log_errors(operator_log.read_text(errors="replace"))
             result["operator_errors"] = len(errors)
             result["operator_error_sample"] = errors[:3]
-            result["operator_temporary_errors"] = operator_log.read_text(errors="replace").count("will retry")
+            result["operator_temporary_errors"] = temporary
             if args.keep:
                 result["workdir"] = str(work)
             return result
@@ -834,6 +830,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 import shutil
 
                 shutil.rmtree(work, ignore_errors=True)
+
+
+def log_errors(text: str) -> tuple[list[str], int]:
+    """The operator's errors in its JSON log (kopf's ``severity``), and apart from them how many
+    were a handler's temporary error (kopf logs ``failed temporarily`` at error level: a retry)."""
+    errors: list[str] = []
+    temporary = 0
+    for line in text.splitlines():
+        if "failed temporarily" in line or "will retry" in line:
+            temporary += 1
+        elif '"severity": "error"' in line or '"severity": "critical"' in line or "Traceback" in line:
+            errors.append(line)
+    return errors, temporary
 
 
 def _source(source: Path | None) -> str:

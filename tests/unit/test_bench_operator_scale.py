@@ -185,3 +185,17 @@ def test_the_labels_it_follows_are_the_operators() -> None:
     assert bench.LABEL_JOB == builders.LABEL_JOB
     assert bench.LABEL_COMPONENT == builders.LABEL_COMPONENT
     assert bench.PREPARATION == builders.COMPONENT_PREPARATION
+
+
+def test_the_operator_s_errors_are_read_from_its_json_log_apart_from_retries() -> None:
+    log = "\n".join(
+        [
+            '{"message": "Handler \'finetunejob_changed\' succeeded.", "severity": "info"}',
+            '{"message": "Handler \'finetunejob_changed\' failed temporarily: waiting", "severity": "error"}',
+            '{"message": "Handler \'pytorchjob_event\' failed with an exception.", "severity": "error"}',
+            "Traceback (most recent call last):",
+        ]
+    )
+    errors, temporary = _bench().log_errors(log)
+    assert temporary == 1
+    assert len(errors) == 2 and "failed with an exception" in errors[0]
