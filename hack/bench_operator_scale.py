@@ -1,15 +1,13 @@
 """The operator at scale: N FineTuneJobs applied at once, through Kueue, on the test cluster's fake nodes.
 
     .venv/bin/python hack/bench_operator_scale.py                 # N=500, as the Helm chart runs it
-    .venv/bin/python hack/bench_operator_scale.py --jobs 100 --label smoke
+    .venv/bin/python hack/bench_operator_scale.py --jobs 20 --label smoke
     .venv/bin/python hack/bench_operator_scale.py --py-spy /tmp/pyspy/bin/py-spy   # and a profile
 
 The cluster is tests/support/cluster.py's (API server, kube-controller-manager, kube-scheduler,
-KWOK with 4 fake 8-GPU nodes, the Training Operator, Kueue). Nothing runs in the pods: the pod
-runner is left off for the benchmark's namespace, so KWOK keeps every bound pod Running.
-
-The operator runs as the chart's Deployment runs it: ``python -m kubetune_operator --all-namespaces
---log-format=json`` (not verbose), with the chart's defaults for the settings.
+KWOK with 4 fake 8-GPU nodes of 96 CPUs each, the Training Operator, Kueue). The operator runs as
+the chart's Deployment runs it: ``python -m kubetune_operator --all-namespaces --log-format=json``
+(not verbose), with the chart's defaults for the settings (preparation on).
 
 Every FineTuneJob is examples/tiny-local.yaml with ``resources.gpusPerNode: 1`` and
 ``resources.queueName`` set to a LocalQueue of the ClusterQueue ``gpu-cluster``, whose GPU quota is
@@ -17,22 +15,61 @@ set to the fake nodes' GPUs (``--quota-gpus``, 32): Kueue admits as many 1-GPU j
 run and holds the rest suspended. So "first pod Running" exists only for admitted jobs; it is
 measured for those and their number is reported.
 
-What is measured, per job, from watch events received by a separate watcher process and stamped
-with the machine's monotonic clock (creationTimestamp has a resolution of one second):
+Each job goes the whole way the operator takes it: its preparation Job (created by the operator, its
+pod by the Job controller, scheduled by the scheduler, started by KWOK), then its PyTorchJob once the
+Job is Complete and its pod's termination message holds a preparation report.
 
-* ``ptj_s``: the FineTuneJob's ADDED event -> its PyTorchJob's ADDED event;
+**What is real and what is stood in.** One preparation runs for real, before the burst and before
+the operator's CPU is counted: the same manifest in namespace ``bench-reference``, where the pod
+runner (tests/support/podrunner.py) runs pods, so ``python -m kubetune_trainer.prepare`` runs on the
+tiny model and data as the cluster tests run it (the trainer image stood in as there), and the
+operator folds its report into the job's status (condition Prepared True, checked). That namespace
+has no LocalQueue of the benchmark's queue, so Kueue keeps its PyTorchJob suspended and nothing
+trains; the job is then deleted. In the benchmark's own namespace the pod runner is off (N
+processes of torch on two cores would measure the machine, not the operator), so KWOK keeps pods
+Running and nothing would end a preparation pod. **Stood in**: each benchmark job's preparation
+pod is ended by ``PreparationStandIn`` as the pod runner ends a pod whose process exited
+(``podrunner.exit_status``: phase Succeeded, exit code 0, the termination message), with the real
+report's message, as long after KWOK started it as the real pod ran (``--prepare-seconds``
+overrides). The operator checks a report only against its schema
+(``kubetune_api.preparation.parse_termination_message``, read in ``observations.preparation_observation``):
+no hash, path or key is compared with the job, and every job here has the same model, data and
+settings, hence the same tokenized key; the hashes are checked by the trainer against the volume's
+manifest, and no trainer runs here. What the stand-in leaves out: the files a preparation writes on
+each job's volume, and its CPU and memory on the nodes (a burst of real preparations would also
+load the machine).
+
+What is measured, per job, from watch events received by a separate watcher process and stamped
+with the machine's monotonic clock (creationTimestamp has a resolution of one second), each from the
+FineTuneJob's ADDED event:
+
+* ``ptj_s``: until its PyTorchJob's ADDED event: the preparation's time included;
+* ``prepared_to_ptj_s``: from its preparation Job's Complete (the Job controller's) to its
+  PyTorchJob: the operator's part after preparation;
+* ``to_preparation_pod_s``, ``to_preparation_running_s``, ``to_preparation_complete_s``: until its
+  preparation pod exists, is Running, its Job is Complete;
 * ``admitted_s``: -> the PyTorchJob's first event with ``runPolicy.suspend`` false (Kueue admitted it);
 * ``running_s``: -> the first event of its master pod with ``status.phase`` Running.
 
-And the operator process's CPU seconds (utime + stime from /proc/<pid>/stat, from when it was idle
-and ready to when the run ends) and peak RSS (VmHWM of /proc/<pid>/status); the time from the
-first FineTuneJob's ADDED event until every PyTorchJob existed; the load average at start and end.
-The result goes to ``--out`` (JSON, one entry per run label, merged into what is there).
+And how many jobs reached each stage (``stages``), the most preparation pods on a node and waiting
+for one at once (``preparation_pods_at_once``), the operator process's CPU seconds (utime + stime
+from /proc/<pid>/stat, from when it was idle and ready to when the run ends) and peak RSS (VmHWM of
+/proc/<pid>/status); the time from the first FineTuneJob's ADDED event until every PyTorchJob
+existed; the load average at start and end. The result goes to ``--out`` (JSON, one entry per run
+label, merged into what is there).
+
+**It fails loudly** (exit code 1, ``FAILED: ...`` on stderr, ``problems`` in the JSON) when no job
+has its training child ``--first-child-within`` seconds after the last apply, when no job reaches a
+further stage for ``--stall-after`` seconds, or at the end when fewer than all jobs reached their
+training child (nothing but the preparation holds a job before it) or fewer than all the jobs Kueue
+admitted had their master pod Running. The pod runner needs root and ``unshare`` (mount
+namespaces), as the cluster tests do.
 """
 
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import os
 import signal
@@ -53,6 +90,13 @@ import yaml  # noqa: E402
 
 API_VERSION = "kubetune.io/v1alpha1"
 QUEUE = "bench-queue"
+# The operator's labels on children (kubetune_operator.builders: LABEL_JOB, LABEL_COMPONENT, COMPONENT_PREPARATION)
+LABEL_JOB = "kubetune.io/job"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+PREPARATION = "preparation"
+# where the one real preparation runs (the pod runner runs pods here, and only here)
+REFERENCE_NAMESPACE = "bench-reference"
+REFERENCE_JOB = "reference"
 
 
 def _default_assets() -> None:
@@ -79,7 +123,8 @@ def watch_main(kubeconfig: str, namespace: str, out: str) -> None:
     core = client.CoreV1Api(api)
     lock = threading.Lock()
     sink = Path(out).open("a", buffering=1)  # noqa: SIM115  (closed when the process ends)
-    ready = threading.Barrier(4)
+    batch = client.BatchV1Api(api)
+    ready = threading.Barrier(5)
 
     def record(kind: str, kind_type: str, obj: dict[str, Any]) -> None:
         t = time.monotonic()
@@ -91,9 +136,19 @@ def watch_main(kubeconfig: str, namespace: str, out: str) -> None:
         elif kind == "PyTorchJob":
             row["job"] = labels.get("kubetune.io/job")
             row["suspend"] = bool(((obj.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+        elif kind == "Job":
+            row["job"] = labels.get(LABEL_JOB)
+            row["component"] = labels.get(LABEL_COMPONENT)
+            conditions = ((obj.get("status") or {}).get("conditions")) or []
+            row["complete"] = any(
+                c.get("type") == "Complete" and c.get("status") == "True" for c in conditions
+            )
+            row["failed"] = any(c.get("type") == "Failed" and c.get("status") == "True" for c in conditions)
         else:
             row["ptj"] = labels.get("training.kubeflow.org/job-name")
             row["role"] = labels.get("training.kubeflow.org/replica-type")
+            row["job"] = labels.get(LABEL_JOB)
+            row["component"] = labels.get(LABEL_COMPONENT)
             row["phase"] = (obj.get("status") or {}).get("phase")
             row["node"] = (obj.get("spec") or {}).get("nodeName")
         with lock:
@@ -130,6 +185,7 @@ def watch_main(kubeconfig: str, namespace: str, out: str) -> None:
         ),
         ("PyTorchJob", custom.list_namespaced_custom_object, "kubeflow.org", "v1", namespace, "pytorchjobs"),
         ("Pod", core.list_namespaced_pod, namespace),
+        ("Job", batch.list_namespaced_job, namespace),
     ]
     for kind, lister, *args in threads:
         threading.Thread(target=follow, args=(kind, lister, *args), daemon=True).start()
@@ -214,6 +270,156 @@ def stop(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM, timeout:
         proc.wait(timeout=10)
 
 
+# --- preparation: one real, the others stood in -------------------------------------------------------
+
+
+def tiny_image(folder: Path) -> Path:
+    """What the trainer image carries under /opt/kubetune/tiny (tests/cluster/conftest.py's
+    ``tiny_image``), built by a process of its own: this one stays free of torch."""
+    subprocess.run(
+        [sys.executable, "-m", "kubetune_trainer.tiny", "--assets", str(folder)],
+        check=True,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    for p in [folder, *folder.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o055)  # readable by the pods' non-root user
+    return folder
+
+
+def real_preparation(cluster: Any, timeout: float) -> dict[str, Any]:
+    """Run one job's preparation for real and return what its pod reported.
+
+    The job is the benchmark's own manifest (``job_manifest``) in REFERENCE_NAMESPACE, where the
+    pod runner runs pods: the operator creates its preparation Job, the Job controller its pod, the
+    pod runner runs ``python -m kubetune_trainer.prepare`` on the tiny model and data. There is no
+    LocalQueue of QUEUE in that namespace, so Kueue keeps its PyTorchJob suspended: nothing trains.
+    Once the operator has folded the report into the job's status (condition Prepared True), the
+    job is deleted."""
+    from kubernetes import client, config
+
+    from kubetune_api.preparation import PreparationReport, parse_termination_message
+
+    ns = REFERENCE_NAMESPACE
+    cluster.kubectl("create", "namespace", ns)
+    assert cluster.runner is not None
+    cluster.runner.namespaces = {ns}
+    cluster.apply(job_manifest(REFERENCE_JOB, ns))
+    core = client.CoreV1Api(config.new_client_from_config(str(cluster.kubeconfig)))
+    selector = f"{LABEL_JOB}={REFERENCE_JOB},{LABEL_COMPONENT}={PREPARATION}"
+    deadline = time.monotonic() + timeout
+    terminated: dict[str, Any] | None = None
+    while terminated is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"the reference preparation did not end in {timeout:.0f} s; {cluster.runner.errors}"
+            )
+        cluster.check_alive()
+        for pod in core.list_namespaced_pod(ns, label_selector=selector).items:
+            for cs in (pod.status.container_statuses or []) if pod.status else []:
+                if cs.state and cs.state.terminated:
+                    t = cs.state.terminated
+                    terminated = {"exit_code": t.exit_code, "message": t.message or "",
+                                  "started": t.started_at, "finished": t.finished_at}  # fmt: skip
+        time.sleep(1)
+    report = parse_termination_message(terminated["message"])
+    if terminated["exit_code"] != 0 or not isinstance(report, PreparationReport):
+        raise RuntimeError(
+            f"the reference preparation failed (exit code {terminated['exit_code']}): {terminated['message'][-2000:]}"
+        )
+    while True:  # the operator accepted the report: Prepared True on the job
+        job = json.loads(cluster.kubectl("get", "finetunejob", REFERENCE_JOB, "-n", ns, "-o", "json").stdout)
+        conditions = (job.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Prepared" and c.get("status") == "True" for c in conditions):
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the operator never marked the reference job Prepared: {conditions}")
+        time.sleep(1)
+    cluster.kubectl("delete", "finetunejob", REFERENCE_JOB, "-n", ns, "--wait", "--timeout=120s", check=False)
+    return {
+        "message": terminated["message"],
+        "pod_seconds": (terminated["finished"] - terminated["started"]).total_seconds(),
+        "report_seconds": report.seconds,
+        "tokenized_key": report.tokenized_key,
+        "summary": report.summary(),
+    }
+
+
+class PreparationStandIn:
+    """Ends each benchmark job's preparation pod as the pod runner ends one whose process exited:
+    the status a kubelet writes (``podrunner.exit_status``), exit code 0 and ``message`` (the
+    reference's real report) as the termination message, ``hold`` seconds after the node (KWOK)
+    reported its container running: as long as the real one ran."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, message: str, hold: float) -> None:
+        from kubernetes import client, config
+
+        self.core = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+        self.namespace, self.message, self.hold = namespace, message, hold
+        self.errors: list[str] = []
+        self.ended = 0
+        self._due: list[tuple[float, str, str, list[tuple[str, str]], str]] = []
+        self._seen: set[str] = set()
+        self._ready = threading.Condition()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        for target in (self._watch, self._end_due):
+            threading.Thread(target=self._guard(target), daemon=True, name=target.__name__).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._ready:
+            self._ready.notify_all()
+
+    def _guard(self, fn: Any) -> Any:
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    fn()
+                except Exception as e:  # reported with the result; the run goes on
+                    self.errors.append(f"{fn.__name__}: {type(e).__name__}: {e}")
+                    time.sleep(0.5)
+
+        return run
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+        from tests.support.podrunner import node_started, now
+
+        w = watch.Watch()
+        selector = f"{LABEL_COMPONENT}={PREPARATION}"
+        for event in w.stream(
+            self.core.list_namespaced_pod, self.namespace, label_selector=selector, timeout_seconds=60
+        ):
+            pod = event["object"]
+            if self._stop.is_set():
+                return
+            if pod.metadata.uid in self._seen or pod.metadata.deletion_timestamp or not node_started(pod):
+                continue
+            self._seen.add(pod.metadata.uid)
+            running = [cs.state.running.started_at for cs in pod.status.container_statuses or []]
+            started = running[0].strftime("%Y-%m-%dT%H:%M:%SZ") if running and running[0] else now()
+            containers = [(c.name, c.image) for c in pod.spec.containers]
+            item = (time.monotonic() + self.hold, pod.metadata.name, pod.metadata.uid, containers, started)
+            with self._ready:
+                heapq.heappush(self._due, item)
+                self._ready.notify()
+
+    def _end_due(self) -> None:
+        from tests.support.podrunner import exit_status
+
+        with self._ready:
+            while not self._stop.is_set() and (not self._due or self._due[0][0] > time.monotonic()):
+                self._ready.wait(timeout=(self._due[0][0] - time.monotonic()) if self._due else 1.0)
+            if self._stop.is_set():
+                return
+            _, name, _uid, containers, started = heapq.heappop(self._due)
+        body = exit_status(containers, 0, self.message, started=started)
+        self.core.patch_namespaced_pod_status(name, self.namespace, body)
+        self.ended += 1
+
+
 # --- the jobs -------------------------------------------------------------------------------------------
 
 
@@ -273,40 +479,145 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def analyse(rows: list[dict[str, Any]], names: set[str]) -> dict[str, Any]:
-    ftj: dict[str, float] = {}
-    ptj: dict[str, float] = {}
-    admitted: dict[str, float] = {}
-    running: dict[str, float] = {}
+# The stages a job goes through, in order: what ``analyse`` counts and ``verdict`` checks.
+STAGES = (
+    "applied",  # its FineTuneJob seen
+    "preparation_pod_created",  # the operator's preparation Job, the Job controller's pod
+    "preparation_pod_running",  # scheduled, and KWOK reports it running
+    "preparation_pod_succeeded",  # ended with the real report (the stand-in)
+    "preparation_complete",  # the Job controller marked the Job Complete
+    "training_child_created",  # the operator created its PyTorchJob
+    "admitted_by_kueue",
+    "master_pod_running",
+)
+
+
+def stage_times(rows: list[dict[str, Any]], names: set[str]) -> dict[str, dict[str, float]]:
+    """For each stage, the time each job first reached it (watch events, in the order received)."""
+    at: dict[str, dict[str, float]] = {stage: {} for stage in STAGES}
+
+    def reach(stage: str, job: str | None, t: float) -> None:
+        if job in names:
+            at[stage].setdefault(job, t)
+
     for row in rows:
-        t, name = row["t"], row["name"]
-        if row["kind"] == "FineTuneJob" and name in names:
-            ftj.setdefault(name, t)
-        elif row["kind"] == "PyTorchJob" and row.get("job") in names:
-            job = row["job"]
-            ptj.setdefault(job, t)
+        t, kind = row["t"], row["kind"]
+        if kind == "FineTuneJob":
+            reach("applied", row["name"], t)
+        elif kind == "PyTorchJob":
+            reach("training_child_created", row.get("job"), t)
             if not row["suspend"]:
-                admitted.setdefault(job, t)
-        elif row["kind"] == "Pod" and row.get("phase") == "Running" and row.get("role") == "master":
-            job = (row.get("ptj") or "").removesuffix("-train")
-            if job in names:
-                running.setdefault(job, t)
+                reach("admitted_by_kueue", row.get("job"), t)
+        elif kind == "Job" and row.get("component") == PREPARATION and row.get("complete"):
+            reach("preparation_complete", row.get("job"), t)
+        elif kind == "Pod" and row.get("component") == PREPARATION:
+            reach("preparation_pod_created", row.get("job"), t)
+            if row.get("phase") == "Running":
+                reach("preparation_pod_running", row.get("job"), t)
+            elif row.get("phase") == "Succeeded":
+                reach("preparation_pod_succeeded", row.get("job"), t)
+        elif kind == "Pod" and row.get("phase") == "Running" and row.get("role") == "master":
+            reach("master_pod_running", (row.get("ptj") or "").removesuffix("-train"), t)
+    return at
+
+
+def preparation_pods_at_once(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """The most preparation pods at once that were on a node and not ended, and that waited for one."""
+    state: dict[str, str] = {}
+    most = {"bound": 0, "unscheduled": 0}
+    for row in sorted(rows, key=lambda r: r["t"]):  # the watcher's threads interleave
+        if row["kind"] != "Pod" or row.get("component") != PREPARATION:
+            continue
+        if row["type"] == "DELETED" or row.get("phase") in ("Succeeded", "Failed"):
+            state.pop(row["name"], None)
+        else:
+            state[row["name"]] = "bound" if row.get("node") else "unscheduled"
+        for key, highest in most.items():
+            most[key] = max(highest, sum(1 for v in state.values() if v == key))
+    return most
+
+
+def analyse(rows: list[dict[str, Any]], names: set[str]) -> dict[str, Any]:
+    at = stage_times(rows, names)
+    ftj, ptj = at["applied"], at["training_child_created"]
+    admitted, running, prepared = (
+        at["admitted_by_kueue"],
+        at["master_pod_running"],
+        at["preparation_complete"],
+    )
+
+    def between(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
+        return summary([b[n] - a[n] for n in b if n in a])
+
     start = min(ftj.values()) if ftj else None
     result: dict[str, Any] = {
+        "stages": {stage: len(at[stage]) for stage in STAGES},
         "finetunejobs_seen": len(ftj),
         "pytorchjobs_created": len(ptj),
         "admitted_by_kueue": len(admitted),
         "master_pods_running": len(running),
-        "ptj_s": summary([ptj[n] - ftj[n] for n in ptj if n in ftj]),
-        "admitted_s": summary([admitted[n] - ftj[n] for n in admitted if n in ftj]),
-        "running_s": summary([running[n] - ftj[n] for n in running if n in ftj]),
+        "ptj_s": between(ftj, ptj),
+        "admitted_s": between(ftj, admitted),
+        "running_s": between(ftj, running),
+        # the path in parts: the operator and the Job controller's, the scheduler's and KWOK's, the
+        # preparation's (stood in), the Job controller's, then the operator's again
+        "to_preparation_pod_s": between(ftj, at["preparation_pod_created"]),
+        "to_preparation_running_s": between(ftj, at["preparation_pod_running"]),
+        "to_preparation_complete_s": between(ftj, prepared),
+        "prepared_to_ptj_s": between(prepared, ptj),
         # the same admitted jobs, split: Kueue's part, then the Training Operator's, scheduler's, KWOK's
-        "ptj_to_admitted_s": summary([admitted[n] - ptj[n] for n in admitted if n in ptj]),
-        "admitted_to_running_s": summary([running[n] - admitted[n] for n in running if n in admitted]),
+        "ptj_to_admitted_s": between(ptj, admitted),
+        "admitted_to_running_s": between(admitted, running),
+        "preparation_pods_at_once": preparation_pods_at_once(rows),
         "apply_spread_s": _r(max(ftj.values()) - start) if start is not None else None,
         "all_pytorchjobs_after_s": _r(max(ptj.values()) - start) if start is not None and ptj else None,
     }
     return result
+
+
+# --- did it progress ------------------------------------------------------------------------------------
+
+
+def stalled(
+    now: float,
+    applied_at: float,
+    stages: dict[str, int],
+    last_progress_at: float,
+    *,
+    first_child_within: float,
+    stall_after: float,
+) -> str | None:
+    """Why to stop waiting before the timeout, or None: no job reached its training child within
+    ``first_child_within`` seconds of the last apply, or no stage count grew for ``stall_after``."""
+    if not stages.get("training_child_created") and now - applied_at > first_child_within:
+        return (
+            f"no job reached its training child within {first_child_within:.0f} s after the last apply "
+            f"(stages: {_stages_text(stages)})"
+        )
+    if now - last_progress_at > stall_after:
+        return f"no job reached a further stage for {stall_after:.0f} s (stages: {_stages_text(stages)})"
+    return None
+
+
+def verdict(stages: dict[str, int], jobs: int) -> list[str]:
+    """What did not happen that should have: every job through its preparation to its training child
+    (none is held before that: Kueue admits only the training object), and every job Kueue admitted
+    to its master pod Running. Empty: all did."""
+    problems = []
+    for stage in STAGES[: STAGES.index("training_child_created") + 1]:
+        if stages.get(stage, 0) < jobs:
+            problems.append(f"only {stages.get(stage, 0)} of {jobs} jobs reached {stage}")
+            break  # the first stage short says where they stopped
+    admitted, running = stages.get("admitted_by_kueue", 0), stages.get("master_pod_running", 0)
+    if not admitted:
+        problems.append("Kueue admitted no job")
+    elif running < admitted:
+        problems.append(f"only {running} of the {admitted} jobs Kueue admitted had their master pod Running")
+    return problems
+
+
+def _stages_text(stages: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in stages.items())
 
 
 # --- the run --------------------------------------------------------------------------------------------
@@ -317,6 +628,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tests.support.cluster import CLUSTER_QUEUE, running_cluster
     from tests.support.controlplane import free_port
 
+    from kubetune_trainer.tiny import TINY_ROOT
+
     load_start = os.getloadavg()
     wall_start = time.time()
     work = Path(tempfile.mkdtemp(prefix="kubetune-bench-", dir="/var/tmp"))
@@ -325,9 +638,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     watcher: subprocess.Popen[str] | None = None
     operator: subprocess.Popen[bytes] | None = None
     spy: subprocess.Popen[bytes] | None = None
+    stand_in: PreparationStandIn | None = None
     samples: list[dict[str, float]] = []
+    tiny = tiny_image(work / "tiny")
     t_cluster = time.monotonic()
-    with running_cluster({}) as cluster:
+    with running_cluster({TINY_ROOT: tiny}) as cluster:
         try:
             cluster_start_s = time.monotonic() - t_cluster
             ns = args.namespace
@@ -356,6 +671,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             port = free_port()
             operator = start_operator(cluster.kubeconfig, operator_log, port, args.operator_source)
             wait_healthy(operator, port, 120)
+            t_reference = time.monotonic()
+            reference = real_preparation(cluster, args.reference_timeout)
+            reference["took_s"] = _r(time.monotonic() - t_reference)
+            hold = reference["pod_seconds"] if args.prepare_seconds is None else args.prepare_seconds
+            stand_in = PreparationStandIn(cluster.kubeconfig, ns, reference["message"], hold)
+            stand_in.start()
             time.sleep(args.settle)  # its watches established, start-up work done
             before = proc_usage(operator.pid)
             if args.py_spy:
@@ -380,16 +701,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sampler.start()
             t_apply = time.monotonic()
             apply_s = apply_jobs(kubectl, work, docs, args.apply_parallel)
-            # until every PyTorchJob exists and every job Kueue admitted has its master Running
-            deadline = time.monotonic() + args.timeout
+            # until every PyTorchJob exists and every job Kueue admitted has its master Running; or
+            # until nothing progresses (stalled)
+            applied_at = time.monotonic()
+            deadline = applied_at + args.timeout
             wanted = set(names)
             done_at: float | None = None
+            stall: str | None = None
+            last_stages: dict[str, int] = {}
+            last_progress_at = applied_at
             while time.monotonic() < deadline:
                 cluster.check_alive()
                 if operator.poll() is not None:
                     raise RuntimeError(f"the operator exited ({operator.returncode})")
                 rows = [json.loads(line) for line in events.read_text().splitlines() if line]
                 a = analyse(rows, wanted)
+                if a["stages"] != last_stages:
+                    last_stages, last_progress_at = a["stages"], time.monotonic()
+                stall = stalled(
+                    time.monotonic(),
+                    applied_at,
+                    a["stages"],
+                    last_progress_at,
+                    first_child_within=args.first_child_within,
+                    stall_after=args.stall_after,
+                )
+                if stall:
+                    break
                 if (
                     a["pytorchjobs_created"] == len(wanted)
                     and a["master_pods_running"] >= a["admitted_by_kueue"]
@@ -428,7 +766,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "apply_s": _r(apply_s),
                     "quota_gpus": args.quota_gpus,
                     "finetunejob_phases_at_end": phases,
-                    "timed_out": done_at is None,
+                    "timed_out": done_at is None and stall is None,
+                    "preparation": {
+                        "real": "one job's, run by the pod runner in namespace "
+                        f"{REFERENCE_NAMESPACE} (the tiny model and data, as tests/cluster run it)",
+                        "real_pod_seconds": reference["pod_seconds"],
+                        "real_report_seconds": reference["report_seconds"],
+                        "real_report": reference["summary"],
+                        "tokenized_key": reference["tokenized_key"],
+                        "reference_took_s": reference["took_s"],
+                        "stood_in": "each benchmark job's pod ended by the stand-in with that report, "
+                        f"{hold:.0f} s after KWOK ran it",
+                        "stood_in_pods_ended": stand_in.ended,
+                        "stand_in_errors": stand_in.errors[:5],
+                    },
                     "operator": {
                         "cpu_s_during_run": _r(after["cpu_s"] - before["cpu_s"]),
                         "cpu_s_total": _r(after["cpu_s"]),
@@ -449,6 +800,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "goals": {"p50_ptj_s": 1.0, "p95_ptj_s": 3.0, "peak_rss_mib": 250},
                 }
             )
+            problems = verdict(result["stages"], args.jobs)
+            if stall:
+                problems.insert(0, f"stopped waiting: {stall}")
+            elif done_at is None:
+                problems.insert(0, f"timed out after {args.timeout:.0f} s")
+            result["problems"] = problems
             result["goals_met"] = {
                 "p50": (result["ptj_s"]["p50"] or 1e9) <= 1.0,
                 "p95": (result["ptj_s"]["p95"] or 1e9) <= 3.0,
@@ -456,18 +813,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             if spy is not None:
                 result["profile"] = top_frames(work / "profile.txt")
-            errors = [
-                line
-                for line in operator_log.read_text(errors="replace").splitlines()
-                if '"levelname": "ERROR"' in line or "Traceback" in line
-            ]
+            errors, temporary = log_errors(operator_log.read_text(errors="replace"))
             result["operator_errors"] = len(errors)
             result["operator_error_sample"] = errors[:3]
-            result["operator_temporary_errors"] = operator_log.read_text(errors="replace").count("will retry")
+            result["operator_temporary_errors"] = temporary
             if args.keep:
                 result["workdir"] = str(work)
             return result
         finally:
+            if stand_in is not None:
+                stand_in.stop()
             stop(spy, signal.SIGINT)
             stop(operator)
             stop(watcher)
@@ -475,6 +830,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 import shutil
 
                 shutil.rmtree(work, ignore_errors=True)
+
+
+def log_errors(text: str) -> tuple[list[str], int]:
+    """The operator's errors in its JSON log (kopf's ``severity``), and apart from them how many
+    were a handler's temporary error (kopf logs ``failed temporarily`` at error level: a retry)."""
+    errors: list[str] = []
+    temporary = 0
+    for line in text.splitlines():
+        if "failed temporarily" in line or "will retry" in line:
+            temporary += 1
+        elif '"severity": "error"' in line or '"severity": "critical"' in line or "Traceback" in line:
+            errors.append(line)
+    return errors, temporary
 
 
 def _source(source: Path | None) -> str:
@@ -538,6 +906,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--apply-parallel", type=int, default=1, help="kubectl apply processes at once (1)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds to wait after the apply")
+    parser.add_argument(
+        "--first-child-within",
+        type=float,
+        default=300,
+        help="fail when no job has its training child this many seconds after the last apply (300)",
+    )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        default=300,
+        help="fail when no job reaches a further stage for this many seconds (300)",
+    )
+    parser.add_argument(
+        "--prepare-seconds",
+        type=float,
+        default=None,
+        help="how long each stood-in preparation pod runs (default: as long as the real one ran)",
+    )
+    parser.add_argument(
+        "--reference-timeout", type=float, default=600, help="seconds for the one real preparation (600)"
+    )
     parser.add_argument("--settle", type=float, default=5, help="quiet seconds before and after")
     parser.add_argument("--py-spy", metavar="PATH", help="profile the operator with this py-spy binary")
     parser.add_argument(
@@ -563,6 +952,9 @@ def main(argv: list[str] | None = None) -> int:
     previous.setdefault("runs", {})[args.label] = result
     args.out.write_text(json.dumps(previous, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    if result["problems"]:
+        print(f"FAILED ({args.label}): " + "; ".join(result["problems"]), file=sys.stderr)
+        return 1
     return 0
 
 

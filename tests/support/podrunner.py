@@ -215,7 +215,7 @@ class PodRunner:
                     running = self._pods.get(uid)
                 if pod.metadata.deletion_timestamp is not None:
                     self._terminate(pod, running)
-                elif running is None and _should_start(pod):
+                elif running is None and node_started(pod):
                     self._start_pod(pod)
             self._reap(live)
             self._refresh_hosts()
@@ -417,49 +417,8 @@ class PodRunner:
         pod = self.core.read_namespaced_pod(p.name, p.namespace)
         if pod.metadata.uid != p.uid:
             return
-        finished = now()
-        statuses = []
-        for c in pod.spec.containers:
-            terminated = {
-                "exitCode": code,
-                "reason": "OOMKilled" if p.oom_killed else "Completed" if code == 0 else "Error",
-                "startedAt": p.started,
-                "finishedAt": finished,
-            }
-            if message:
-                terminated["message"] = message
-            statuses.append(
-                {
-                    "name": c.name,
-                    "image": c.image,
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 0,
-                    "started": False,
-                    "state": {"terminated": terminated},
-                }
-            )
-        phase = "Succeeded" if code == 0 else "Failed"
-        body = {
-            "status": {
-                "phase": phase,
-                "containerStatuses": statuses,
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "False",
-                        "reason": "PodCompleted",
-                        "lastTransitionTime": finished,
-                    },
-                    {
-                        "type": "ContainersReady",
-                        "status": "False",
-                        "reason": "PodCompleted",
-                        "lastTransitionTime": finished,
-                    },
-                ],
-            }
-        }
+        containers = [(c.name, c.image) for c in pod.spec.containers]
+        body = exit_status(containers, code, message, started=p.started, oom_killed=p.oom_killed)
         self.core.patch_namespaced_pod_status(p.name, p.namespace, body)
 
     def _terminate(self, pod: Any, running: RunningPod | None) -> None:
@@ -886,7 +845,52 @@ def _mount_points() -> list[Path]:
     return points
 
 
-def _should_start(pod: Any) -> bool:
+def exit_status(
+    containers: list[tuple[str, str]],
+    code: int,
+    message: str,
+    *,
+    started: str,
+    finished: str | None = None,
+    oom_killed: bool = False,
+) -> dict[str, Any]:
+    """The pod status a kubelet writes when the container exits with ``code`` (each of
+    ``containers``, ``(name, image)``, terminated alike), ``message`` its termination message: the
+    body of a ``patch_namespaced_pod_status``."""
+    finished = finished or now()
+    statuses = []
+    for name, image in containers:
+        terminated: dict[str, Any] = {
+            "exitCode": code,
+            "reason": "OOMKilled" if oom_killed else "Completed" if code == 0 else "Error",
+            "startedAt": started,
+            "finishedAt": finished,
+        }
+        if message:
+            terminated["message"] = message[-TERMINATION_LOG_MAX:]
+        statuses.append(
+            {
+                "name": name,
+                "image": image,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "started": False,
+                "state": {"terminated": terminated},
+            }
+        )
+    completed = {"status": "False", "reason": "PodCompleted", "lastTransitionTime": finished}
+    return {
+        "status": {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": statuses,
+            "conditions": [{"type": "Ready", **completed}, {"type": "ContainersReady", **completed}],
+        }
+    }
+
+
+def node_started(pod: Any) -> bool:
+    """Whether the node (KWOK) reports the pod's containers running: where a kubelet would run them."""
     status = pod.status
     if status is None or status.phase != "Running":
         return False
