@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.unit.test_estimate import DATA  # the same data set as the dense estimates
 
-from kubetune_api.preparation import DataStats
 from kubetune_api.trainer_config import TrainerConfig, load_manifest, resolve
 from kubetune_trainer.plan.estimate import does_not_fit, estimate
 from kubetune_trainer.plan.params import count_params
@@ -122,16 +122,6 @@ QWEN3_06B = {  # tied embeddings: a quarter of its parameters
     "vocab_size": 151936,
     "tie_word_embeddings": True,
 }
-
-DATA = DataStats(
-    train_examples=15_000,
-    tokens=12_000_000,
-    length_p50=600,
-    length_p95=2400,
-    length_max=9000,
-    truncated_fraction=0.1,
-    loss_token_fraction=0.4,
-)
 
 
 def qwen3_example(product: str, method: str) -> TrainerConfig:
