@@ -220,13 +220,25 @@ class Goodput(ApiModel):
     productive_gpu_seconds: float = Field(default=0, description="Spent in optimizer steps that count.")
     restart_lost_gpu_seconds: float = Field(
         default=0,
-        description="Spent in steps redone after a restart (done after the checkpoint resumed from).",
+        description="Spent in steps redone after a restart (done after the checkpoint resumed from); "
+        "after a preemption: preemptionLostGpuSeconds.",
+    )
+    preemption_lost_gpu_seconds: float = Field(
+        default=0,
+        description="Spent in steps redone after a preemption (an attempt stopped on SIGTERM: Kueue, the "
+        "scheduler, a drained node, spec.suspend).",
     )
     startup_gpu_seconds: float = Field(
         default=0, description="From process start to the first step, per attempt."
     )
     checkpoint_gpu_seconds: float = Field(default=0, description="Spent saving checkpoints.")
-    restarts: int = Field(default=0, description="Attempts after the first.")
+    restarts: int = Field(default=0, description="Attempts after the first (preemptions included).")
+    preemptions: int = Field(default=0, description="Attempts that stopped on SIGTERM (preempted).")
+    preempted_seconds: float = Field(
+        default=0,
+        description="Wall seconds from each preempted attempt's end to the next one's start: no GPUs "
+        "held (not in heldGpuSeconds, nor in spec.budget), waiting to run again.",
+    )
     goodput_percent: float | None = Field(default=None, description="productive / held, in percent.")
 
 

@@ -201,6 +201,13 @@ def goodput_line(status: dict[str, Any]) -> str | None:
     ...     "restartLostGpuSeconds": 300, "startupGpuSeconds": 230, "checkpointGpuSeconds": 100,
     ...     "restarts": 1, "goodputPercent": 87.5}})
     'Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 300 lost to 1 restart, 230 start-up, 100 saving checkpoints'
+
+    Preempted attempts (SIGTERM: Kueue, the scheduler, a drain) are told apart, with the wait they cost:
+
+    >>> goodput_line({"goodput": {"heldGpuSeconds": 5040, "productiveGpuSeconds": 4410,
+    ...     "preemptionLostGpuSeconds": 300, "startupGpuSeconds": 230, "checkpointGpuSeconds": 100,
+    ...     "restarts": 1, "preemptions": 1, "preemptedSeconds": 900, "goodputPercent": 87.5}})
+    'Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 0 lost to 1 restart, 230 start-up, 100 saving checkpoints; 1 preemption: 300 lost, 900 s waiting to run again'
     """
     g = status.get("goodput")
     if not isinstance(g, dict):
@@ -215,12 +222,19 @@ def goodput_line(status: dict[str, Any]) -> str | None:
     if not isinstance(percent, int | float):
         percent = 100 * seconds("productiveGpuSeconds") / held if held > 0 else None
     restarts = g.get("restarts") if isinstance(g.get("restarts"), int) else 0
-    return (
+    line = (
         f"Goodput {'?' if percent is None else f'{percent:.1f}%'}: of {held:,.0f} GPU-seconds held, "
         f"{seconds('productiveGpuSeconds'):,.0f} productive, "
         f"{seconds('restartLostGpuSeconds'):,.0f} lost to {restarts} restart{'' if restarts == 1 else 's'}, "
         f"{seconds('startupGpuSeconds'):,.0f} start-up, {seconds('checkpointGpuSeconds'):,.0f} saving checkpoints"
     )
+    preemptions = g.get("preemptions") if isinstance(g.get("preemptions"), int) else 0
+    if preemptions:
+        line += (
+            f"; {preemptions} preemption{'' if preemptions == 1 else 's'}: "
+            f"{seconds('preemptionLostGpuSeconds'):,.0f} lost, {seconds('preemptedSeconds'):,.0f} s waiting to run again"
+        )
+    return line
 
 
 def memory_retry_line(retry: dict[str, Any]) -> str:
