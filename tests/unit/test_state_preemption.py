@@ -330,3 +330,33 @@ def test_the_workload_fold_reads_what_kueue_writes() -> None:
     stranger["metadata"]["name"] = "stale"
     ours = observations.kueue_workload([stranger, workload(engine, readmitted=True)], "uid-j-train")
     assert ours is not None and ours.name == "trainjob-j-train-3f2a1" and not ours.evicted
+
+
+def test_the_pass_reads_the_workload_by_kueues_job_uid_label_and_a_refusal_holds_nothing() -> None:
+    """The reconciler's read: Kueue's Workloads of the training object, by the job-uid label Kueue
+    puts on them; a refused list (403: the RBAC of an older install; 404: no Kueue) is logged and the
+    pass goes on without them."""
+    from typing import cast
+
+    from kubetune_operator import reconcile
+    from kubetune_operator.kube import ApiError, Kube
+
+    class Workloads:
+        def __init__(self, answer: list[dict[str, Any]] | ApiError) -> None:
+            self.answer, self.asked = answer, []
+
+        def list(self, api_version: str, kind: str, namespace: str, selector: str = "") -> Any:
+            self.asked.append((api_version, kind, namespace, selector))
+            if isinstance(self.answer, ApiError):
+                raise self.answer
+            return self.answer
+
+    live = {**pytorchjob(True), "metadata": {**pytorchjob(True)["metadata"], "namespace": "ml"}}
+    kube = Workloads([workload(state.Engine.PYTORCHJOB)])
+    ctx = reconcile.Context(kube=cast(Kube, kube), settings=cast(Any, None), emit=lambda *_: None)
+    seen = reconcile._kueue_workload(ctx, live)
+    assert kube.asked == [("kueue.x-k8s.io/v1beta2", "Workload", "ml", "kueue.x-k8s.io/job-uid=uid-j-train")]
+    assert seen is not None and seen.preempted and seen.preemption_reason == "InClusterQueue"
+    forbidden = Workloads(ApiError(403, "Forbidden", '{"message": "workloads.kueue.x-k8s.io is forbidden"}'))
+    ctx = reconcile.Context(kube=cast(Kube, forbidden), settings=cast(Any, None), emit=lambda *_: None)
+    assert reconcile._kueue_workload(ctx, live) is None
