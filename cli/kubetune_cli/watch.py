@@ -4,7 +4,8 @@ Shows the phase (and why, from the status conditions), the preparation report on
 (examples, tokens, lengths, and the estimate of memory, time and GPU-hours), a progress bar with the step, loss, tokens per
 second and ETA the trainer reports, each retry after CUDA out of memory (the micro-step layout before
 and after), then the registered model, or why training failed (the reason, what happened, what it
-means and what to do), whether it stopped at spec.budget, and where the GPU time went (goodput). The
+means and what to do), whether it stopped at spec.budget, how often Kueue preempted it, and where
+the GPU time went (goodput). The
 MLflow UI links (the run as soon as the trainer reports it, the registered version at the end) are
 printed when the tracking server is an http(s) URL; so is the evaluation gate's verdict. On a
 terminal the progress line is redrawn in place; otherwise (CI logs, pipes) a line is printed whenever
@@ -237,6 +238,24 @@ def goodput_line(status: dict[str, Any]) -> str | None:
     return line
 
 
+def preemption_line(status: dict[str, Any]) -> str | None:
+    """How often Kueue took the training back (status.preemptions), one line; None when it never did.
+
+    >>> preemption_line({"preemptions": {"count": 2, "lastReason": "Preempted",
+    ...     "lastPreemptionReason": "InClusterQueue", "preemptedSeconds": 900}})
+    'Preempted by Kueue 2 times (last: InClusterQueue), 15m00s waiting to be admitted again'
+    """
+    p = status.get("preemptions")
+    if not isinstance(p, dict) or not isinstance(p.get("count"), int) or p["count"] < 1:
+        return None
+    count, why = p["count"], p.get("lastPreemptionReason") or p.get("lastReason")
+    waited = p.get("preemptedSeconds")
+    line = f"Preempted by Kueue {count} time{'' if count == 1 else 's'}" + (f" (last: {why})" if why else "")
+    if isinstance(waited, int | float):
+        line += f", {format_duration(waited)} waiting to be admitted again"
+    return line
+
+
 def memory_retry_line(retry: dict[str, Any]) -> str:
     """``CUDA out of memory at step 40: retry 1, <layout before> -> <layout after>`` (status.memoryRetries)."""
     at = f" at step {retry['step']}" if retry.get("step") is not None else ""
@@ -316,6 +335,9 @@ def outcome(status: dict[str, Any]) -> str:
             lines.extend(failure_lines(*failure))
         else:
             lines.append(phase_reason(status) or "the FineTuneJob failed")
+    preempted = preemption_line(status)
+    if preempted:
+        lines.append(preempted)
     goodput = goodput_line(status)
     if goodput:
         lines.append(goodput)
