@@ -360,3 +360,31 @@ def test_the_pass_reads_the_workload_by_kueues_job_uid_label_and_a_refusal_holds
     forbidden = Workloads(ApiError(403, "Forbidden", '{"message": "workloads.kueue.x-k8s.io is forbidden"}'))
     ctx = reconcile.Context(kube=cast(Kube, forbidden), settings=cast(Any, None), emit=lambda *_: None)
     assert reconcile._kueue_workload(ctx, live) is None
+
+
+def test_evicted_again_before_a_pass_saw_it_run_is_counted_with_the_first_wait() -> None:
+    engine = state.Engine.PYTORCHJOB
+    _, running = run_pass(engine, None, pytorchjob(False), [], T_RUN)
+    status = merged(None, running)
+    _, first_time = run_pass(engine, status, pytorchjob(True), [workload(engine)], T_PREEMPTED)
+    status = merged(status, first_time)
+    # admitted and preempted again between two passes: Kueue's Evicted time moved on
+    _, second = run_pass(engine, status, pytorchjob(True), [workload(engine, since=T_BACK)], T_BACK)
+    record = second.status["preemptions"]
+    assert (record["count"], record["lastTime"], record["preemptedSeconds"]) == (2, T_BACK, 15 * 60)
+    assert [e.reason for e in second.events] == [Reason.PREEMPTED_BY_KUEUE]
+
+
+def test_kueues_words_fill_in_an_eviction_said_without_them() -> None:
+    engine = state.Engine.PYTORCHJOB
+    _, running = run_pass(engine, None, pytorchjob(False), [], T_RUN)
+    status = merged(None, running)
+    _, unknown = run_pass(engine, status, pytorchjob(True), [], T_PREEMPTED)  # the Workload unread
+    assert unknown.status["preemptions"]["lastReason"] is None
+    status = merged(status, unknown)
+    _, known = run_pass(engine, status, pytorchjob(True), [workload(engine, since=T_LATER)], T_LATER)
+    record = known.status["preemptions"]
+    assert record["count"] == 1 and record["lastTime"] == T_PREEMPTED  # the same eviction, not a second
+    assert (record["lastReason"], record["lastPreemptionReason"]) == ("Preempted", "InClusterQueue")
+    assert conditions(known)[ConditionType.SUSPENDED]["reason"] == Reason.PREEMPTED_BY_KUEUE
+    assert known.events == []

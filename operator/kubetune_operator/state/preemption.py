@@ -105,22 +105,32 @@ def record(
         workload = obs.kueue if obs.kueue is not None and obs.kueue.evicted else None
         since = workload.since if workload is not None else ""
         old = current or Preemptions()
-        new = before is None or (bool(since) and since != old.last_time)
-        if new:
+        said: dict[str, Any] = {}  # Kueue's words, when its Workload was read
+        if workload is not None:
+            said = {
+                "last_reason": workload.reason or None,
+                "last_preemption_reason": workload.preemption_reason or None,
+                "last_message": workload.message or None,
+                "workload": workload.name or None,
+            }
+        # a new eviction: none was said before, or Kueue evicted it again (a later time) before a
+        # pass saw it run; the first one's wait is then counted up to the second
+        again = before is not None and bool(since) and old.last_reason is not None and since != old.last_time
+        if before is None or again:
+            waited = _seconds(old.last_time, since) if again else 0.0
             current = Preemptions(
                 count=old.count + 1,
                 last_time=since or obs.now,
-                last_reason=(workload.reason or None) if workload else None,
-                last_preemption_reason=(workload.preemption_reason or None) if workload else None,
-                last_message=(workload.message or None) if workload else None,
-                workload=(workload.name or None) if workload else None,
-                preempted_seconds=old.preempted_seconds,
+                preempted_seconds=old.preempted_seconds + waited,
+                **said,
             )
             # a preemption is Kueue doing its job; another eviction may need a person (a stopped queue)
             if suspended[1] == Reason.PREEMPTED_BY_KUEUE:
                 events.append(Event("Normal", suspended[1], suspended[2]))
             else:
                 events.append(Event("Warning", suspended[1], suspended[2]))
+        elif said and old.last_reason is None:  # said before without Kueue's words: now it has them
+            current = old.model_copy(update=said)
         assert current is not None
         ckpt = prev.checkpoints
         current = current.model_copy(
