@@ -276,6 +276,131 @@ def test_a_queued_job_waits_for_quota_and_runs_when_it_frees(
     wait_phase(cluster, ns, "second", "Succeeded")
 
 
+def test_a_job_kueue_preempts_says_so_and_resumes_from_its_checkpoint(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """Kueue preempts a low-priority job for a high-priority one (a ClusterQueue that preempts within
+    itself, by the pods' PriorityClass): Kueue evicts the low job's Workload and suspends its
+    PyTorchJob, the Training Operator deletes the pod (SIGTERM: a checkpoint). The low job says it
+    was preempted by Kueue, with Kueue's reason and the checkpoint it resumes from; admitted again
+    once the high one ends, it resumes from it and succeeds, the preemption counted."""
+    assert cluster.has_kueue, f"no kueue binary in {cluster.assets}"
+    cq, queue = f"preempting-{ns}", "preempting"
+    cluster.apply(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "kubetune-test-low"},
+            "value": 100,
+        },
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "kubetune-test-high"},
+            "value": 1000,
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "h100",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "1500m"},  # one job of 1 CPU at a time
+                                    {"name": "memory", "nominalQuota": "10Ti"},
+                                    {"name": "nvidia.com/gpu", "nominalQuota": "16"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": queue, "namespace": ns},
+            "spec": {"clusterQueue": cq},
+        },
+    )
+    try:
+        _preempted_and_resumed(cluster, ns, queue)
+    finally:
+        cluster.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
+
+
+def _preempted_and_resumed(cluster: Cluster, ns: str, queue: str) -> None:
+    low = tiny_job(
+        "low", ns, **{"resources.queueName": queue, "resources.priorityClassName": "kubetune-test-low"}
+    )
+    low["spec"]["training"].update(maxSteps=40, saveSteps=5, evalSteps=20)
+    apply_job(cluster, low)
+
+    def checkpointed() -> int | None:
+        status = job_status(cluster, ns, "low")
+        step = (status.get("checkpoints") or {}).get("latestStep")
+        return step if status.get("phase") == "Training" and step else None
+
+    wait_for(checkpointed, TRAIN_TIMEOUT, "the low job to train and report a checkpoint", cluster)
+    high = tiny_job(
+        "high", ns, **{"resources.queueName": queue, "resources.priorityClassName": "kubetune-test-high"}
+    )
+    apply_job(cluster, high)
+
+    def preempted() -> dict[str, Any] | None:
+        status = job_status(cluster, ns, "low")
+        conds = {c["type"]: c for c in status.get("conditions") or []}
+        held = conds.get("Suspended")
+        return status if held and held["status"] == "True" and held["reason"] == "PreemptedByKueue" else None
+
+    status = wait_for(preempted, 180, "the low job to say Kueue preempted it", cluster)
+    assert status["phase"] == "Pending", status
+    conds = {c["type"]: c for c in status["conditions"]}
+    message = conds["Suspended"]["message"]
+    record = status["preemptions"]
+    # Kueue's own words: the Workload's Evicted (Preempted) and Preempted (InClusterQueue) conditions
+    workload = get(cluster, "workloads.kueue.x-k8s.io", ns, record["workload"])
+    kueue = {c["type"]: c for c in workload["status"]["conditions"]}
+    assert (record["count"], record["lastReason"], record["lastPreemptionReason"]) == (
+        1,
+        "Preempted",
+        "InClusterQueue",
+    )
+    assert record["lastMessage"] == kueue["Preempted"]["message"] or kueue["Preempted"]["status"] == "False"
+    assert message.startswith(
+        "Kueue preempted the PyTorchJob (InClusterQueue: Preempted to accommodate a workload"
+    )
+    assert f"Workload {record['workload']}" in message
+    assert record["resumeStep"] >= 5 and f"step {record['resumeStep']}" in message, (record, message)
+    assert (conds["Training"]["reason"], conds["Ready"]["reason"]) == ("PreemptedByKueue", "PreemptedByKueue")
+    assert get(cluster, "pytorchjob", ns, "low-train")["spec"]["runPolicy"]["suspend"] is True
+    events = [e for e in (get(cluster, "events", ns) or {}).get("items") or []
+              if e["involvedObject"].get("name") == "low" and e["reason"] == "PreemptedByKueue"]  # fmt: skip
+    assert len(events) == 1 and events[0]["type"] == "Normal", events
+
+    wait_phase(cluster, ns, "high", "Succeeded")
+    done = wait_phase(cluster, ns, "low", "Succeeded")
+    record = done["preemptions"]
+    assert record["count"] == 1 and record["readmittedTime"] and record["preemptedSeconds"] > 0, record
+    # the second attempt resumed from a checkpoint at or after the one the status named
+    assert cluster.runner is not None
+    log = cluster.runner.log_of(ns, "low-train-master-0", last=True)
+    resumed = [line for line in log.splitlines() if "resuming from" in line]
+    assert resumed and int(resumed[-1].rsplit("step ", 1)[1].rstrip(")")) >= record["resumeStep"], resumed
+    goodput = done["goodput"]
+    assert goodput["preemptions"] >= 1 and goodput["preemptedSeconds"] > 0, goodput
+    readmitted = [e for e in (get(cluster, "events", ns) or {}).get("items") or []
+                  if e["involvedObject"].get("name") == "low" and e["reason"] == "Readmitted"]  # fmt: skip
+    assert len(readmitted) == 1, readmitted
+
+
 def _time(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
