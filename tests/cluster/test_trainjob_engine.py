@@ -23,6 +23,8 @@ from tests.cluster.test_real_controllers import (
     checkpoint_folder,
     env_of,
     get,
+    preempted_and_resumed,
+    preempting_queue,
     versions,
     wait_phase,
 )
@@ -148,3 +150,16 @@ def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -
         ]
 
     wait_for(lambda: not gone(), 120, "the garbage collector to remove the children", cluster)
+
+
+def test_a_trainjob_kueue_preempts_says_so_and_resumes_from_its_checkpoint(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """The preemption scenario of tests/cluster/test_real_controllers.py on the TrainJob engine:
+    Kueue sets the TrainJob's ``spec.suspend``, Trainer v2 suspends the JobSet, the Job controller
+    deletes the pod; the same state machine says PreemptedByKueue, then the job resumes and succeeds."""
+    try:
+        with preempting_queue(cluster, ns) as queue:
+            preempted_and_resumed(cluster, ns, queue, "TrainJob")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
