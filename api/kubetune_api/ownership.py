@@ -39,6 +39,7 @@ OWNERS: dict[str, Writer] = {
     "startTime": Writer.OPERATOR,
     "completionTime": Writer.OPERATOR,
     "trainingRestarts": Writer.OPERATOR,  # counted from the Training Operator's restart events
+    "preemptions": Writer.OPERATOR,  # Kueue's evictions, from the training object's Workload
     "parent": Writer.OPERATOR,  # spec.model.fromJob: what the job started from
     "registrationRetry": Writer.OPERATOR,
     # the preparation Job's report (termination message)

@@ -41,7 +41,7 @@ class ConditionType(StrEnum):
     # False with a preparation.Refusal reason when it refused the job
     PREPARED = "Prepared"
     TRAINING = "Training"  # True while the PyTorchJob runs
-    SUSPENDED = "Suspended"  # True while suspended (spec.suspend) or queued by Kueue
+    SUSPENDED = "Suspended"  # True while suspended (spec.suspend), queued or preempted by Kueue
     REGISTERED = "Registered"  # True once MLflow has the model version
     # after Succeeded: whether the registered version carries the spec's registration.alias
     ALIAS_SYNCED = "AliasSynced"
@@ -77,6 +77,12 @@ class Reason(StrEnum):
     TRAINING_FAILED = "TrainingFailed"
     SUSPENDED_BY_USER = "SuspendedByUser"
     QUEUED = "Queued"
+    # Kueue took back the admission of training that had run (its Workload's Evicted condition): to
+    # make room for another workload (PreemptedByKueue), or for another of Kueue's reasons
+    # (EvictedByKueue: PodsReadyTimeout, ClusterQueueStopped, Deactivated...); it waits to be
+    # admitted again and resumes from its newest checkpoint (status.preemptions)
+    PREEMPTED_BY_KUEUE = "PreemptedByKueue"
+    EVICTED_BY_KUEUE = "EvictedByKueue"
     RESUMING = "Resuming"
     NOT_SUSPENDED = "NotSuspended"
     REGISTRATION_PENDING = "RegistrationPending"
@@ -118,6 +124,8 @@ class EventReason(StrEnum):
     TRAINING_STARTED = "TrainingStarted"
     REGISTRATION_STARTED = "RegistrationStarted"
     RESUMED = "Resumed"
+    # Kueue admitted again the training it had preempted (or evicted): its pods resume from a checkpoint
+    READMITTED = "Readmitted"
     FAILED = "Failed"
     REGISTRATION_RETRIED = "RegistrationRetried"
     REGISTRATION_ENABLED = "RegistrationEnabled"
@@ -212,13 +220,25 @@ class Goodput(ApiModel):
     productive_gpu_seconds: float = Field(default=0, description="Spent in optimizer steps that count.")
     restart_lost_gpu_seconds: float = Field(
         default=0,
-        description="Spent in steps redone after a restart (done after the checkpoint resumed from).",
+        description="Spent in steps redone after a restart (done after the checkpoint resumed from); "
+        "after a preemption: preemptionLostGpuSeconds.",
+    )
+    preemption_lost_gpu_seconds: float = Field(
+        default=0,
+        description="Spent in steps redone after a preemption (an attempt stopped on SIGTERM: Kueue, the "
+        "scheduler, a drained node, spec.suspend).",
     )
     startup_gpu_seconds: float = Field(
         default=0, description="From process start to the first step, per attempt."
     )
     checkpoint_gpu_seconds: float = Field(default=0, description="Spent saving checkpoints.")
-    restarts: int = Field(default=0, description="Attempts after the first.")
+    restarts: int = Field(default=0, description="Attempts after the first (preemptions included).")
+    preemptions: int = Field(default=0, description="Attempts that stopped on SIGTERM (preempted).")
+    preempted_seconds: float = Field(
+        default=0,
+        description="Wall seconds from each preempted attempt's end to the next one's start: no GPUs "
+        "held (not in heldGpuSeconds, nor in spec.budget), waiting to run again.",
+    )
     goodput_percent: float | None = Field(default=None, description="productive / held, in percent.")
 
 
@@ -259,6 +279,42 @@ class TrainingRestarts(ApiModel):
         default=0,
         description="The Training Operator's restart events counted so far (they expire with the API "
         "server's event TTL, one hour by default: restarts further apart than that may go uncounted).",
+    )
+
+
+class Preemptions(ApiModel):
+    """The times Kueue took back the training's admission (its Workload ``Evicted``: preempted for a
+    higher-priority workload, or evicted for another of Kueue's reasons) and the time spent waiting
+    to be admitted again (no GPUs held: it is not in status.goodput's held time)."""
+
+    count: int = Field(default=0, description="Evictions by Kueue so far.")
+    last_time: str | None = Field(
+        default=None, description="When Kueue evicted the training last (its Workload's Evicted condition)."
+    )
+    last_reason: str | None = Field(
+        default=None,
+        description="Kueue's reason: Preempted, or another eviction reason (PodsReadyTimeout, Deactivated...).",
+    )
+    last_preemption_reason: str | None = Field(
+        default=None,
+        description="Why Kueue preempted it (its Preempted condition): InClusterQueue, InCohortReclamation, "
+        "InCohortFairSharing, InCohortReclaimWhileBorrowing.",
+    )
+    last_message: str | None = Field(default=None, description="Kueue's message (names the preemptor).")
+    workload: str | None = Field(default=None, description="Kueue's Workload of the training object.")
+    resume_from: str | None = Field(
+        default=None,
+        description="The checkpoint the training resumes from when admitted again (the newest complete one, "
+        "status.checkpoints.latest); unset: from the start.",
+    )
+    resume_step: int | None = Field(default=None, description="Its step.")
+    readmitted_time: str | None = Field(
+        default=None, description="When the training left the last eviction (admitted again)."
+    )
+    preempted_seconds: float = Field(
+        default=0,
+        description="Seconds spent evicted, from each eviction to the training's next start (the current "
+        "one counted once it ends).",
     )
 
 
@@ -351,6 +407,11 @@ class FineTuneJobStatus(ApiModel):
     training_restarts: TrainingRestarts | None = Field(
         default=None,
         description="Restarts of the training pods; too many in a row without progress fail the job.",
+    )
+    preemptions: Preemptions | None = Field(
+        default=None,
+        description="Evictions by Kueue (preemption): how many, the last one's reason, the checkpoint it "
+        "resumes from, the time spent waiting.",
     )
     memory_retries: list[MemoryRetry] | None = Field(
         default=None, description="Retries after CUDA out of memory, each with its old and new layout."

@@ -4,7 +4,8 @@ Shows the phase (and why, from the status conditions), the preparation report on
 (examples, tokens, lengths, and the estimate of memory, time and GPU-hours), a progress bar with the step, loss, tokens per
 second and ETA the trainer reports, each retry after CUDA out of memory (the micro-step layout before
 and after), then the registered model, or why training failed (the reason, what happened, what it
-means and what to do), whether it stopped at spec.budget, and where the GPU time went (goodput). The
+means and what to do), whether it stopped at spec.budget, how often Kueue preempted it, and where
+the GPU time went (goodput). The
 MLflow UI links (the run as soon as the trainer reports it, the registered version at the end) are
 printed when the tracking server is an http(s) URL; so is the evaluation gate's verdict. On a
 terminal the progress line is redrawn in place; otherwise (CI logs, pipes) a line is printed whenever
@@ -201,6 +202,13 @@ def goodput_line(status: dict[str, Any]) -> str | None:
     ...     "restartLostGpuSeconds": 300, "startupGpuSeconds": 230, "checkpointGpuSeconds": 100,
     ...     "restarts": 1, "goodputPercent": 87.5}})
     'Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 300 lost to 1 restart, 230 start-up, 100 saving checkpoints'
+
+    Preempted attempts (SIGTERM: Kueue, the scheduler, a drain) are told apart, with the wait they cost:
+
+    >>> goodput_line({"goodput": {"heldGpuSeconds": 5040, "productiveGpuSeconds": 4410,
+    ...     "preemptionLostGpuSeconds": 300, "startupGpuSeconds": 230, "checkpointGpuSeconds": 100,
+    ...     "restarts": 1, "preemptions": 1, "preemptedSeconds": 900, "goodputPercent": 87.5}})
+    'Goodput 87.5%: of 5,040 GPU-seconds held, 4,410 productive, 0 lost to 1 restart, 230 start-up, 100 saving checkpoints; 1 preemption: 300 lost, 900 s waiting to run again'
     """
     g = status.get("goodput")
     if not isinstance(g, dict):
@@ -215,12 +223,37 @@ def goodput_line(status: dict[str, Any]) -> str | None:
     if not isinstance(percent, int | float):
         percent = 100 * seconds("productiveGpuSeconds") / held if held > 0 else None
     restarts = g.get("restarts") if isinstance(g.get("restarts"), int) else 0
-    return (
+    line = (
         f"Goodput {'?' if percent is None else f'{percent:.1f}%'}: of {held:,.0f} GPU-seconds held, "
         f"{seconds('productiveGpuSeconds'):,.0f} productive, "
         f"{seconds('restartLostGpuSeconds'):,.0f} lost to {restarts} restart{'' if restarts == 1 else 's'}, "
         f"{seconds('startupGpuSeconds'):,.0f} start-up, {seconds('checkpointGpuSeconds'):,.0f} saving checkpoints"
     )
+    preemptions = g.get("preemptions") if isinstance(g.get("preemptions"), int) else 0
+    if preemptions:
+        line += (
+            f"; {preemptions} preemption{'' if preemptions == 1 else 's'}: "
+            f"{seconds('preemptionLostGpuSeconds'):,.0f} lost, {seconds('preemptedSeconds'):,.0f} s waiting to run again"
+        )
+    return line
+
+
+def preemption_line(status: dict[str, Any]) -> str | None:
+    """How often Kueue took the training back (status.preemptions), one line; None when it never did.
+
+    >>> preemption_line({"preemptions": {"count": 2, "lastReason": "Preempted",
+    ...     "lastPreemptionReason": "InClusterQueue", "preemptedSeconds": 900}})
+    'Preempted by Kueue 2 times (last: InClusterQueue), 15m00s waiting to be admitted again'
+    """
+    p = status.get("preemptions")
+    if not isinstance(p, dict) or not isinstance(p.get("count"), int) or p["count"] < 1:
+        return None
+    count, why = p["count"], p.get("lastPreemptionReason") or p.get("lastReason")
+    waited = p.get("preemptedSeconds")
+    line = f"Preempted by Kueue {count} time{'' if count == 1 else 's'}" + (f" (last: {why})" if why else "")
+    if isinstance(waited, int | float):
+        line += f", {format_duration(waited)} waiting to be admitted again"
+    return line
 
 
 def memory_retry_line(retry: dict[str, Any]) -> str:
@@ -302,6 +335,9 @@ def outcome(status: dict[str, Any]) -> str:
             lines.extend(failure_lines(*failure))
         else:
             lines.append(phase_reason(status) or "the FineTuneJob failed")
+    preempted = preemption_line(status)
+    if preempted:
+        lines.append(preempted)
     goodput = goodput_line(status)
     if goodput:
         lines.append(goodput)

@@ -90,6 +90,7 @@ PLURALS = {
     "TrainingRuntime": "trainingruntimes",
     "JobSet": "jobsets",
     "FineTuneJob": "finetunejobs",
+    "Workload": "workloads",  # Kueue's (kueue.x-k8s.io): read only
 }
 
 

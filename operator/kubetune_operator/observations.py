@@ -425,6 +425,77 @@ def settling(status: dict[str, Any] | None) -> bool:
     )
 
 
+# --- Kueue's Workload ------------------------------------------------------------------------------------
+
+# Kueue (v0.17) makes one Workload per job it queues, labelled with the job's uid and owned by it;
+# the operator reads it only while the training object is suspended under a queue (why it is held).
+KUEUE_WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# The Workload's condition types Kueue sets when it takes the admission back: Evicted (reason
+# Preempted, PodsReadyTimeout, AdmissionCheck, ClusterQueueStopped, LocalQueueStopped, NodeFailures,
+# Deactivated, ...) and, for a preemption, Preempted (reason InClusterQueue, InCohortReclamation,
+# InCohortFairSharing, InCohortReclaimWhileBorrowing). Re-admitted, both turn False (reason
+# QuotaReserved, message "Previously: ...").
+KUEUE_EVICTED = "Evicted"
+KUEUE_PREEMPTED = "Preempted"
+KUEUE_EVICTED_BY_PREEMPTION = "Preempted"
+
+
+@dataclass(frozen=True)
+class KueueWorkload:
+    """What Kueue's Workload of a suspended training object says: whether Kueue evicted it (took its
+    admission back: preempted it, or another eviction) and why, in Kueue's words."""
+
+    name: str = ""
+    evicted: bool = False
+    reason: str = ""  # the Evicted condition's: Preempted, PodsReadyTimeout, Deactivated, ...
+    preemption_reason: str = ""  # the Preempted condition's: InClusterQueue, InCohortReclamation, ...
+    message: str = ""  # Kueue's message (the Preempted condition's when there is one)
+    since: str = ""  # RFC 3339: the Evicted condition's lastTransitionTime
+
+    @property
+    def preempted(self) -> bool:
+        return self.evicted and self.reason == KUEUE_EVICTED_BY_PREEMPTION
+
+
+def kueue_workload(workloads: list[dict[str, Any]], training_uid: str | None) -> KueueWorkload | None:
+    """Fold the Workloads labelled with the training object's uid into what Kueue says of it (None:
+    there is none: Kueue has not made it yet, or does not manage the object). One owned by the
+    training object (by uid) is preferred; a finished one is never taken over a live one."""
+    if not workloads:
+        return None
+
+    def rank(w: dict[str, Any]) -> tuple[bool, bool]:
+        refs = (w.get("metadata") or {}).get("ownerReferences") or []
+        owned = any(r.get("uid") == training_uid for r in refs)
+        finished = any(
+            c.get("type") == "Finished" and c.get("status") == "True"
+            for c in (w.get("status") or {}).get("conditions") or []
+        )
+        return (not owned, finished)
+
+    workload = sorted(workloads, key=rank)[0]
+    name = str((workload.get("metadata") or {}).get("name") or "")
+    conditions = {
+        c.get("type"): c
+        for c in (workload.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict)
+    }
+    evicted = conditions.get(KUEUE_EVICTED) or {}
+    if evicted.get("status") != "True":
+        return KueueWorkload(name=name)
+    preempted = conditions.get(KUEUE_PREEMPTED) or {}
+    preempted_now = preempted.get("status") == "True"
+    return KueueWorkload(
+        name=name,
+        evicted=True,
+        reason=str(evicted.get("reason") or ""),
+        preemption_reason=str(preempted.get("reason") or "") if preempted_now else "",
+        message=str((preempted.get("message") if preempted_now else None) or evicted.get("message") or ""),
+        since=str(evicted.get("lastTransitionTime") or ""),
+    )
+
+
 # --- the API server refusing a child -------------------------------------------------------------------
 
 # What a refusal means, by what the operator was doing and the API server's HTTP status:

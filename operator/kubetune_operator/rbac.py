@@ -16,6 +16,9 @@ Why each rule:
   Trainer v2 (a job whose engine is TrainJob): the job's own TrainingRuntime, created once before
   its TrainJob, and the TrainJob, watched, its ``spec.suspend`` flipped. jobsets (get): the
   TrainJob's JobSet, read while its pods restart: its ``status.restarts`` counts the restarts.
+- workloads (list): Kueue's Workload of a queued job's training object (by Kueue's job-uid label),
+  listed while Kueue holds the object suspended: its ``Evicted``/``Preempted`` conditions say whether
+  Kueue preempted training that had run, and why (best effort: without it the job says less).
 - jobs (get/list/watch/create/delete): the registration Job; a failed one is deleted when the user
   asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by its
   uid). pods (list/watch): its termination message; the training pods, watched, and listed while
@@ -63,6 +66,7 @@ OPERATOR_RULES: list[dict[str, Any]] = [
         "verbs": ["get", "list", "watch", "create", "patch"],
     },
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},

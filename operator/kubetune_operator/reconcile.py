@@ -402,7 +402,25 @@ def _observe_training(
         counted = _restarts(ctx, action.job.metadata.name, live)
         if counted is not None:
             obs = replace(obs, restart_events=counted[0], attempt_failure=counted[1])
+    if action.kueue:
+        obs = replace(obs, kueue=_kueue_workload(ctx, live))
     return replace(obs, observed=observed)
+
+
+def _kueue_workload(ctx: Context, training: dict[str, Any]) -> state.KueueWorkload | None:
+    """Kueue's Workload of the suspended training object (by Kueue's job-uid label): queued, or
+    evicted (preempted) and why. Best effort: Kueue not installed (404) or the RBAC of an older
+    install (403) is logged, and the job shows what it can tell without it."""
+    meta = training["metadata"]
+    selector = f"{observations.KUEUE_JOB_UID_LABEL}={meta.get('uid')}"
+    try:
+        workloads = ctx.kube.list(
+            observations.KUEUE_WORKLOAD_API_VERSION, "Workload", meta["namespace"], selector
+        )
+    except ApiError as e:
+        ctx.logger.warning("cannot read Kueue's Workload of %s %s: %s", training.get("kind"), meta["name"], e)
+        return None
+    return observations.kueue_workload(workloads, meta.get("uid"))
 
 
 def _job_pod_not_created(ctx: Context, job_obj: dict[str, Any]) -> str:

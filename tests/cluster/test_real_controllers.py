@@ -8,9 +8,11 @@ trains the tiny model on the CPU exactly as the Training Operator started it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -306,6 +308,131 @@ def queued_until_quota_frees(cluster: Cluster, ns: str, engine: str) -> None:
     assert training_pods(cluster, ns, "second") == []
     wait_phase(cluster, ns, "first", "Succeeded")
     wait_phase(cluster, ns, "second", "Succeeded")
+
+
+def test_a_job_kueue_preempts_says_so_and_resumes_from_its_checkpoint(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """Kueue preempts a low-priority job for a high-priority one (a ClusterQueue that preempts within
+    itself, by the pods' PriorityClass): Kueue evicts the low job's Workload and suspends its
+    PyTorchJob, the Training Operator deletes the pod (SIGTERM: a checkpoint). The low job says it
+    was preempted by Kueue, with Kueue's reason and the checkpoint it resumes from; admitted again
+    once the high one ends, it resumes from it and succeeds, the preemption counted."""
+    with preempting_queue(cluster, ns) as queue:
+        preempted_and_resumed(cluster, ns, queue, "PyTorchJob")
+
+
+@contextlib.contextmanager
+def preempting_queue(cluster: Cluster, ns: str) -> Iterator[str]:
+    """A LocalQueue of ``ns`` on a ClusterQueue of its own that preempts lower priorities within
+    itself, with room for one job of one CPU, and the two PriorityClasses of the scenario."""
+    assert cluster.has_kueue, f"no kueue binary in {cluster.assets}"
+    cq, queue = f"preempting-{ns}", "preempting"
+    cluster.apply(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "kubetune-test-low"},
+            "value": 100,
+        },
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "kubetune-test-high"},
+            "value": 1000,
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": cq},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                        "flavors": [
+                            {
+                                "name": "h100",
+                                "resources": [
+                                    {"name": "cpu", "nominalQuota": "1500m"},  # one job of 1 CPU at a time
+                                    {"name": "memory", "nominalQuota": "10Ti"},
+                                    {"name": "nvidia.com/gpu", "nominalQuota": "16"},
+                                ],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": queue, "namespace": ns},
+            "spec": {"clusterQueue": cq},
+        },
+    )
+    try:
+        yield queue
+    finally:
+        cluster.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
+
+
+def preempted_and_resumed(cluster: Cluster, ns: str, queue: str, engine: str) -> None:
+    """The scenario on ``engine``'s training object (both suspend it their own way)."""
+    on = {"resources.queueName": queue, "engine": engine}
+    low = tiny_job("low", ns, **on, **{"resources.priorityClassName": "kubetune-test-low"})
+    low["spec"]["training"].update(maxSteps=40, saveSteps=5, evalSteps=20)
+    apply_job(cluster, low)
+
+    def checkpointed() -> int | None:
+        status = job_status(cluster, ns, "low")
+        step = (status.get("checkpoints") or {}).get("latestStep")
+        return step if status.get("phase") == "Training" and step else None
+
+    wait_for(checkpointed, TRAIN_TIMEOUT, "the low job to train and report a checkpoint", cluster)
+    apply_job(cluster, tiny_job("high", ns, **on, **{"resources.priorityClassName": "kubetune-test-high"}))
+
+    def preempted() -> dict[str, Any] | None:
+        status = job_status(cluster, ns, "low")
+        conds = {c["type"]: c for c in status.get("conditions") or []}
+        held = conds.get("Suspended")
+        return status if held and held["status"] == "True" and held["reason"] == "PreemptedByKueue" else None
+
+    status = wait_for(preempted, 180, "the low job to say Kueue preempted it", cluster)
+    assert status["phase"] == "Pending", status
+    conds = {c["type"]: c for c in status["conditions"]}
+    message = conds["Suspended"]["message"]
+    record = status["preemptions"]
+    # Kueue's own words: the Workload's Evicted (Preempted) and Preempted (InClusterQueue) conditions
+    workload = get(cluster, "workloads.kueue.x-k8s.io", ns, record["workload"])
+    kueue = {c["type"]: c for c in workload["status"]["conditions"]}
+    assert (record["count"], record["lastReason"], record["lastPreemptionReason"]) == (
+        1,
+        "Preempted",
+        "InClusterQueue",
+    )
+    assert record["lastMessage"] == kueue["Preempted"]["message"] or kueue["Preempted"]["status"] == "False"
+    assert message.startswith(
+        f"Kueue preempted the {engine} (InClusterQueue: Preempted to accommodate a workload"
+    )
+    assert f"Workload {record['workload']}" in message
+    assert record["resumeStep"] >= 5 and f"step {record['resumeStep']}" in message, (record, message)
+    assert (conds["Training"]["reason"], conds["Ready"]["reason"]) == ("PreemptedByKueue", "PreemptedByKueue")
+    assert child_suspended(training_child(cluster, ns, "low", engine), engine) is True
+    events = [e for e in (get(cluster, "events", ns) or {}).get("items") or []
+              if e["involvedObject"].get("name") == "low" and e["reason"] == "PreemptedByKueue"]  # fmt: skip
+    assert len(events) == 1 and events[0]["type"] == "Normal", events
+
+    wait_phase(cluster, ns, "high", "Succeeded")
+    done = wait_phase(cluster, ns, "low", "Succeeded")
+    record = done["preemptions"]
+    assert record["count"] == 1 and record["readmittedTime"] and record["preemptedSeconds"] > 0, record
+    goodput = done["goodput"]
+    assert goodput["preemptions"] >= 1 and goodput["preemptedSeconds"] > 0, goodput
+    readmitted = [e for e in (get(cluster, "events", ns) or {}).get("items") or []
+                  if e["involvedObject"].get("name") == "low" and e["reason"] == "Readmitted"]  # fmt: skip
+    assert len(readmitted) == 1, readmitted
 
 
 def _time(stamp: str) -> datetime:

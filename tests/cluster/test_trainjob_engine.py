@@ -25,6 +25,8 @@ from tests.cluster.test_real_controllers import (
     checkpoint_folder,
     env_of,
     get,
+    preempted_and_resumed,
+    preempting_queue,
     queued_until_quota_frees,
     suspended_until_resumed,
     versions,
@@ -239,3 +241,16 @@ def test_render_on_trainjob_passes_trainer_v2s_and_jobsets_webhooks(
     node = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "node")
     assert node["template"]["spec"]["parallelism"] == nodes
     assert not (get(cluster, "pod", ns) or {}).get("items"), "a suspended TrainJob made a pod"
+
+
+def test_a_trainjob_kueue_preempts_says_so_and_resumes_from_its_checkpoint(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+) -> None:
+    """The preemption scenario of tests/cluster/test_real_controllers.py on the TrainJob engine:
+    Kueue sets the TrainJob's ``spec.suspend``, Trainer v2 suspends the JobSet, the Job controller
+    deletes the pod; the same state machine says PreemptedByKueue, then the job resumes and succeeds."""
+    try:
+        with preempting_queue(cluster, ns) as queue:
+            preempted_and_resumed(cluster, ns, queue, "TrainJob")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e

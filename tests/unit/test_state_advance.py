@@ -84,6 +84,7 @@ class World:
     reads: dict[tuple[Fact, str], Any] = field(default_factory=dict)  # name "*": whatever the name
     children: dict[Child, dict[str, Any]] = field(default_factory=dict)
     registration: state.RegistrationObservation = field(default_factory=state.RegistrationObservation)
+    workloads: list[dict[str, Any]] = field(default_factory=list)  # Kueue's, of the training object
 
 
 def drive(obs: state.Observation, world: World) -> tuple[list[Any], state.Commit]:
@@ -113,8 +114,12 @@ def drive(obs: state.Observation, world: World) -> tuple[list[Any], state.Commit
                     obs = replace(
                         obs, had={**obs.had, child: state.Had(live)}, registration=world.registration
                     )
-                case state.ObserveTraining():
+                case state.ObserveTraining(kueue=kueue):
                     obs = replace(obs, observed=obs.observed | {Child.TRAINING_JOB})
+                    if kueue:
+                        live = obs.had[Child.TRAINING_JOB].obj or {}
+                        uid = (live.get("metadata") or {}).get("uid")
+                        obs = replace(obs, kueue=observations.kueue_workload(world.workloads, uid))
                 case state.DeleteChild(_, _, name, _):
                     obs = replace(obs, deleted=obs.deleted | {name})
     raise AssertionError(f"no commit after {done}")

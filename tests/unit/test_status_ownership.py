@@ -28,6 +28,7 @@ OPERATOR_TABLE_TESTS = (
     "test_state_pods",
     "test_state_preparation",
     "test_state_refusals",
+    "test_state_preemption",
     "test_gate",
     "test_parent",
 )

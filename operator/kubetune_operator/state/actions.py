@@ -79,12 +79,13 @@ class SyncDeadline:
 @dataclass(frozen=True)
 class ObserveTraining:
     """Read what the training object's status does not say: its pods' trouble, why it failed, its
-    restarts (each best effort)."""
+    restarts, why Kueue holds it (its Workload: queued, or preempted) (each best effort)."""
 
     job: api.FineTuneJob
     pods: bool = False
     failure: bool = False
     restarts: bool = False
+    kueue: bool = False
 
 
 @dataclass(frozen=True)

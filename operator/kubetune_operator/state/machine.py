@@ -29,7 +29,9 @@ a :class:`~kubetune_api.preparation.Refusal`):
   ``DoesNotFit``...) or ``PreparationFailed``: the job is Failed before any GPU pod existed.
 - ``Training``: True while the training object runs. False while it has not started; when its pods
   cannot start it says why (``PodsNotCreated``, ``Unschedulable``, ``ImagePullFailed``).
-- ``Suspended``: True while suspended (``spec.suspend``) or queued by Kueue.
+- ``Suspended``: True while suspended (``spec.suspend``), queued by Kueue (``Queued``), or taken
+  back by Kueue after it trained (``PreemptedByKueue``, ``EvictedByKueue``: :mod:`.preemption`,
+  with ``status.preemptions``); the phase is Pending while Kueue holds it.
 - ``Registered``: True once MLflow has the model version; False ``GateNotMet`` when
   ``spec.registration.gate`` was not met (the job still Succeeds; the retry annotation forces it).
 - ``ParentReady`` (``spec.model.fromJob``): False while the parent job runs (Pending, nothing created)
@@ -58,7 +60,7 @@ from ..registration_status import gate_event, gate_not_met_message, registered_m
 from ..state_types import Decided, Decision, Event, Transition, Verdicts
 from ..state_types import condition_of as _condition
 from ..training_failures import count_restarts
-from . import chaining
+from . import chaining, preemption
 from .observation import Observation
 from .status_view import FINAL_PHASES, Reregister, reopens
 
@@ -132,7 +134,7 @@ def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transiti
             transition.status["completionTime"] = None  # merge patch: no longer complete
         return _record_retry(transition, obs)
 
-    obs = _with_restarts(prev, obs)
+    obs = _with_restarts(prev, replace(obs, previous=prev))
     decision = decide(obs)
     phase, reasons = decision.phase, decision.conditions
     conditions = _conditions(phase, reasons, obs, prev_conditions)
@@ -144,6 +146,10 @@ def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transiti
         "children": obs.children,
     }
     status.update(_reports(obs))
+    # Kueue's evictions (preemption): counted, with the checkpoint it resumes from and the time spent
+    preempted, preempted_events = preemption.record(prev, obs, reasons.get(C.SUSPENDED), _kind(obs))
+    if preempted is not None:
+        status["preemptions"] = preempted
     if obs.engine is not None:  # the training engine, recorded once chosen (state.engine)
         status["engine"] = str(obs.engine)
     if obs.parent is not None and obs.parent.status is not None:
@@ -157,7 +163,7 @@ def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transiti
     if phase == Phase.SUCCEEDED:  # the model registered (with its links), the gate's verdict
         status.update(registration_report(obs.registration))
 
-    events = opening + _events(prev_phase, phase, reasons, prev_conditions, _kind(obs))
+    events = opening + preempted_events + _events(prev_phase, phase, reasons, prev_conditions, _kind(obs))
     return _record_retry(Transition(status=status, events=events, phase=phase, waiting=decision.waiting), obs)
 
 
@@ -581,17 +587,7 @@ def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdict
         out[C.READY] = (False, Reason.SUSPENDED_BY_USER, "suspended")
         return Phase.SUSPENDED, out
     if tr.condition == "Suspended":
-        if obs.queued_by_kueue:
-            msg = f"the {_kind(obs)} waits for Kueue to admit it (spec.resources.queueName)"
-            out[C.SUSPENDED] = (True, Reason.QUEUED, msg)
-            out[C.TRAINING] = (False, Reason.QUEUED, msg)
-            out[C.READY] = (False, Reason.QUEUED, msg)
-            return Phase.PENDING, out
-        msg = f"resuming the {_kind(obs)}"
-        out[C.SUSPENDED] = (False, Reason.RESUMING, msg)
-        out[C.TRAINING] = (False, Reason.RESUMING, msg)
-        out[C.READY] = (False, Reason.RESUMING, msg)
-        return Phase.PENDING, out
+        return _held_suspended(obs, out), out
     out[C.SUSPENDED] = (False, Reason.NOT_SUSPENDED, "")
     if obs.restarts is not None and obs.restarts.since_progress > obs.restart_limit:
         return _restart_limit(obs, out)
@@ -629,6 +625,23 @@ def _before_training_ends(obs: Observation, out: Verdicts) -> tuple[str, Verdict
         out[C.TRAINING] = (False, shown[0], shown[1])
         out[C.READY] = (False, shown[0], shown[1])
     return phase, out
+
+
+def _held_suspended(obs: Observation, out: Verdicts) -> str:
+    """The training object is suspended, not by ``spec.suspend``: Kueue took it back after it
+    trained (preempted: :mod:`.preemption`), Kueue queues it, or it is being resumed."""
+    evicted = preemption.verdict(obs, _kind(obs)) if obs.queued_by_kueue else None
+    if evicted is not None:  # it waits to be admitted again, and resumes from its checkpoint
+        decided = evicted
+    elif obs.queued_by_kueue:
+        msg = f"the {_kind(obs)} waits for Kueue to admit it (spec.resources.queueName)"
+        decided = Decided(True, Reason.QUEUED, msg)
+    else:
+        decided = Decided(False, Reason.RESUMING, f"resuming the {_kind(obs)}")
+    out[C.SUSPENDED] = decided
+    out[C.TRAINING] = (False, decided[1], decided[2])
+    out[C.READY] = (False, decided[1], decided[2])
+    return Phase.PENDING
 
 
 # Conditions every status shows, with what they say before anything decided them.

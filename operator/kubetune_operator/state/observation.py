@@ -23,6 +23,7 @@ from kubetune_api.status import BudgetStatus, FineTuneJobStatus, TrainingRestart
 
 from ..observations import (
     ChildError,
+    KueueWorkload,
     PodsObservation,
     PreparationObservation,
     RegistrationObservation,
@@ -101,6 +102,9 @@ class Observation:
     checkpoint_step: int | None = None  # the trainer's newest complete checkpoint (status.checkpoints)
     restarts: TrainingRestarts | None = None  # counted (advance fills it from the previous status)
     queued_by_kueue: bool = False  # spec has a queueName: a suspended PyTorchJob is waiting for quota
+    # what Kueue's Workload says of the suspended training object of a queued job: whether Kueue
+    # evicted it (preempted it) and why (None: not read, there is none, or it cannot be read)
+    kueue: KueueWorkload | None = None
     invalid_spec: str | None = None
     invalid_reason: str = "InvalidSpec"  # the condition's reason when invalid_spec is set
     # the job cannot have its training engine yet (state.engine): the condition's reason and message

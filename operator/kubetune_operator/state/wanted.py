@@ -95,6 +95,11 @@ def _training(obs: Observation, job: api.FineTuneJob) -> tuple[Action, ...]:
             and not had.created
             and condition in ("Restarting", "Created", "Running")
             and (condition != "Running" or not running),
+            # held under a queue (not by spec.suspend): Kueue's Workload says whether it was preempted
+            kueue=live is not None
+            and condition == "Suspended"
+            and not job.spec.suspend
+            and job.spec.resources.queue_name is not None,
         )
     )
     return tuple(actions)

@@ -266,6 +266,8 @@ class RunCallback(TrainerCallback):
                 self.budget_stop = (step, self.guard.budget_limit)
             else:
                 self.preempted_at_step = step
+                if self.ledger is not None:
+                    self.ledger.on_preempted()  # status.goodput counts what follows as preemption
             control.should_save = True
             control.should_training_stop = True
         if self.progress is not None:

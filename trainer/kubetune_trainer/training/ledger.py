@@ -10,9 +10,13 @@ these (GPU-seconds = seconds x GPUs):
 - checkpoint saves: the seconds in ``save`` calls;
 - lost to restarts: the steps an attempt redid (done by the attempt before it, after the checkpoint
   it resumed from), at the earlier attempt's seconds per step;
+- lost to preemptions: the same, when the attempt before it was preempted (it stopped on SIGTERM:
+  Kueue took its admission back, the scheduler preempted a pod, a node was drained, spec.suspend);
+  such an attempt is marked in the ledger, and the wall time from its last record to the next
+  attempt's start (no GPUs held, waiting to be admitted and scheduled again) is the time preempted;
 - productive: the rest of the time in steps.
 
-The budget counts held time (what the GPUs cost), summed over attempts.
+The budget counts held time (what the GPUs cost), summed over attempts: the time preempted is not in it.
 
 >>> led = Ledger(gpus=8)
 >>> led.attempts = [Attempt(started=0, gpus=8, resumed_step=0, first_step_at=60, last_at=1060, last_step=100,
@@ -22,6 +26,15 @@ The budget counts held time (what the GPUs cost), summed over attempts.
 >>> g = led.goodput(now=2490)
 >>> g["heldGpuSeconds"], g["startupGpuSeconds"], g["restartLostGpuSeconds"], g["productiveGpuSeconds"], g["restarts"]
 (12400.0, 1200.0, 1536.0, 9344.0, 1)
+
+The same run, its first attempt preempted (it stopped at step 100 on SIGTERM, saved a checkpoint there
+and the next attempt, admitted 940 s later, resumed from it: nothing redone):
+
+>>> led.attempts[0].preempted = True
+>>> led.attempts[1].resumed_step = 100
+>>> g = led.goodput(now=2490)
+>>> g["preemptions"], g["preemptedSeconds"], g["preemptionLostGpuSeconds"], g["restartLostGpuSeconds"]
+(1, 940.0, 0.0, 0.0)
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ class Attempt:
     last_at: float | None = None
     last_step: int | None = None
     checkpoint_seconds: float = 0.0
+    preempted: bool = False  # it stopped on SIGTERM (after saving a checkpoint, or while loading)
 
     def held(self, now: float | None = None) -> float:
         end = now if now is not None else (self.last_at or self.started)
@@ -102,6 +116,11 @@ class Ledger:
     def on_checkpoint(self, seconds: float) -> None:
         self.current.checkpoint_seconds += seconds
 
+    def on_preempted(self) -> None:
+        """This attempt stops on SIGTERM (preempted): its successor's redone steps and the wait before
+        it count as preemption."""
+        self.current.preempted = True
+
     def held_seconds(self, now: float | None = None) -> float:
         """Wall time of every attempt (this one up to ``now``)."""
         done = sum(a.held() for a in self.attempts[:-1])
@@ -114,7 +133,7 @@ class Ledger:
     def goodput(self, now: float | None = None) -> dict[str, Any]:
         """``status.goodput`` (camelCase, GPU-seconds rounded to 0.1)."""
         now = time.time() if now is None else now
-        held = startup = saving = lost = in_steps = 0.0
+        held = startup = saving = lost = preemption_lost = preempted = in_steps = 0.0
         for i, a in enumerate(self.attempts):
             last = i == len(self.attempts) - 1
             held += a.held(now if last else None) * a.gpus
@@ -126,16 +145,23 @@ class Ledger:
                 before = self.attempts[i - 1]
                 redone = (before.last_step or 0) - a.resumed_step
                 pace = before.seconds_per_step()
-                if redone > 0 and pace:
-                    lost += redone * pace * before.gpus
-        productive = max(0.0, in_steps - lost)
+                cost = redone * pace * before.gpus if redone > 0 and pace else 0.0
+                if before.preempted:
+                    preemption_lost += cost
+                    preempted += max(0.0, a.started - (before.last_at or before.started))
+                else:
+                    lost += cost
+        productive = max(0.0, in_steps - lost - preemption_lost)
         return {
             "heldGpuSeconds": round(held, 1),
             "productiveGpuSeconds": round(productive, 1),
             "restartLostGpuSeconds": round(lost, 1),
+            "preemptionLostGpuSeconds": round(preemption_lost, 1),
             "startupGpuSeconds": round(startup, 1),
             "checkpointGpuSeconds": round(saving, 1),
             "restarts": max(0, len(self.attempts) - 1),
+            "preemptions": sum(1 for a in self.attempts if a.preempted),
+            "preemptedSeconds": round(preempted, 1),
             "goodputPercent": round(100 * productive / held, 1) if held > 0 else None,
         }
 

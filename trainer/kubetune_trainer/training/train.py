@@ -454,6 +454,9 @@ def _fit(
     result = TrainResult(status="preempted", world_size=dist.world_size, plan=plan.as_dict())
     if attempt.guard.agreed() and attempt.guard.budget_limit is None:
         # SIGTERM while loading: nothing new to save, the next attempt starts where this one did.
+        if ledger is not None:
+            ledger.on_preempted()
+            ledger.save(force=True)
         return _report(attempt, tracker, _preempted(result, callback, resume, attempt))
     if resume is not None:
         log.info("resuming from %s (step %d)", resume.path, resume.step)
