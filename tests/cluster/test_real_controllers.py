@@ -100,6 +100,22 @@ def versions(mlflow_server: MlflowServer, model: str) -> list[Any]:
     return list(client.search_model_versions(f"name = '{model}'"))
 
 
+def registered_once_with_its_final_checkpoint(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, name: str, status: dict[str, Any]
+) -> None:
+    """A succeeded job's end, on either engine: the Job controller completed the registration Job,
+    the status names version 1 of the job's model, MLflow holds that one version, and the trainer
+    wrote its final checkpoint into the volume kube-controller-manager bound."""
+    reg = get(cluster, "job", ns, f"{name}-register")
+    assert reg["status"].get("succeeded") == 1
+    model = f"{ns}-{name}"
+    assert status["registeredModel"]["name"] == model
+    assert status["registeredModel"]["version"] == "1"
+    assert [v.version for v in versions(mlflow_server, model)] == ["1"]
+    folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
+    assert (folder / "final").is_dir(), sorted(p.name for p in folder.iterdir())
+
+
 def checkpoint_folder(cluster: Cluster, ns: str, claim: str) -> Path:
     pvc = get(cluster, "pvc", ns, claim)
     pv = get(cluster, "pv", "default", pvc["spec"]["volumeName"])
@@ -141,15 +157,8 @@ def test_a_tiny_job_trains_and_registers_through_the_real_controllers(
     # the Training Operator said Succeeded, the Job controller completed the registration Job
     ptj = get(cluster, "pytorchjob", ns, f"{name}-train")
     assert any(c["type"] == "Succeeded" and c["status"] == "True" for c in ptj["status"]["conditions"])
-    reg = get(cluster, "job", ns, f"{name}-register")
-    assert reg["status"].get("succeeded") == 1
-    model = f"{ns}-{name}"
-    assert status["registeredModel"]["name"] == model
-    assert status["registeredModel"]["version"] == "1"
-    assert [v.version for v in versions(mlflow_server, model)] == ["1"]
-    # the trainer wrote its checkpoints into the volume kube-controller-manager bound
+    registered_once_with_its_final_checkpoint(cluster, mlflow_server, ns, name, status)
     folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
-    assert (folder / "final").is_dir(), sorted(p.name for p in folder.iterdir())
     # the trainer reported progress into the status with its own, per-job identity
     assert (
         status.get("progress", {}).get("step") == 12

@@ -22,14 +22,13 @@ import yaml
 
 from tests.cluster.conftest import cluster_for_tests, tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
-    checkpoint_folder,
     env_of,
     get,
     preempted_and_resumed,
     preempting_queue,
     queued_until_quota_frees,
+    registered_once_with_its_final_checkpoint,
     suspended_until_resumed,
-    versions,
     wait_phase,
 )
 from tests.support.cluster import Cluster
@@ -135,14 +134,7 @@ def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -
     # JobSet completed its Jobs, Trainer v2 copied it into the TrainJob's Complete
     assert true_condition(get(cluster, "jobset", ns, tj), "Completed")
     assert true_condition(get(cluster, "trainjob", ns, tj), "Complete")
-    reg = get(cluster, "job", ns, f"{name}-register")
-    assert reg["status"].get("succeeded") == 1
-    model = f"{ns}-{name}"
-    assert status["registeredModel"]["name"] == model
-    assert status["registeredModel"]["version"] == "1"
-    assert [v.version for v in versions(mlflow_server, model)] == ["1"]
-    folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
-    assert (folder / "final").is_dir(), sorted(p.name for p in folder.iterdir())
+    registered_once_with_its_final_checkpoint(cluster, mlflow_server, ns, name, status)
 
     # deleting the FineTuneJob: the garbage collector removes the TrainJob and all it made
     cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")

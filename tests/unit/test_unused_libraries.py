@@ -37,15 +37,21 @@ print(is_sklearn_available(), "sklearn" in sys.modules and sys.modules["sklearn"
     ids=["as-installed", "skipped"],
 )
 def test_transformers_does_not_import_scikit_learn_in_a_steps_process(setup: str, expected: str) -> None:
+    line, printed = last_line(CHECK.format(setup=setup))
+    assert line == expected, printed
+
+
+def last_line(code: str) -> tuple[str, str]:
+    """The last line a fresh interpreter running ``code`` prints (warnings off), and all it printed."""
     out = subprocess.run(
-        [sys.executable, "-c", CHECK.format(setup=setup)],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
         check=True,
     )
-    assert out.stdout.split("\n")[-2] == expected, out.stdout + out.stderr
+    return out.stdout.split("\n")[-2], out.stdout + out.stderr
 
 
 FLOAT8_CHECK = """
@@ -71,15 +77,8 @@ print(is_torchao_available(), sys.modules.get("torchao") is not None)
 )
 def test_loading_models_does_not_import_torchao_unless_float8_is_asked(setup: str, expected: str) -> None:
     code = FLOAT8_CHECK.format(setup=f"from kubetune_trainer.process import skip_unused_libraries; {setup}")
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        check=True,
-    )
-    assert out.stdout.split("\n")[-2] == expected, out.stdout + out.stderr
+    line, printed = last_line(code)
+    assert line == expected, printed
 
 
 # Each step's command, ended at once (no such config), saying which libraries it made absent.
