@@ -27,7 +27,7 @@ install $U "$W"/unsloth/*.whl || exit 1
 export PYTHONPATH=$K:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/cli:$PWD/bench PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, trl, peft, datasets, liger_kernel, pyarrow; print('kubetune env: torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft', peft.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
-PEAK=$(python3 hack/gpu/bf16_peak.py)
+PEAK=${PEAK:-$(python3 hack/gpu/bf16_peak.py)}  # (PEAK set: the limit measured once for several calls of this script)
 echo "measured bf16 limit: $PEAK TFLOP/s" | tee -a "$OUT/gpu.txt"
 B="python3 -m kubetune_bench --out /tmp/peers --warmup ${WARMUP:-2} --steps ${STEPS:-3} --peak-tflops $PEAK --unsloth-site $U"
 snap() { $B --report-only > /dev/null 2>&1; cp /tmp/peers/bench.md /tmp/peers/bench.json "$OUT/" 2>/dev/null; tar czf "$OUT/peers.tar.gz" -C /tmp peers; }
