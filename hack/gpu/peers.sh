@@ -56,9 +56,9 @@ cases() {  # a phase's cases in $ORDER: PHASE MODEL TRL_BATCHES UNSLOTH_BATCHES
 for phase in "$@"; do
   if [ "$(left 999)" -lt 45 ]; then echo "no time left for $phase"; continue; fi
   case "$phase" in
-    lora) cases lora qwen2-0.5b "${LORA_BATCHES:-16/32}" "${UNSLOTH_LORA_BATCHES:-16/32}" ;;
+    lora) cases lora qwen2-0.5b "${LORA_BATCHES:-32}" "${UNSLOTH_LORA_BATCHES:-16/32}" ;;
     full) cases full qwen3-4b "${FULL_BATCHES:-4/8}" "${UNSLOTH_FULL_BATCHES:-4/8}" ;;
-    sdpa) one "${T_SDPA:-90}" sdpa --cases qwen2-0.5b:trl-best --peer-batches 16 --trl-attn sdpa ;;
+    sdpa) one "${T_SDPA:-90}" sdpa --cases qwen2-0.5b:trl-best --peer-batches 32 --trl-attn sdpa ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
   grep -h "^\[bench\]\|^\[peers\]" /tmp/$phase.log | cut -c1-400; snap
