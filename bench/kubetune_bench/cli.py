@@ -181,7 +181,15 @@ def _profile_path(json_path: Path) -> Path:
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    """A case's own process: train it, write its JSON (rank 0), leave the process group cleanly."""
+    """A case's own process: train it, write its JSON (rank 0), leave the process group cleanly.
+
+    A case stopped from outside (``timeout`` in ``hack/gpu/peers.sh`` sends SIGTERM) first writes
+    every thread's Python stack into its log, so a case that ran out of time says where it was.
+    """
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     from .peers import import_unsloth, is_unsloth
 
     if is_unsloth(CASES[args.one][1]):

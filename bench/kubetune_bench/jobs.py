@@ -93,7 +93,7 @@ def run_job(job: Job, out: Path, *, warmup: int, steps: int, rows: int, extra: l
     """Run one job in its own process(es); a kubetune case whose compiled run fails is rerun uncompiled."""
     target = out / f"{job.stem}.json"
     log_path = out / f"{job.stem}.log"
-    print(f"[bench] {job.stem}", flush=True)
+    print(f"[bench] {job.stem} starts at {time.strftime('%H:%M:%S', time.gmtime())} UTC", flush=True)
     started = time.monotonic()
     if job.notebook_memory:
         cap = notebook_peak_gib(out, job.case)

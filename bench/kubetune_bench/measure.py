@@ -114,6 +114,26 @@ def timing_callback(meter: Meter, warmup: int, sync: Callable[[], None], profile
     return Timing()
 
 
+def progress_callback(started: float) -> Any:
+    """Prints ``[case] HH:MM:SS step N of M ended, S s into training`` after every optimizer step
+    (host clock since ``started``, no GPU sync: the GPU may still be working on it), so that a case's
+    log says how far it got and how long its first steps (the compilation) took."""
+    from transformers import TrainerCallback
+
+    def say(what: str) -> None:
+        stamp = time.strftime("%H:%M:%S", time.gmtime())
+        print(f"[case] {stamp} {what}, {time.perf_counter() - started:.1f} s into training", flush=True)
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            say("training begins")
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            say(f"step {state.global_step} of {state.max_steps} ended")
+
+    return Progress()
+
+
 def compile_diagnostics() -> dict[str, Any]:
     """Compilation time by phase and cache hits: private dynamo counters, a diagnostic, never a failure."""
     try:

@@ -30,9 +30,11 @@ UNSLOTH = "unsloth"
 UNSLOTH_SITE_ENV = "KUBETUNE_BENCH_UNSLOTH_SITE"
 
 # micro-batches (packed rows of maxLength) tried for each peer: LoRA on Qwen2-0.5B, full on Qwen3-4B;
-# each must divide the example's packed rows an optimizer step (32 and 8)
+# each must divide the example's packed rows an optimizer step (32 and 8). TRL's LoRA point is 32
+# alone: at 16 its first forward's flex block-mask compilation stayed in ptxas past 210 and 263 s
+# (three device calls, H100, torch 2.11, Triton 3.6) and never took a step; 32 trained (2026-12-07).
 SWEEPS: dict[str, tuple[int, ...]] = {
-    "trl-best-lora": (8, 16, 32),
+    "trl-best-lora": (32,),
     "trl-best-full": (2, 4, 8),
     "unsloth-lora": (16, 32),
     "unsloth-full": (4, 8),

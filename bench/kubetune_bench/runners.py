@@ -45,6 +45,7 @@ from .measure import (
     TimingFactory,
     compile_diagnostics,
     compiled_graphs,
+    progress_callback,
     timing_callback,
     versions,
 )
@@ -520,6 +521,7 @@ def _train(ctx: _Case, built: _Built) -> _Measured:
     profiler = _profiler(ctx)
     timing = ctx.hooks.timing(meter, options.warmup, device.sync, profiler)
     built.trainer.add_callback(timing)
+    built.trainer.add_callback(progress_callback(time.perf_counter()))
     if device.cuda:
         torch.cuda.reset_peak_memory_stats()
     if options.epoch_tokens:

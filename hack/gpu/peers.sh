@@ -10,8 +10,14 @@
 #         $UNSLOTH_LORA_BATCHES)
 #   full  Qwen3-4B full: the same ($FULL_BATCHES and $UNSLOTH_FULL_BATCHES)
 #   sdpa  TRL at its best on Qwen2-0.5B with SDPA instead of flex attention (one point)
-# Every phase writes into one folder; after each, the report and an archive go to $OUT. MFU is
-# against the GPU's measured bf16 limit (hack/gpu/bf16_peak.py), measured first.
+# ORDER (default kubetune,trl,unsloth) is the order of a phase's cases and says which run (leave one
+# out to skip it; trl:16/32 or unsloth:16 names the micro-batches of that entry alone; the
+# *_BATCHES lists are slash-separated). Each case is one process with its own time limit (T_KUBETUNE, T_TRL, T_UNSLOTH
+# seconds, each at most what is left of $BUDGET), so a slow case cannot take the next one's time; a
+# case stopped at its limit writes its Python stacks into its log (SIGTERM, faulthandler) and every
+# case logs each optimizer step's end. Every phase writes into one folder; after each, the report
+# and an archive (with every case's log) go to $OUT. MFU is against the GPU's measured bf16 limit
+# (hack/gpu/bf16_peak.py), measured first.
 set -uo pipefail
 W=${1:?the wheels folder}; shift
 K=/tmp/kubetune-site U=/tmp/unsloth-site
@@ -21,22 +27,48 @@ install $U "$W"/unsloth/*.whl || exit 1
 export PYTHONPATH=$K:$PWD/api:$PWD/operator:$PWD/trainer:$PWD/cli:$PWD/bench PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, trl, peft, datasets, liger_kernel, pyarrow; print('kubetune env: torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'peft', peft.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__)" 2>&1 | tail -3 | tee -a "$OUT/gpu.txt"
-PEAK=$(python3 hack/gpu/bf16_peak.py)
+PEAK=${PEAK:-$(python3 hack/gpu/bf16_peak.py)}  # (PEAK set: the limit measured once for several calls of this script)
 echo "measured bf16 limit: $PEAK TFLOP/s" | tee -a "$OUT/gpu.txt"
 B="python3 -m kubetune_bench --out /tmp/peers --warmup ${WARMUP:-2} --steps ${STEPS:-3} --peak-tflops $PEAK --unsloth-site $U"
 snap() { $B --report-only > /dev/null 2>&1; cp /tmp/peers/bench.md /tmp/peers/bench.json "$OUT/" 2>/dev/null; tar czf "$OUT/peers.tar.gz" -C /tmp peers; }
-# each phase gets at most its own limit and what is left of ${BUDGET:-585} s (the device's calls last 600 s);
-# timeout stops a phase's case processes with it (one process group)
+# a case gets at most its own limit and what is left of ${BUDGET:-585} s (the device's calls last 600 s);
+# timeout stops the case's processes with it (one process group)
 left() { local rest=$((${BUDGET:-585} - SECONDS)); echo $((rest < $1 ? rest : $1)); }
+one() {  # one case: LIMIT PHASE kubetune-bench-arguments...
+  local t; t=$(left "$1"); local phase=$2; shift 2
+  if [ "$t" -lt 45 ]; then echo "no time left for $*" | tee -a "/tmp/$phase.log"; return; fi
+  timeout "$t" $B "$@" >> "/tmp/$phase.log" 2>&1 || echo "[peers] exit $? after at most $t s: $*" | tee -a "/tmp/$phase.log"
+}
+cases() {  # a phase's cases in $ORDER: PHASE MODEL TRL_BATCHES UNSLOTH_BATCHES
+  local phase=$1 model=$2 entry peer batches b
+  for entry in $(echo "${ORDER:-kubetune,trl,unsloth}" | tr , ' '); do
+    peer=${entry%%:*} batches=${entry#*:}  # trl:32 is TRL at its best at batch 32 alone
+    case "$peer" in
+      kubetune) one "${T_KUBETUNE:-150}" "$phase" --cases "$model:kubetune" ;;
+      trl) [ "$batches" = trl ] && batches=$3
+        for b in ${batches//\// }; do one "${T_TRL:-240}" "$phase" --cases "$model:trl-best" --peer-batches "$b"; done ;;
+      unsloth) [ "$batches" = unsloth ] && batches=$4
+        for b in ${batches//\// }; do one "${T_UNSLOTH:-240}" "$phase" --cases "$model:unsloth" --peer-batches "$b"; done ;;
+      *) echo "unknown peer $peer in ORDER"; exit 2 ;;
+    esac
+  done
+}
 for phase in "$@"; do
   if [ "$(left 999)" -lt 45 ]; then echo "no time left for $phase"; continue; fi
   case "$phase" in
-    lora) timeout "$(left "${T_LORA:-330}")" sh -c "$B --cases qwen2-0.5b:kubetune,qwen2-0.5b:trl-best --peer-batches ${LORA_BATCHES:-16,32}; $B --cases qwen2-0.5b:unsloth --peer-batches ${UNSLOTH_LORA_BATCHES:-16,32}" > /tmp/lora.log 2>&1 ;;
-    full) timeout "$(left "${T_FULL:-420}")" sh -c "$B --cases qwen3-4b:kubetune,qwen3-4b:trl-best --peer-batches ${FULL_BATCHES:-4,8}; $B --cases qwen3-4b:unsloth --peer-batches ${UNSLOTH_FULL_BATCHES:-4,8}" > /tmp/full.log 2>&1 ;;
-    sdpa) timeout "$(left "${T_SDPA:-90}")" $B --cases qwen2-0.5b:trl-best --peer-batches 16 --trl-attn sdpa > /tmp/sdpa.log 2>&1 ;;
+    lora) cases lora qwen2-0.5b "${LORA_BATCHES:-32}" "${UNSLOTH_LORA_BATCHES:-16/32}" ;;
+    full) cases full qwen3-4b "${FULL_BATCHES:-4/8}" "${UNSLOTH_FULL_BATCHES:-4/8}" ;;
+    sdpa) one "${T_SDPA:-90}" sdpa --cases qwen2-0.5b:trl-best --peer-batches 32 --trl-attn sdpa ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
-  grep -h "^\[bench\]" /tmp/$phase.log | cut -c1-400; snap
+  grep -h "^\[bench\]\|^\[peers\]" /tmp/$phase.log | cut -c1-400; snap
 done
 grep -h -i -B2 -A8 "Traceback" /tmp/peers/*.log 2>/dev/null | tail -40 | cut -c1-300
+for log in /tmp/peers/*.log; do  # how far each case got, and where a stopped one was
+  [ -e "$log" ] || continue
+  echo "== $(basename "$log"): $(grep -c '^\[case\].*ended' "$log") steps; $(grep '^\[case\]' "$log" | tail -1)"
+  # the main thread's stack (the one that ran runpy), innermost 18 frames
+  awk '/most recent call first/ {if (b ~ /runpy|<module>/) print b; b=""} {b = b $0 "\n"} END {if (b ~ /runpy|<module>/) print b}' "$log" |
+    grep -A18 "most recent call first" | head -19 | cut -c1-200
+done
 cat /tmp/peers/bench.md 2>/dev/null
