@@ -60,6 +60,10 @@ def _layout(layout: str, **fields: Any) -> Change:
     return {"spec.dataset.layout": layout, **{f"spec.dataset.{k}": v for k, v in fields.items()}}
 
 
+def _lora(**fields: Any) -> Change:
+    return {"spec.method": "lora", "spec.lora": fields}
+
+
 def _env(*items: dict[str, Any]) -> Change:
     return {"spec.env": list(items)}
 
@@ -627,6 +631,24 @@ INVALID: list[Case] = [
         {"spec.method": "lora", "spec.lora": {"targetModules": ["q_proj", "q_proj"]}},
         "spec.lora.targetModules[1]",
     ),
+    # QLoRA, DoRA, rsLoRA and the target-module preset (issue 34 item 2)
+    _C(
+        "lora-all-linear-with-others",
+        _lora(targetModules=["all-linear", "q_proj"]),
+        "spec.lora.targetModules",
+    ),
+    _C("lora-quantization-unknown", _lora(quantization="int4"), "spec.lora.quantization"),
+    _C(
+        "qlora-on-cpu",
+        {**_lora(quantization="nf4"), **_resources(gpusPerNode=0, gpuProduct=DELETE)},
+        "spec.lora.quantization",
+    ),
+    _C(
+        "qlora-fp16",
+        {**_lora(quantization="nf4"), "spec.training.precision": "fp16"},
+        "spec.training.precision",
+    ),
+    _C("dora-with-full", {"spec.lora": {"dora": True}}, "spec.lora"),
     # --- chained jobs, the checkpoint catalog and the evaluation gate ---
     _C("model-hub-and-job", {"spec.model.fromJob": {"name": "parent"}}, "spec.model"),
     _C("model-nothing", {"spec.model": {"trustRemoteCode": False}}, "spec.model"),
@@ -806,6 +828,12 @@ INVALID: list[Case] = [
 VALID: list[Case] = [
     _C("engine-trainjob", {"spec.engine": "TrainJob"}, ""),
     _C("engine-pytorchjob", {"spec.engine": "PyTorchJob"}, ""),
+    # QLoRA, DoRA, rsLoRA and the target-module preset, each alone (issue 34 item 2)
+    _C("lora-all-linear", _lora(targetModules=["all-linear"]), ""),
+    _C("lora-dora", _lora(dora=True), ""),
+    _C("lora-rslora", _lora(rsLora=True, r=256, alpha=16), ""),
+    _C("qlora-dora", _lora(quantization="nf4", dora=True), ""),
+    _C("lora-quantization-none", _lora(quantization="none"), ""),
     _C(
         "best-eval-every-second-save",
         {"spec.registration.select": "bestEval", "spec.training.evalSteps": 4, "spec.training.saveSteps": 2},
