@@ -256,6 +256,11 @@ def test_the_estimate_fits_qlora_of_qwen3_4b_on_24_gib_and_offers_it_when_lora_d
     assert message is not None
     assert message.endswith("What would fit: spec.lora.quantization: nf4 (QLoRA: 4-bit base weights)")
     assert estimate(cfg(tmp_path, {**base, "quantization": "nf4"}, **asked), QWEN3_14B, data).fits
+    # a full fine-tune that LoRA would fit: LoRA is named, not QLoRA as well
+    full = lora.model_copy(update={"spec": lora.spec.model_copy(update={"method": "full", "lora": None})})
+    message = does_not_fit(full, QWEN3_4B, data, estimate(full, QWEN3_4B, data))
+    assert message is not None and message.endswith("; or method: lora instead of full")
+    assert "nf4" not in message
 
 
 # --- QLoRA refused before anything is held, downloaded or loaded ------------------------------------

@@ -273,6 +273,7 @@ def _alternatives(cfg: TrainerConfig, shape: ModelShape, world: int) -> list[str
                 break
         if _fits(cfg, shape, world, method={"lora": True})[0]:
             options.append("method: lora instead of full")
+            return options  # and so would QLoRA: the plainer change is named
     method = method_of(cfg.spec)
     hw, _, _ = gpu_hardware(cfg.spec.resources.gpu_product, world)
     qlora_runs = qlora_refusal(cuda=True, capability=hw.capability, where="") is None
