@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-BASE_FILE = Path(__file__).resolve().parents[2] / "examples" / "qwen3-4b-full.yaml"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BASE_FILE = EXAMPLES / "qwen3-4b-full.yaml"
 DELETE = object()
 
 Change = dict[str, Any]
@@ -58,6 +59,11 @@ def _data_volume(path: str = "/data/train.jsonl", **volume: Any) -> Change:
 
 def _layout(layout: str, **fields: Any) -> Change:
     return {"spec.dataset.layout": layout, **{f"spec.dataset.{k}": v for k, v in fields.items()}}
+
+
+def _example_spec(name: str) -> Change:
+    """The whole spec of examples/<name> in place of the base's."""
+    return {"spec": yaml.safe_load((EXAMPLES / name).read_text())["spec"]}
 
 
 def _lora(**fields: Any) -> Change:
@@ -828,7 +834,9 @@ INVALID: list[Case] = [
 VALID: list[Case] = [
     _C("engine-trainjob", {"spec.engine": "TrainJob"}, ""),
     _C("engine-pytorchjob", {"spec.engine": "PyTorchJob"}, ""),
-    # QLoRA, DoRA, rsLoRA and the target-module preset, each alone (issue 34 item 2)
+    # the examples of QLoRA and DoRA whole, and each switch alone (issue 34 item 2)
+    _C("example-qwen3-4b-dora", _example_spec("qwen3-4b-dora.yaml"), ""),
+    _C("example-qwen3-4b-qlora-24gb", _example_spec("qwen3-4b-qlora-24gb.yaml"), ""),
     _C("lora-all-linear", _lora(targetModules=["all-linear"]), ""),
     _C("lora-dora", _lora(dora=True), ""),
     _C("lora-rslora", _lora(rsLora=True, r=256, alpha=16), ""),
