@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from .base import ApiModel
 from .cel import QUERY_CREDENTIAL
+from .preparation import QLORA_HINT
 
 # A failure a new attempt may not have: the Training Operator restarts the pod (128-255).
 EXIT_RETRY = 142
@@ -52,6 +53,7 @@ class Failure(StrEnum):
     PREEMPTED = "Preempted"
     EVICTED = "Evicted"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
+    QUANTIZATION_NOT_SUPPORTED = "QuantizationNotSupported"
     UNKNOWN = "Unknown"
 
 
@@ -81,6 +83,8 @@ MEANINGS: dict[Failure, str] = {
     Failure.EVICTED: "the kubelet evicted the pod (node pressure: memory, disk)",
     Failure.DEADLINE_EXCEEDED: "the PyTorchJob ran past its hard deadline (activeDeadlineSeconds, a margin "
     "above spec.budget): the trainer did not stop at the budget, it hung",
+    Failure.QUANTIZATION_NOT_SUPPORTED: "QLoRA was asked on a machine without a GPU it runs on (no GPU, a "
+    "GPU older than compute capability 8.0, or no bitsandbytes): refused before the model was loaded",
     Failure.UNKNOWN: "an error kubetune does not recognise: the message holds the last log lines",
 }
 
@@ -113,6 +117,7 @@ HINTS: dict[Failure, str] = {
     "the pod is not the first one evicted, or use a node pool with more headroom",
     Failure.DEADLINE_EXCEEDED: "read the trainer's logs for where it hung (a stuck collective, a stalled "
     "volume); checkpoints saved before stay on the volume",
+    Failure.QUANTIZATION_NOT_SUPPORTED: QLORA_HINT,
     Failure.UNKNOWN: "read the message and the trainer's logs (kubectl logs); report it if it is a kubetune bug",
 }
 

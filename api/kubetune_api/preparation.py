@@ -53,7 +53,15 @@ class Refusal(StrEnum):
     MODEL_NOT_FOUND = "ModelNotFound"
     MODEL_GATED = "ModelGated"
     DOES_NOT_FIT = "DoesNotFit"
+    QUANTIZATION_NOT_SUPPORTED = "QuantizationNotSupported"
 
+
+# What to do when QLoRA cannot run where the job asks (a preparation refusal, and the trainer's failure).
+QLORA_HINT = (
+    "QLoRA (spec.lora.quantization nf4) computes in bf16 through bitsandbytes, which needs an NVIDIA GPU "
+    "of compute capability 8.0 or newer: name one in spec.resources.gpuProduct (A10, A100, L4, L40S, "
+    "H100, H200, ...), or set spec.lora.quantization: none"
+)
 
 # What to do about each refusal: the one place the remedies are written (status, CLI, docs/preparation.md's table).
 HINTS: dict[Refusal, str] = {
@@ -75,6 +83,7 @@ HINTS: dict[Refusal, str] = {
     "and give a token with access through spec.secrets.huggingFaceToken",
     Refusal.DOES_NOT_FIT: "the estimate does not fit the GPU's memory: the message says what would fit "
     "(a smaller spec.training.tokensPerStep, more GPUs, or method: lora instead of full)",
+    Refusal.QUANTIZATION_NOT_SUPPORTED: QLORA_HINT,
 }
 
 

@@ -71,6 +71,12 @@ from .tuning import TUNING_ENV
 # operator's parsing of a job that started under an earlier version of the rules (see parse_job).
 ADMITTED = "admitted"
 
+# spec.lora.targetModules' one preset: every linear layer of the model but its output head (PEFT's own
+# spelling, which the trainer hands to PEFT as it is); alone in the list
+ALL_LINEAR = "all-linear"
+# QLoRA: spec.lora.quantization nf4 (CEL, on spec)
+_NF4_CEL = "has(self.lora) && self.lora.quantization == 'nf4'"
+
 # Where kubetune mounts its own volumes in the trainer and registration pods: the checkpoint volume,
 # the trainer config, the caches, /tmp and the memory-backed /dev/shm (kubetune_operator.builders)
 KUBETUNE_MOUNTS = ("/var/lib/kubetune", "/etc/kubetune", "/var/cache/kubetune", "/tmp", "/dev/shm")
@@ -357,6 +363,40 @@ def _spec_rules() -> list[Rule]:
     ]
 
 
+def _nf4(spec: dict[str, Any]) -> bool:
+    return (spec.get("lora") or {}).get("quantization") == "nf4"
+
+
+def _lora_rules() -> list[Rule]:
+    """spec.lora: the target-module preset alone, and QLoRA only where it can run (preparation refuses
+    the GPUs it cannot run on by their product, before any is held: QuantizationNotSupported)."""
+    return [
+        Rule(
+            ("spec.lora",),
+            f"!self.targetModules.exists(m, m == '{ALL_LINEAR}') || size(self.targetModules) == 1",
+            f"spec.lora.targetModules holds the preset '{ALL_LINEAR}' (every linear layer but the output "
+            "head) only alone: list it alone, or name the modules",
+            lambda s: ALL_LINEAR not in s.get("targetModules", []) or len(s["targetModules"]) == 1,
+            field=".targetModules",
+        ),
+        Rule(
+            ("spec",),
+            f"!({_NF4_CEL}) || self.resources.gpusPerNode > 0",
+            "spec.lora.quantization nf4 (QLoRA) needs a GPU: bitsandbytes' 4-bit layers do not train on a "
+            "CPU; set spec.resources.gpusPerNode above 0, or quantization: none",
+            lambda s: not _nf4(s) or s["resources"]["gpusPerNode"] > 0,
+            field=".lora.quantization",
+        ),
+        Rule(
+            ("spec",),
+            f"!({_NF4_CEL}) || self.training.precision == 'bf16'",
+            "spec.lora.quantization nf4 (QLoRA) computes in bf16: spec.training.precision must be bf16",
+            lambda s: not _nf4(s) or s["training"]["precision"] == "bf16",
+            field=".training.precision",
+        ),
+    ]
+
+
 def _unchanged_cel(steps: tuple[tuple[str, bool], ...], under: str = "") -> str:
     """CEL: the field at ``steps`` (wire names below spec, each with whether it is required) is the
     same in ``self`` and ``oldSelf``. A transition rule on the field itself would run only when both
@@ -480,6 +520,7 @@ def object_rules() -> tuple[Rule, ...]:
         *_env_rules(),
         *credential_shape_rules(),
         *_spec_rules(),
+        *_lora_rules(),
         *lineage_rules(),
         *ignored_rules(),
     )

@@ -25,6 +25,7 @@ from .base import ApiModel
 from .cel import MAX_NAME_LENGTH, NAME_PATTERN
 from .engines import Engine
 from .pod_env import OPERATOR_ENV  # noqa: F401 (kubetune_api.spec.OPERATOR_ENV, as before pod_env)
+from .rules import ALL_LINEAR
 from .rules_ignored import DEFAULT_ACCESS_MODE, DEFAULT_DATASET_SEED, DEFAULT_STORAGE_SIZE
 from .schema import structural
 from .status import FineTuneJobStatus
@@ -69,6 +70,13 @@ IMAGE_PATTERN = (
 class Method(StrEnum):
     LORA = "lora"
     FULL = "full"
+
+
+class Quantization(StrEnum):
+    """How a LoRA job holds its frozen base weights: as loaded (none), or in 4-bit NormalFloat (QLoRA)."""
+
+    NONE = "none"
+    NF4 = "nf4"
 
 
 class Precision(StrEnum):
@@ -294,8 +302,25 @@ class LoraSpec(ApiModel):
         list[Annotated[str, Field(min_length=1, max_length=100)]], Field(min_length=1, max_length=64)
     ] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Module names to adapt; 'all-linear' adapts every linear layer.",
+        description=f"Module names to adapt (e.g. q_proj, v_proj), or the preset '{ALL_LINEAR}' alone: every "
+        "linear layer but the output head.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    dora: bool = Field(
+        default=False,
+        description="Weight-decomposed LoRA (DoRA): a trained magnitude per output feature of each adapted "
+        "layer beside the adapter; more memory and time a step than LoRA (the plan counts them).",
+    )
+    rs_lora: bool = Field(
+        default=False,
+        description="Rank-stabilised LoRA: the adapter scaled by alpha / sqrt(r) instead of alpha / r "
+        "(keeps high ranks learning).",
+    )
+    quantization: Quantization = Field(
+        default=Quantization.NONE,
+        description="The frozen base weights: none (as loaded, in the training precision) or nf4 (QLoRA: "
+        "4-bit NormalFloat with double quantization and bf16 compute, through bitsandbytes; needs a GPU "
+        "of compute capability 8.0 or newer and precision bf16).",
     )
 
 

@@ -95,6 +95,51 @@ def test_lora_trains_and_its_loss_falls(
     assert SECRET not in captured.out + captured.err
 
 
+def test_dora_with_rslora_on_every_linear_layer_trains_and_saves_its_magnitudes(
+    tmp_path: Path, tiny_model: Path, mlflow_server: Any
+) -> None:
+    """DoRA, rank-stabilised scaling and the all-linear preset (issue 34 item 2): the loss falls, and
+    the adapter saved is a DoRA adapter of every linear layer, magnitudes included."""
+    from safetensors import safe_open
+
+    out = tmp_path / "dora"
+    adapter = {
+        "r": 16,
+        "alpha": 4,
+        "dropout": 0.0,
+        "targetModules": ["all-linear"],
+        "dora": True,
+        "rsLora": True,
+    }
+    config = trainer_config(
+        out,
+        tiny_model,
+        method="lora",
+        tracking_uri=mlflow_server.uri,
+        maxSteps=10,
+        learningRate=1e-2,
+        saveSteps=10,
+        extra_spec={"lora": adapter},
+    )
+    result = _train(config)
+
+    losses = [loss for _step, loss in result["losses"]]
+    assert result["status"] == "succeeded" and result["global_step"] == 10
+    assert _mean(losses[-3:]) < _mean(losses[:2]) - 1.0, losses
+    assert result["plan"]["dora"] is True and result["plan"]["nf4"] is False
+    assert "DoRA" in result["plan"]["reasons"]["method"]
+
+    final = out / "final"
+    saved = json.loads((final / "adapter_config.json").read_text())
+    assert saved["use_dora"] is True and saved["use_rslora"] is True
+    with safe_open(str(final / "adapter_model.safetensors"), "pt") as weights:
+        names = list(weights.keys())
+    magnitudes = [n for n in names if "lora_magnitude_vector" in n]
+    adapted = {n.split(".")[-2] for n in magnitudes}  # ...q_proj.lora_magnitude_vector
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, names
+    assert not any("lm_head" in n for n in names)
+
+
 def test_full_fine_tuning_trains_and_its_loss_falls(
     tmp_path: Path, tiny_model: Path, mlflow_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-BASE_FILE = Path(__file__).resolve().parents[2] / "examples" / "qwen3-4b-full.yaml"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BASE_FILE = EXAMPLES / "qwen3-4b-full.yaml"
 DELETE = object()
 
 Change = dict[str, Any]
@@ -58,6 +59,15 @@ def _data_volume(path: str = "/data/train.jsonl", **volume: Any) -> Change:
 
 def _layout(layout: str, **fields: Any) -> Change:
     return {"spec.dataset.layout": layout, **{f"spec.dataset.{k}": v for k, v in fields.items()}}
+
+
+def _example_spec(name: str) -> Change:
+    """The whole spec of examples/<name> in place of the base's."""
+    return {"spec": yaml.safe_load((EXAMPLES / name).read_text())["spec"]}
+
+
+def _lora(**fields: Any) -> Change:
+    return {"spec.method": "lora", "spec.lora": fields}
 
 
 def _env(*items: dict[str, Any]) -> Change:
@@ -627,6 +637,24 @@ INVALID: list[Case] = [
         {"spec.method": "lora", "spec.lora": {"targetModules": ["q_proj", "q_proj"]}},
         "spec.lora.targetModules[1]",
     ),
+    # QLoRA, DoRA, rsLoRA and the target-module preset (issue 34 item 2)
+    _C(
+        "lora-all-linear-with-others",
+        _lora(targetModules=["all-linear", "q_proj"]),
+        "spec.lora.targetModules",
+    ),
+    _C("lora-quantization-unknown", _lora(quantization="int4"), "spec.lora.quantization"),
+    _C(
+        "qlora-on-cpu",
+        {**_lora(quantization="nf4"), **_resources(gpusPerNode=0, gpuProduct=DELETE)},
+        "spec.lora.quantization",
+    ),
+    _C(
+        "qlora-fp16",
+        {**_lora(quantization="nf4"), "spec.training.precision": "fp16"},
+        "spec.training.precision",
+    ),
+    _C("dora-with-full", {"spec.lora": {"dora": True}}, "spec.lora"),
     # --- chained jobs, the checkpoint catalog and the evaluation gate ---
     _C("model-hub-and-job", {"spec.model.fromJob": {"name": "parent"}}, "spec.model"),
     _C("model-nothing", {"spec.model": {"trustRemoteCode": False}}, "spec.model"),
@@ -806,6 +834,14 @@ INVALID: list[Case] = [
 VALID: list[Case] = [
     _C("engine-trainjob", {"spec.engine": "TrainJob"}, ""),
     _C("engine-pytorchjob", {"spec.engine": "PyTorchJob"}, ""),
+    # the examples of QLoRA and DoRA whole, and each switch alone (issue 34 item 2)
+    _C("example-qwen3-4b-dora", _example_spec("qwen3-4b-dora.yaml"), ""),
+    _C("example-qwen3-4b-qlora-24gb", _example_spec("qwen3-4b-qlora-24gb.yaml"), ""),
+    _C("lora-all-linear", _lora(targetModules=["all-linear"]), ""),
+    _C("lora-dora", _lora(dora=True), ""),
+    _C("lora-rslora", _lora(rsLora=True, r=256, alpha=16), ""),
+    _C("qlora-dora", _lora(quantization="nf4", dora=True), ""),
+    _C("lora-quantization-none", _lora(quantization="none"), ""),
     _C(
         "best-eval-every-second-save",
         {"spec.registration.select": "bestEval", "spec.training.evalSteps": 4, "spec.training.saveSteps": 2},

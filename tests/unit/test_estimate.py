@@ -134,12 +134,13 @@ def test_a_70b_full_fine_tune_on_one_gpu_does_not_fit_and_names_what_would() -> 
     assert message is not None
     assert f"{est.peak_memory_gib:.1f} GiB" in message and "80 GiB" in message
     # weights and AdamW states alone outgrow one GPU: no tokensPerStep helps, nor LoRA (140 GB of
-    # bf16 weights); FSDP2 across enough GPUs does
-    assert "tokensPerStep" not in message and "lora" not in message
+    # bf16 weights); FSDP2 across enough GPUs does, and so does QLoRA (its weights in 4 bits)
+    assert "tokensPerStep" not in message and "method: lora instead of full" not in message
     lora = with_resources(cfg, gpu_product="NVIDIA-H100-80GB-HBM3")
     lora = lora.model_copy(update={"spec": lora.spec.model_copy(update={"method": "lora"})})
     assert not estimate(lora, shape, DATA).fits
     assert "GPUs" in message and "fsdp2" in message
+    assert message.endswith("; or method: lora with spec.lora.quantization: nf4 (QLoRA: 4-bit base weights)")
     # the GPU count named is the first the plan fits
     gpus = int(message.split(" GPUs (")[0].rsplit(" ", 1)[-1])
     wider = with_resources(cfg, gpus_per_node=min(gpus, 16), nodes=max(1, gpus // 16))

@@ -1,4 +1,5 @@
-"""The preflight estimate of the examples (Qwen2-0.5B LoRA on 8 GPUs, Qwen3-4B full on 1 GPU): what
+"""The preflight estimate of the examples (Qwen2-0.5B LoRA on 8 GPUs, Qwen3-4B full, DoRA and QLoRA on
+1 GPU, the QLoRA one of 24 GiB): what
 ``status.preparation.estimate`` says for them, checked against the plan's own numbers, and the
 numbers their comments show (regenerate: KUBETUNE_UPDATE_EXAMPLES=1 pytest this file).
 
@@ -28,12 +29,17 @@ SHAPES = {
         "num_hidden_layers": 24,
         "vocab_size": 151936,
         "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
     },
     "Qwen/Qwen3-4B": {
         "hidden_size": 2560,
         "num_hidden_layers": 36,
         "vocab_size": 151936,
         "intermediate_size": 9728,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
     },
 }
 CAPYBARA_TRAIN = 15_806
@@ -81,7 +87,12 @@ def comment(data: DataStats, e: Estimate) -> list[str]:
     ]
 
 
-EXAMPLES = ["qwen2-0.5b-lora-8gpu.yaml", "qwen3-4b-full.yaml"]
+EXAMPLES = [
+    "qwen2-0.5b-lora-8gpu.yaml",
+    "qwen3-4b-full.yaml",
+    "qwen3-4b-dora.yaml",
+    "qwen3-4b-qlora-24gb.yaml",
+]
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -91,6 +102,7 @@ def test_the_estimate_is_the_plans_own(name: str) -> None:
         estimate_step_seconds,
         estimate_training_bytes,
         make_plan,
+        method_of,
         shape_from_config,
     )
 
@@ -100,7 +112,12 @@ def test_the_estimate_is_the_plans_own(name: str) -> None:
     assert e.gpus == world and e.gpu_product == res.gpu_product and not e.gpu_product_assumed
     hw, _, _ = gpu_hardware(res.gpu_product, world)
     shape = shape_from_config(SHAPES[str(cfg.spec.model.name)])
-    plan = make_plan(t, hw, shape=shape, lora=cfg.spec.method == Method.LORA)
+    plan = make_plan(t, hw, shape=shape, **method_of(cfg.spec))
+    assert (plan.lora, plan.nf4, plan.dora) == (
+        cfg.spec.method == Method.LORA,
+        cfg.spec.lora_settings().quantization == "nf4",
+        cfg.spec.lora_settings().dora,
+    )
     assert (e.micro_batch_rows, e.gradient_accumulation_steps) == (
         plan.per_device_batch_size,
         plan.gradient_accumulation_steps,
@@ -114,6 +131,8 @@ def test_the_estimate_is_the_plans_own(name: str) -> None:
         checkpointing=plan.gradient_checkpointing,
         sharding=plan.sharding,
         world_size=world,
+        nf4=plan.nf4,
+        dora=plan.dora,
     )
     assert e.peak_memory_gib == pytest.approx(peak / 2**30, abs=0.05)
     assert e.fits and e.peak_memory_gib < e.gpu_memory_gib

@@ -23,7 +23,8 @@ IMAGES = REPO / "images"
 # image -> the `uv export` arguments its requirements.txt was generated with (see each Dockerfile).
 EXPORTS = {
     "operator": ["--extra", "operator"],
-    "trainer": ["--extra", "trainer", "--prune", "torch"],
+    # the trainer-gpu group: bitsandbytes for QLoRA, in the image only (not the CPU development venv)
+    "trainer": ["--extra", "trainer", "--group", "trainer-gpu", "--prune", "torch"],
 }
 IMPORTS = {
     "operator": [
@@ -128,6 +129,7 @@ def test_trainer_image_pins_the_products_versions() -> None:
         "datasets==5.2.0",
         "mlflow==3.17.2",
         "accelerate==1.15.0",
+        "bitsandbytes==0.50.2",
     ]:
         assert pin in pins, pin
     assert "torch" not in _names(requirements), "torch comes from the base image"

@@ -25,12 +25,15 @@ from kubetune_api.trainer_config import TrainerConfig
 from .plan import (
     MEMORY_HEADROOM,
     Hardware,
+    MethodArgs,
     ModelShape,
     Plan,
     estimate_step_seconds,
     estimate_training_bytes,
     make_plan,
+    method_of,
     peak_bf16_flops,
+    qlora_refusal,
 )
 
 ASSUMED_PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -55,11 +58,49 @@ GPU_MEMORY_GIB = {
     "NVIDIA-A10": 24,
 }
 DEFAULT_MEMORY_GIB = 80
+# Compute capability by the start of the product label, for the GPUs older than Ampere (8.0), which
+# have no bf16 compute and so no QLoRA (plan.QLORA_MIN_CAPABILITY); the longest match wins. A product
+# not listed is taken as new enough: the trainer still checks the GPU it gets before loading anything.
+OLDER_GPU_CAPABILITY = {
+    "Tesla-K": (3, 7),
+    "Tesla-M": (5, 2),
+    "Tesla-P100": (6, 0),
+    "Tesla-P4": (6, 1),
+    "Tesla-P40": (6, 1),
+    "Tesla-V100": (7, 0),
+    "Tesla-T4": (7, 5),
+    "Quadro": (7, 5),
+    "NVIDIA-TITAN-V": (7, 0),
+    "NVIDIA-TITAN-RTX": (7, 5),
+    "NVIDIA-GeForce-GTX-10": (6, 1),
+    "NVIDIA-GeForce-GTX-16": (7, 5),
+    "NVIDIA-GeForce-RTX-20": (7, 5),
+}
 # spec.training.tokensPerStep's bounds (the CRD's)
 MIN_TOKENS_PER_STEP, MAX_TOKENS_PER_STEP = 256, 4_194_304
 # GPU counts offered when a full fine-tune does not fit (the first that fits is named)
 MORE_GPUS = (2, 4, 8, 16, 32, 64, 128, 256)
 _GB = re.compile(r"(\d+)GB", re.IGNORECASE)
+
+
+def product_capability(product: str) -> tuple[int, int] | None:
+    """The compute capability of a GPU product label older than Ampere; None: Ampere or newer, or unknown.
+
+    >>> product_capability("Tesla-T4"), product_capability("Tesla-P40"), product_capability("NVIDIA-L4")
+    ((7, 5), (6, 1), None)
+    """
+    matches = [k for k in OLDER_GPU_CAPABILITY if product.upper().startswith(k.upper())]
+    return OLDER_GPU_CAPABILITY[max(matches, key=len)] if matches else None
+
+
+def method_refusal(cfg: TrainerConfig) -> str | None:
+    """Why the spec's method cannot run on the GPUs it asks for (QLoRA on a product older than Ampere),
+    from the product label alone: checked before anything is downloaded. None: it can, or the job
+    trains on CPU (which the API server refuses for QLoRA), or the product is not one kubetune knows."""
+    res = cfg.spec.resources
+    if not method_of(cfg.spec).get("nf4") or res.gpus_per_node == 0 or res.gpu_product is None:
+        return None
+    return qlora_refusal(cuda=True, capability=product_capability(res.gpu_product), where=res.gpu_product)
 
 
 def gpu_hardware(product: str | None, world_size: int) -> tuple[Hardware, str, bool]:
@@ -83,6 +124,8 @@ def gpu_hardware(product: str | None, world_size: int) -> tuple[Hardware, str, b
         varlen=True,  # the trainer image's torch has PyTorch's varlen attention
         fp8=False,  # opt-in only (KUBETUNE_FP8): the plan never picks it by itself
         peak_flops=peak_bf16_flops(name.replace("-", " ")),
+        capability=product_capability(name),
+        name=name,
     )
     return hw, name, assumed
 
@@ -92,7 +135,7 @@ def _param_bytes(plan: Plan) -> int:
 
 
 def _peak(shape: ModelShape, plan: Plan, tokens: int) -> int:
-    """The plan's memory model for one micro-step of ``tokens`` tokens in ``plan``'s layout."""
+    """The plan's memory model for one micro-step of ``tokens`` tokens in ``plan``'s layout and method."""
     return estimate_training_bytes(
         shape,
         lora=plan.lora,
@@ -101,6 +144,8 @@ def _peak(shape: ModelShape, plan: Plan, tokens: int) -> int:
         param_bytes=_param_bytes(plan),
         sharding=plan.sharding,
         world_size=plan.world_size,
+        nf4=plan.nf4,
+        dora=plan.dora,
     )
 
 
@@ -111,19 +156,21 @@ def gpus(cfg: TrainerConfig) -> int:
 
 
 def _plan(
-    cfg: TrainerConfig, shape: ModelShape, world: int, *, lora: bool | None = None
+    cfg: TrainerConfig, shape: ModelShape, world: int, *, method: MethodArgs | None = None
 ) -> tuple[Plan, Hardware, str, bool]:
-    """The trainer's plan on ``world`` GPUs of the job's product (method as the spec says, or ``lora``)."""
+    """The trainer's plan on ``world`` GPUs of the job's product, for the spec's method or ``method``
+    (:func:`~.plan.make_plan`'s ``lora``, ``nf4``, ``dora``). QLoRA on a product older than Ampere:
+    :class:`~.plan.MethodNotSupported`, as the trainer would raise on it."""
     hw, product, assumed = gpu_hardware(cfg.spec.resources.gpu_product, world)
-    use_lora = cfg.spec.method == Method.LORA if lora is None else lora
-    return make_plan(cfg.spec.training, hw, shape=shape, lora=use_lora), hw, product, assumed
+    plan = make_plan(cfg.spec.training, hw, shape=shape, **(method or method_of(cfg.spec)))
+    return plan, hw, product, assumed
 
 
 def _fits(
-    cfg: TrainerConfig, shape: ModelShape, world: int, *, lora: bool | None = None
+    cfg: TrainerConfig, shape: ModelShape, world: int, *, method: MethodArgs | None = None
 ) -> tuple[bool, Plan]:
     """Whether the plan's own layout on ``world`` GPUs fits MEMORY_HEADROOM of one GPU, and the plan."""
-    plan, hw, _, _ = _plan(cfg, shape, world, lora=lora)
+    plan, hw, _, _ = _plan(cfg, shape, world, method=method)
     assert hw.gpu_memory_bytes is not None
     peak = _peak(shape, plan, plan.per_device_batch_size * cfg.spec.training.max_length)
     return peak <= MEMORY_HEADROOM * hw.gpu_memory_bytes, plan
@@ -224,8 +271,22 @@ def _alternatives(cfg: TrainerConfig, shape: ModelShape, world: int) -> list[str
                     f"{more} GPUs (spec.resources nodes x gpusPerNode; the plan shards with {wider.sharding})"
                 )
                 break
-        if _fits(cfg, shape, world, lora=True)[0]:
+        if _fits(cfg, shape, world, method={"lora": True})[0]:
             options.append("method: lora instead of full")
+            return options  # and so would QLoRA: the plainer change is named
+    method = method_of(cfg.spec)
+    hw, _, _ = gpu_hardware(cfg.spec.resources.gpu_product, world)
+    qlora_runs = qlora_refusal(cuda=True, capability=hw.capability, where="") is None
+    qlora: MethodArgs = {**method, "lora": True, "nf4": True}
+    # QLoRA: the frozen base in 4 bits (a full fine-tune would become LoRA on top of it)
+    if (
+        not method.get("nf4")
+        and qlora_runs
+        and str(t.precision) == "bf16"
+        and _fits(cfg, shape, world, method=qlora)[0]
+    ):
+        lora = "" if method.get("lora") else "method: lora with "
+        options.append(f"{lora}spec.lora.quantization: nf4 (QLoRA: 4-bit base weights)")
     return options
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kubetune_api.spec import Precision, Toggle, TrainingSpec
 from kubetune_api.tuning import (
@@ -62,6 +62,19 @@ RECOMPUTE_COST = 4 / 3
 # calibrated on (Qwen3-4B: 9728 / 2560); a mixture of experts whose top-k experts are wider keeps more.
 DENSE_MLP_RATIO = 3.8
 
+# QLoRA (spec.lora.quantization nf4): bitsandbytes' 4-bit NormalFloat stores each weight of a decoder
+# layer's linear layers in 4 bits plus its blocks' scales: one per 64 weights, themselves quantized to
+# 8 bits with an fp32 scale per 256 of them (double quantization): 4 + 8/64 + 32/(64 x 256) bits.
+NF4_BYTES_PER_PARAM = (4 + 8 / 64 + 32 / (64 * 256)) / 8
+# bf16 compute (the dtype QLoRA's products run in here) needs compute capability 8.0 (Ampere) or newer;
+# bitsandbytes' NF4 layers themselves run from 6.0 (Pascal) on, but not in bf16 there.
+QLORA_MIN_CAPABILITY = (8, 0)
+# DoRA keeps, per token and adapted layer, two bf16 copies of the layer's output (the base layer's
+# result and the adapter's, for the magnitudes' gradient): 2 x 2 bytes per output feature.
+DORA_ACTIVATION_BYTES = 4
+# Trained parameters in fp32 with their gradient and AdamW's two moments: 16 bytes each.
+TRAINED_PARAM_BYTES = 16
+
 # Dense bf16 (= fp16) tensor FLOP/s by GPU name (vendor datasheets; SXM parts where there are two);
 # the longest matching name wins ("L40S" before "L4"). A GPU not listed plans with an A100's.
 PEAK_BF16_FLOPS = {
@@ -104,6 +117,10 @@ class Hardware:
     fp8: bool = False
     # the GPU's dense bf16 peak (PEAK_BF16_FLOPS), for the step-time model; None: not listed
     peak_flops: float | None = None
+    # the GPU's compute capability (major, minor); None: no GPU, or not known
+    capability: tuple[int, int] | None = None
+    # the GPU's name (torch's, or the product label the estimate plans for); None: no GPU
+    name: str | None = None
 
     @staticmethod
     def detect(tuning: TuningConfig | None = None) -> Hardware:
@@ -128,6 +145,8 @@ class Hardware:
                 # the package is found, not imported (importing torchao takes seconds)
                 fp8=torch.cuda.get_device_capability(0) >= (8, 9) and _has_module("torchao"),
                 peak_flops=peak_bf16_flops(torch.cuda.get_device_name(0)),
+                capability=torch.cuda.get_device_capability(0),
+                name=torch.cuda.get_device_name(0),
             )
         return Hardware(cuda=False, bf16=cpu_has_native_bf16(), world_size=world)
 
@@ -188,11 +207,23 @@ class ModelShape:
     moe_layers: int = 0
     num_experts: int = 0
     routed_width: int = 0
+    # the output features of one decoder layer's seven projections (attention q, k, v, o; MLP gate,
+    # up, down): what DoRA keeps a magnitude and a copy of the output of; 0: not known (then
+    # :attr:`adapted_outputs` assumes q, k, v and o of hidden_size, and an MLP DENSE_MLP_RATIO wide)
+    adapted_width: int = 0
+    # a mixture of experts: the routed experts' parameters (transformers keeps them as 3-D tensors,
+    # not linear layers, so bitsandbytes leaves them unquantized under QLoRA)
+    expert_params: int = 0
 
     @property
     def flops_params(self) -> int:
         """The parameters whose products one token computes: the active ones."""
         return self.params if self.active_params is None else self.active_params
+
+    @property
+    def adapted_outputs(self) -> int:
+        """:attr:`adapted_width`, or its estimate from the hidden size."""
+        return self.adapted_width or int((5 + 2 * DENSE_MLP_RATIO) * self.hidden_size)
 
 
 def shape_from_config(conf: dict[str, Any]) -> ModelShape:
@@ -211,6 +242,7 @@ def shape_from_config(conf: dict[str, Any]) -> ModelShape:
     >>> round(s.params / 1e9, 1), round(s.flops_params / 1e9, 1), s.experts_per_token, s.moe_layers
     (46.7, 12.9, 2, 32)
     """
+    adapted = _adapted_width(conf)
     if num_experts(conf):
         count = count_params(conf)
         if count.moe:
@@ -224,6 +256,8 @@ def shape_from_config(conf: dict[str, Any]) -> ModelShape:
                 moe_layers=count.moe_layers,
                 num_experts=count.num_experts,
                 routed_width=count.routed_width,
+                adapted_width=adapted,
+                expert_params=count.experts,
             )
     hidden = int(conf.get("hidden_size") or 0)
     layers = int(conf.get("num_hidden_layers") or 0)
@@ -231,7 +265,26 @@ def shape_from_config(conf: dict[str, Any]) -> ModelShape:
     inter = int(conf.get("intermediate_size") or 4 * hidden)
     # Attention (4 h^2) + gated MLP (3 h i) per layer, plus embeddings: close enough for a plan.
     params = layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * vocab * hidden
-    return ModelShape(params=params, hidden_size=hidden, num_layers=layers, vocab_size=vocab)
+    return ModelShape(
+        params=params, hidden_size=hidden, num_layers=layers, vocab_size=vocab, adapted_width=adapted
+    )
+
+
+def _adapted_width(conf: dict[str, Any]) -> int:
+    """The output features of a layer's q, k, v, o, gate, up and down projections (0: no hidden size).
+
+    >>> _adapted_width({"hidden_size": 2560, "num_attention_heads": 32, "num_key_value_heads": 8,
+    ...     "head_dim": 128, "intermediate_size": 9728})  # Qwen3-4B: 4096 + 2 x 1024 + 2560 + 2 x 9728 + 2560
+    30720
+    """
+    hidden = int(conf.get("hidden_size") or 0)
+    if not hidden:
+        return 0
+    heads = int(conf.get("num_attention_heads") or 1)
+    head_dim = int(conf.get("head_dim") or hidden // heads)
+    kv_heads = int(conf.get("num_key_value_heads") or heads)
+    inter = int(conf.get("intermediate_size") or DENSE_MLP_RATIO * hidden)
+    return heads * head_dim + 2 * kv_heads * head_dim + hidden + 2 * inter + hidden
 
 
 @dataclass
@@ -261,6 +314,10 @@ class Plan:
     # off | tensorwise: the decoder layers' large linear layers compute in float8 (torchao's
     # tensorwise recipe; opt-in through KUBETUNE_FP8, full fine-tuning on a GPU with fp8 tensor cores)
     fp8: str = "off"
+    # QLoRA: the frozen base's decoder layers in 4-bit NF4 (bitsandbytes), LoRA on top
+    nf4: bool = False
+    # DoRA: a trained magnitude per output feature of each adapted layer
+    dora: bool = False
 
     @property
     def dtype_name(self) -> str:
@@ -287,6 +344,8 @@ def estimate_training_bytes(
     param_bytes: int = 2,
     sharding: str = "none",
     world_size: int = 1,
+    nf4: bool = False,
+    dora: bool = False,
 ) -> int:
     """A rough upper bound of GPU memory for one micro-step, in bytes (AdamW, packed rows).
 
@@ -300,7 +359,14 @@ def estimate_training_bytes(
     fine-tuning adds DDP's gradient buckets, or divides the states by the GPUs under FSDP2. Calibrated on
     an H200: Qwen3-4B full with 8k-token micro-steps peaked at 56 GiB, Qwen2-0.5B LoRA r8 with
     32k-token micro-steps at 46 GiB (Liger, varlen attention, fused cross-entropy: no logits).
+
+    LoRA's variants (:func:`adapter_method_bytes`): QLoRA (``nf4``) holds the decoder layers' weights
+    in 4 bits instead of ``param_bytes``, DoRA (``dora``) adds its magnitudes and the outputs it keeps.
     """
+    if nf4 or dora:
+        return adapter_method_bytes(
+            shape, tokens=tokens, checkpointing=checkpointing, param_bytes=param_bytes, nf4=nf4, dora=dora
+        )
     weights = param_bytes * shape.params
     optimizer = 0 if lora else 3 * param_bytes * shape.params
     if not lora and sharding == "ddp":
@@ -318,6 +384,57 @@ def estimate_training_bytes(
     else:
         activations = tokens * (shape.hidden_size * shape.num_layers * full_layer + shape.moe_layers * routed)
     return weights + optimizer + activations
+
+
+def adapter_method_bytes(
+    shape: ModelShape, *, tokens: int, checkpointing: bool, param_bytes: int = 2, nf4: bool, dora: bool
+) -> int:
+    """LoRA's memory (:func:`estimate_training_bytes`) with 4-bit base weights (QLoRA) and/or DoRA.
+
+    QLoRA: the decoder layers' linear weights (all but the input embedding and the output head,
+    counted as ``2 x vocab x hidden``, and a mixture of experts' routed experts, which are no linear
+    layers and stay bf16) at :data:`NF4_BYTES_PER_PARAM`, one layer's of them dequantized to bf16 at
+    a time; the embedding and the head stay unquantized and, prepared for k-bit training as PEFT does
+    (``prepare_model_for_kbit_training``), in fp32, as are the norms: the hidden states between the
+    layers are fp32 too, so each layer's input kept for the backward pass costs 4 bytes a unit, not 2.
+
+    DoRA: a magnitude per output feature of each adapted layer (:attr:`ModelShape.adapted_outputs`,
+    all seven projections: an upper bound when fewer are adapted), trained in fp32
+    (:data:`TRAINED_PARAM_BYTES`); per token, two bf16 copies of each adapted layer's output
+    (:data:`DORA_ACTIVATION_BYTES`), kept for every layer, or with recomputation for the one layer
+    recomputed; and, while a layer runs, its widest weight and the adapter's product of that size in
+    bf16 (the weight's norm). Neither is yet measured on a GPU (issue 34 item 2).
+
+    >>> qwen3 = ModelShape(params=4_020_000_000, hidden_size=2560, num_layers=36, vocab_size=151_936,
+    ...     adapted_width=30720)
+    >>> lora = estimate_training_bytes(qwen3, lora=True, tokens=4096, checkpointing=True)
+    >>> qlora = estimate_training_bytes(qwen3, lora=True, tokens=4096, checkpointing=True, nf4=True)
+    >>> dora = estimate_training_bytes(qwen3, lora=True, tokens=4096, checkpointing=True, dora=True)
+    >>> [round(b / 2**30, 2) for b in (lora, qlora, dora)]
+    [8.87, 6.73, 9.45]
+    """
+    embeddings = 2 * shape.vocab_size * shape.hidden_size
+    layers = max(0, shape.params - embeddings - shape.expert_params)
+    if nf4:
+        weights = int(NF4_BYTES_PER_PARAM * layers) + 4 * embeddings + 2 * shape.expert_params
+        weights += 2 * layers // max(1, shape.num_layers)  # one layer dequantized while it runs
+        between = 4  # fp32 hidden states between the layers
+    else:
+        weights, between = param_bytes * shape.params, 2
+    full_layer = 70 + (between - 2)
+    routed = moe_activation_bytes(shape)
+    if checkpointing:
+        activations = tokens * (shape.hidden_size * (between * shape.num_layers + full_layer) + routed)
+    else:
+        activations = tokens * (shape.hidden_size * shape.num_layers * full_layer + shape.moe_layers * routed)
+    if dora:
+        outputs = shape.adapted_outputs
+        weights += TRAINED_PARAM_BYTES * outputs * shape.num_layers
+        kept_layers = 1 if checkpointing else shape.num_layers
+        activations += tokens * DORA_ACTIVATION_BYTES * outputs * kept_layers
+        widest = max(shape.hidden_size, (outputs - 5 * shape.hidden_size) // 2)
+        activations += 2 * 2 * shape.hidden_size * widest
+    return weights + activations
 
 
 def moe_activation_bytes(shape: ModelShape) -> int:
@@ -371,11 +488,15 @@ def make_plan(
     shape: ModelShape | None = None,
     lora: bool = True,
     tuning: TuningConfig = NO_TUNING,
+    nf4: bool = False,
+    dora: bool = False,
 ) -> Plan:
     """Decide how to train on ``hw``; pure (it reads no environment: the tuning variables come in
     ``tuning``, read once where the process starts), so that every branch is unit-tested. Each
-    decision writes why into the plan's ``reasons``."""
+    decision writes why into the plan's ``reasons``. ``lora``, ``nf4`` and ``dora``: the method
+    (:func:`method_of`); QLoRA (``nf4``) where it cannot run raises :class:`MethodNotSupported`."""
     reasons: dict[str, str] = {}
+    _method(training, hw, lora=lora, nf4=nf4, dora=dora, reasons=reasons)
     precision = _precision(training, hw, reasons)
     liger = _liger(training, hw, reasons)
     attn = _attention(training, hw, reasons)
@@ -385,11 +506,11 @@ def make_plan(
     sharding = _sharding(
         hw, shape, lora=lora, param_bytes=param_bytes, budget=budget, forced=tuning.sharding, reasons=reasons
     )
-    memory = _Memory(shape, lora, param_bytes, sharding, hw.world_size, budget)
+    memory = _Memory(shape, lora, param_bytes, sharding, hw.world_size, budget, nf4=nf4, dora=dora)
     batch, accumulation, planned_recompute = _micro_steps(training, hw, memory, reasons)
     tokens = batch * training.max_length
     checkpointing = _checkpointing(training, hw, memory, tokens, planned_recompute, reasons)
-    torch_compile = _compile(training, hw, attn, reasons)
+    torch_compile = _compile(training, hw, attn, reasons, nf4=nf4)
     loss_chunk_factor = _loss_chunks(liger, memory, tokens, checkpointing, reasons)
     workers = _workers(tuning, hw, reasons)
     fp8 = _fp8(
@@ -413,7 +534,77 @@ def make_plan(
         dataloader_workers=workers,
         loss_chunk_factor=loss_chunk_factor,
         fp8=fp8,
+        nf4=nf4,
+        dora=dora,
     )
+
+
+class MethodNotSupported(ValueError):  # noqa: N818  a refusal of the spec, named as the others
+    """The spec's method cannot run on this hardware (QLoRA without a GPU of compute capability 8.0+)."""
+
+
+class MethodArgs(TypedDict, total=False):
+    """:func:`make_plan`'s method arguments."""
+
+    lora: bool
+    nf4: bool
+    dora: bool
+
+
+def method_of(spec: Any) -> MethodArgs:
+    """:func:`make_plan`'s method arguments for a FineTuneJob spec: LoRA or full, QLoRA, DoRA."""
+    lora = str(spec.method) == "lora"
+    adapter = spec.lora_settings() if lora else None
+    return {
+        "lora": lora,
+        "nf4": adapter is not None and str(adapter.quantization) == "nf4",
+        "dora": adapter is not None and bool(adapter.dora),
+    }
+
+
+def qlora_refusal(*, cuda: bool, capability: tuple[int, int] | None, where: str) -> str | None:
+    """Why QLoRA cannot run on ``where`` (None: it can; an unknown capability is not refused here).
+
+    >>> qlora_refusal(cuda=True, capability=(7, 5), where="Tesla-T4")[:70]
+    'spec.lora.quantization nf4 (QLoRA) cannot run on Tesla-T4: compute cap'
+    >>> qlora_refusal(cuda=True, capability=(9, 0), where="this GPU") is None
+    True
+    """
+    if not cuda:
+        return (
+            f"spec.lora.quantization nf4 (QLoRA) cannot run on {where}: it has no GPU, and bitsandbytes' 4-bit "
+            "layers train on NVIDIA GPUs only; run it on a GPU, or set quantization: none"
+        )
+    if capability is not None and tuple(capability) < QLORA_MIN_CAPABILITY:
+        major, minor = capability
+        need = ".".join(map(str, QLORA_MIN_CAPABILITY))
+        return (
+            f"spec.lora.quantization nf4 (QLoRA) cannot run on {where}: compute capability {major}.{minor}, "
+            f"and QLoRA's bf16 compute needs {need} or newer (Ampere: A10, A100, L4, L40S, H100, ...); "
+            "choose such a GPU (spec.resources.gpuProduct), or set quantization: none"
+        )
+    return None
+
+
+def _method(
+    training: TrainingSpec, hw: Hardware, *, lora: bool, nf4: bool, dora: bool, reasons: dict[str, str]
+) -> None:
+    """LoRA, QLoRA (refused where it cannot run), DoRA, rsLoRA: what the memory model counts."""
+    if not lora:
+        reasons["method"] = "full fine-tuning: every weight trained"
+        return
+    if nf4:
+        refused = qlora_refusal(cuda=hw.cuda, capability=hw.capability, where=hw.name or "this machine")
+        if refused is None and str(training.precision) != Precision.BF16:
+            refused = (
+                "spec.lora.quantization nf4 (QLoRA) computes in bf16: spec.training.precision must be bf16"
+            )
+        if refused is not None:
+            raise MethodNotSupported(refused)
+    what = "QLoRA: LoRA on 4-bit NF4 base weights (double quantization, bf16 compute)" if nf4 else "LoRA"
+    if dora:
+        what += ", with DoRA's magnitudes (more memory and time a step)"
+    reasons["method"] = what
 
 
 def _precision(training: TrainingSpec, hw: Hardware, reasons: dict[str, str]) -> str:
@@ -481,6 +672,8 @@ class _Memory:
     sharding: str
     world_size: int
     budget: int | None
+    nf4: bool = False
+    dora: bool = False
 
     @property
     def known(self) -> bool:
@@ -496,6 +689,8 @@ class _Memory:
             param_bytes=self.param_bytes,
             sharding=self.sharding,
             world_size=self.world_size,
+            nf4=self.nf4,
+            dora=self.dora,
         )
 
     def fits(self, tokens: int, recompute: bool) -> bool:
@@ -618,7 +813,9 @@ def _checkpointing(
     return checkpointing
 
 
-def _compile(training: TrainingSpec, hw: Hardware, attn: str, reasons: dict[str, str]) -> bool:
+def _compile(
+    training: TrainingSpec, hw: Hardware, attn: str, reasons: dict[str, str], *, nf4: bool = False
+) -> bool:
     """torch.compile, per decoder layer (kubetune_trainer.training.fast.compile_layers): inductor fuses the
     norms, rotary embedding, SwiGLU, residual adds and LoRA adapters that otherwise run as many
     small kernels. Auto: on a GPU with the varlen kernel and no recomputation (the pair measured)."""
@@ -631,6 +828,8 @@ def _compile(training: TrainingSpec, hw: Hardware, attn: str, reasons: dict[str,
         compiled, why = False, "auto on CPU: off (compilation would outlast the run)"
     elif attn != VARLEN:
         compiled, why = False, "auto: off (measured only with the varlen kernel)"
+    elif nf4:
+        compiled, why = False, "auto: off (not yet measured with bitsandbytes' 4-bit layers)"
     else:
         # with recomputation too: measured working on an H200 (Qwen2-0.5B LoRA held to 3.6 GiB,
         # Qwen3-4B full at 32.7 and 48 GiB; docs/benchmarks-history.md), where its fused element-wise

@@ -534,6 +534,9 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
     """Download, check, tokenize and estimate as ``cfg`` says; :class:`Refused` for input to fix."""
 
     started = time.monotonic()
+    method = estimate.method_refusal(cfg)  # before anything is downloaded
+    if method is not None:
+        raise Refused(Refusal.QUANTIZATION_NOT_SUPPORTED, method)
     root = Path(root or cfg.output_dir)
     root.mkdir(parents=True, exist_ok=True)
     previous = read_manifest(root)

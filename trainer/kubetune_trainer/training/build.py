@@ -11,17 +11,19 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from kubetune_api.rules import ALL_LINEAR
 from kubetune_api.spec import Method
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_api.tuning import TuningConfig
 
+from .. import settings
 from ..plan.plan import ModelShape, shape_from_config
 from ..sources.data import check_raw_data, raw_datasets
 from ..sources.data_check import DataCheck
 from ..sources.model import model_source
 from ..sources.prepared import prepared, prepared_check
 from ..volume import checkpoints
-from . import fast, varlen
+from . import fast, quantization, varlen
 from .balance import balanced_sampler
 
 log = logging.getLogger("kubetune_trainer.train")
@@ -51,11 +53,13 @@ def build_model(cfg: TrainerConfig, plan: Any, *, varlen_kernel: str | None = No
         attn_implementation=plan.attn_implementation,
         trust_remote_code=cfg.spec.model.trust_remote_code,
         **kwargs,
+        # QLoRA: 4-bit NF4 weights on this process's GPU (nothing without it)
+        **quantization.load_kwargs(nf4=plan.nf4, local_rank=settings.current().local_rank),
     )
     # No KV cache in training: it is useless there, warns with gradient checkpointing, and with a
     # cache transformers would not build the packed-sequence (block-diagonal) mask for SDPA/eager.
     model.config.use_cache = False
-    return model
+    return quantization.prepare(model, nf4=plan.nf4, gradient_checkpointing=plan.gradient_checkpointing)
 
 
 def model_shape(cfg: TrainerConfig) -> ModelShape:
@@ -69,14 +73,18 @@ def model_shape(cfg: TrainerConfig) -> ModelShape:
 
 
 def build_peft_config(cfg: TrainerConfig) -> Any:
+    """PEFT's LoraConfig for spec.lora (None for full fine-tuning): the rank, scaling and dropout, the
+    modules (the preset ``all-linear`` as PEFT spells it: every linear layer but the output head),
+    DoRA's magnitudes and rsLoRA's alpha / sqrt(r) scaling as switched. QLoRA's 4-bit base is the
+    model's (:mod:`.quantization`); the adapter on it is the same LoRA."""
     if cfg.spec.method != Method.LORA:
         return None
     from peft import LoraConfig, TaskType
 
     lora = cfg.spec.lora_settings()
     targets: Any = lora.target_modules
-    if targets == ["all-linear"]:
-        targets = "all-linear"
+    if targets == [ALL_LINEAR]:
+        targets = ALL_LINEAR  # PEFT's preset is a string; a list would name a module "all-linear"
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM,
         r=lora.r,
@@ -84,6 +92,8 @@ def build_peft_config(cfg: TrainerConfig) -> Any:
         lora_dropout=lora.dropout,
         target_modules=targets,
         bias="none",
+        use_dora=lora.dora,
+        use_rslora=lora.rs_lora,
     )
 
 

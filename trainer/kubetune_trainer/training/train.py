@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from kubetune_api.failures import Failure, TrainingFailure
-from kubetune_api.spec import Method
 from kubetune_api.trainer_config import (
     EXIT_PREEMPTED,
     FINAL_DIR,
@@ -50,7 +49,7 @@ from ..process import Dist, load_config, setup_logging, share_cpus, skip_unused_
 from ..sources.chat import ensure_chat_format
 from ..sources.data_check import EXIT_BAD_INPUT, BadInputError, DataCheck
 from ..volume import catalog, checkpoints, resume
-from . import evaluation, failures, oom
+from . import evaluation, failures, oom, quantization
 from .build import (
     build_datasets,
     build_model,
@@ -162,7 +161,7 @@ def run(
         return _run(cfg, progress_bar=progress_bar, ctrl_c_saves=ctrl_c_saves, checked=checked, debug=debug)
 
 
-def _run(
+def _run(  # noqa: PLR0911  one return per refusal or end, in the order they happen
     cfg: TrainerConfig,
     *,
     progress_bar: bool | None,
@@ -190,6 +189,12 @@ def _run(
         log.error("%s", e, exc_info=debug)
         why = TrainingFailure.of(Failure.DATASET_ERROR, str(e))
         return Outcome("refused", EXIT_BAD_INPUT, {"error": str(e)}, failure=why)
+
+    refused = method_refusal(cfg)
+    if refused is not None:  # before anything is written or loaded, bitsandbytes included
+        log.error("%s", refused)
+        why = TrainingFailure.of(Failure.QUANTIZATION_NOT_SUPPORTED, refused)
+        return Outcome("refused", EXIT_BAD_INPUT, {"error": refused}, failure=why)
 
     guard = PreemptionGuard(ctrl_c=ctrl_c_saves).install()
     output_dir = Path(cfg.output_dir)
@@ -235,6 +240,19 @@ def _run(
         guard.uninstall()
         if tracker is not None:
             tracker.finish(status)
+
+
+def method_refusal(cfg: TrainerConfig) -> str | None:
+    """Why the spec's method cannot run in this process: QLoRA without a GPU of compute capability 8.0
+    or newer (:func:`..plan.plan.qlora_refusal`, the rule the preparation applies to the product the
+    job names), or without bitsandbytes. None: it can."""
+    if not run_plan.method_of(cfg.spec).get("nf4"):
+        return None
+    hw = run_plan.Hardware.detect()
+    where = hw.name or "this machine"
+    return run_plan.qlora_refusal(cuda=hw.cuda, capability=hw.capability, where=where) or (
+        quantization.missing_library()
+    )
 
 
 def _decide(cfg: TrainerConfig, output_dir: Path, data_hash: str | None, dist: Dist) -> Any:
@@ -323,7 +341,7 @@ def _plan(cfg: TrainerConfig, retries: list[dict[str, Any]] | None = None) -> An
     if fraction is not None:
         log.info("GPU memory capped at %.0f%% of the GPU (%s)", 100 * fraction, GPU_MEMORY_ENV)
     plan = run_plan.make_plan(
-        cfg.spec.training, hw, shape=model_shape(cfg), lora=cfg.spec.method == Method.LORA, tuning=tuning
+        cfg.spec.training, hw, shape=model_shape(cfg), tuning=tuning, **run_plan.method_of(cfg.spec)
     )
     plan = oom.apply(plan, retries or [])
     for what, why in plan.reasons.items():
