@@ -133,20 +133,24 @@ class LeaseElector:
 
     # --- one attempt -------------------------------------------------------------------------------
 
-    def try_acquire_or_renew(self) -> bool:
-        """One attempt to take or keep the Lease; True when this replica holds it now."""
+    def try_acquire_or_renew(self, *, leading: bool = False) -> bool:
+        """One attempt to take or keep the Lease; True when this replica holds it now. A leader
+        (``leading``) only renews: a Lease that names another holder, or none, was lost meanwhile
+        (another replica led), and is not taken back."""
         try:
             lease = self.kube.request("GET", f"{self._path}/{self.name}")
         except ApiError as e:
             if not e.not_found:
                 raise
-            return self._create()
+            return not leading and self._create()
         version = lease["metadata"].get("resourceVersion")
         if version != self._observed_version:
             self._observed_version, self._observed_at = version, self.clock()
         spec = lease.get("spec") or {}
         current = spec.get("holderIdentity") or ""
         duration = int(spec.get("leaseDurationSeconds") or self.timing.lease_duration)
+        if leading and current != self.holder:
+            return False
         if current and current != self.holder and self.clock() < self._observed_at + duration:
             return False  # another replica holds it, and renewed it less than a lease ago
         now = _now()
@@ -178,6 +182,7 @@ class LeaseElector:
                 return False
             raise
         self._observed_version, self._observed_at = created["metadata"].get("resourceVersion"), self.clock()
+        logger.info(f"{self.holder} acquired the Lease {self.namespace}/{self.name} (created it)")
         return True
 
     def _write(self, lease: dict[str, Any], taken_from: str) -> bool:
@@ -231,7 +236,7 @@ class LeaseElector:
         while not self._stop.wait(self.timing.retry_period):
             started = self.clock()
             try:
-                held = self.try_acquire_or_renew()
+                held = self.try_acquire_or_renew(leading=True)
             except ApiError as e:
                 logger.warning(f"Lease {self.namespace}/{self.name} not renewed: {e}")
                 continue
