@@ -6,12 +6,16 @@
 
 Settings come from ``KUBETUNE_*`` environment variables (see ``kubetune_operator.settings``). The
 same handlers also run under ``kopf run -m kubetune_operator.handlers`` (and ``kopf.testing.KopfRunner``).
-The operator runs standalone (no kopf peering): the Helm chart runs one replica with ``Recreate``.
+With ``KUBETUNE_LEADER_ELECTION=true`` (the Helm chart's default, two replicas) each replica waits
+for a ``coordination.k8s.io`` Lease and only its holder runs kopf (``kubetune_operator.leader``: why
+a Lease and not kopf's peering, the timings, what happens on a takeover). kopf itself always runs
+standalone, without its peering.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import kopf
@@ -54,12 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     from . import handlers as _handlers  # noqa: F401  (importing registers the handlers with kopf)
 
-    kopf.run(
+    run = functools.partial(
+        kopf.run,
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,
         liveness_endpoint=args.liveness,
     )
+    if settings.leader_election:
+        from .leader import run_elected
+
+        return run_elected(settings, args.liveness, lambda memo: run(memo=memo))
+    run()
     return 0
 
 

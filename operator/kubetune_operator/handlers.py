@@ -88,18 +88,21 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.kube = Kube(load_api_client(connections=HANDLER_THREADS))
     memo.metrics_server = None
     if memo.settings.metrics_port:
+        # None when the process serves them already (a replica that waited for the leader Lease)
         memo.metrics_server = metrics.serve(memo.settings.metrics_port, memo.settings.metrics_address)
-        logging.getLogger(__name__).info(
-            f"metrics on http://{memo.settings.metrics_address}:{memo.settings.metrics_port}/metrics"
-        )
+        if memo.metrics_server is not None:
+            logging.getLogger(__name__).info(
+                f"metrics on http://{memo.settings.metrics_address}:{memo.settings.metrics_port}/metrics"
+            )
+    metrics.leading(True)  # kopf runs: this process reconciles
 
 
 @kopf.on.cleanup()
 def stop_metrics(memo: kopf.Memo, **_: Any) -> None:
+    metrics.leading(False)
     server = getattr(memo, "metrics_server", None)
     if server is not None:
-        server.shutdown()
-        server.server_close()
+        metrics.stop(server)
 
 
 @kopf.on.login()

@@ -19,7 +19,12 @@ Metric                                          Type         Labels
 ``kubetune_queue_wait_seconds``                 histogram    (apply → training start)
 ``kubetune_gpu_hours_total``                    counter      namespace (held, at a job's end)
 ``kubetune_productive_gpu_hours_total``         counter      namespace (in steps that count)
+``kubetune_leader``                             gauge        (1: this replica reconciles; 0: it waits)
 ==============================================  ===========  =========================================
+
+With leader election (:mod:`.leader`) every replica serves ``/metrics``; only the leader's job,
+reconcile and GPU-hour series move, and ``sum(kubetune_leader)`` over the replicas is 1 (0 while
+none leads, e.g. during a takeover).
 
 Goodput by namespace is ``productive / held``: the dashboard (``deploy/grafana/kubetune.json``)
 divides the two counters' rates.
@@ -44,6 +49,7 @@ NAMES = (
     "kubetune_queue_wait_seconds",
     "kubetune_gpu_hours_total",
     "kubetune_productive_gpu_hours_total",
+    "kubetune_leader",
 )
 
 # No ``*_created`` series beside each counter and histogram: Prometheus does not need them.
@@ -87,6 +93,12 @@ PRODUCTIVE_GPU_HOURS = Counter(
     "GPU-hours spent in optimizer steps that count (status.goodput.productiveGpuSeconds), added "
     "when a job ends.",
     ["namespace"],
+)
+
+LEADER = Gauge(
+    "kubetune_leader",
+    "1 while this operator replica holds the leader Lease and reconciles (always, without leader "
+    "election), 0 while it waits as a candidate.",
 )
 
 OUTCOMES = ("ok", "waiting", "invalid", "refused", "gone", "conflict", "error")
@@ -158,7 +170,30 @@ def _time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def leading(yes: bool) -> None:
+    LEADER.set(1 if yes else 0)
+
+
+_server: Any = None
+_server_guard = threading.Lock()
+
+
 def serve(port: int, address: str) -> Any:
-    """Serve ``/metrics`` on ``address:port`` in a thread; the server (``shutdown()`` stops it)."""
-    server, _thread = start_http_server(port, addr=address)
-    return server
+    """Serve ``/metrics`` on ``address:port`` in a thread; the server (:func:`stop` stops it), or
+    None when this process serves them already (a candidate replica starts serving before kopf)."""
+    global _server
+    with _server_guard:
+        if _server is not None:
+            return None
+        _server, _thread = start_http_server(port, addr=address)
+        return _server
+
+
+def stop(server: Any) -> None:
+    """Stop ``server`` (what :func:`serve` returned)."""
+    global _server
+    with _server_guard:
+        server.shutdown()
+        server.server_close()
+        if server is _server:
+            _server = None

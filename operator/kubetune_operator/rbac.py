@@ -32,6 +32,10 @@ Why each rule:
   ``KUBETUNE_TRAINER_SERVICE_ACCOUNT`` names an existing ServiceAccount).
 
 Nothing else is deleted: children go with their FineTuneJob through owner references.
+
+With leader election (:mod:`.leader`), a Role in the Lease's namespace (the release's, in the chart):
+leases (create; get and update of the one Lease by name): each replica reads the Lease, takes it when
+free or expired, and the leader renews and releases it (an update each; no watch, no delete).
 """
 
 from __future__ import annotations
@@ -87,4 +91,29 @@ def cluster_role(name: str = "kubetune-operator") -> dict[str, Any]:
         "kind": "ClusterRole",
         "metadata": {"name": name},
         "rules": KOPF_FRAMEWORK_RULES + OPERATOR_RULES,
+    }
+
+
+def leader_election_rules(lease: str = "kubetune-operator") -> list[dict[str, Any]]:
+    """The Role the replicas need in the Lease's namespace: create it (RBAC cannot name an object
+    that does not exist yet), read and write that one Lease."""
+    return [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [lease],
+            "verbs": ["get", "update"],
+        },
+    ]
+
+
+def leader_election_role(
+    namespace: str, name: str = "kubetune-operator-leader-election", lease: str = "kubetune-operator"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": leader_election_rules(lease),
     }

@@ -51,6 +51,16 @@ Variable                               Meaning (default)
                                        (unset or ``0``: off; the chart sets ``8081``):
                                        :mod:`kubetune_operator.metrics`
 ``KUBETUNE_METRICS_ADDRESS``           the address the metrics endpoint binds (``0.0.0.0``)
+``KUBETUNE_LEADER_ELECTION``           of several replicas, only the holder of a Lease reconciles
+                                       (``false``: this process reconciles alone; the chart sets
+                                       ``true``): :mod:`kubetune_operator.leader`
+``KUBETUNE_LEADER_ELECTION_NAMESPACE`` the Lease's namespace (unset: the pod's own; outside a pod
+                                       it must be set)
+``KUBETUNE_LEADER_ELECTION_LEASE``     the Lease's name (``kubetune-operator``)
+``KUBETUNE_LEASE_DURATION_SECONDS``    seconds a Lease not renewed stays its holder's (``15``)
+``KUBETUNE_RENEW_DEADLINE_SECONDS``    seconds the leader leads without a renewal before it exits
+                                       (``10``)
+``KUBETUNE_RETRY_PERIOD_SECONDS``      seconds between attempts to renew or to acquire (``2``)
 ``KUBETUNE_FAULT_INJECTION``           honour the trainer's test hook ``KUBETUNE_FAULT_INJECT`` in
                                        ``spec.env`` (``false``: a job that sets it is refused,
                                        ``InvalidSpec``, and the pods never get it); the test cluster
@@ -116,6 +126,13 @@ class Settings:
     metrics_address: str = "0.0.0.0"  # noqa: S104  the pod's every address: Prometheus scrapes the pod IP
     # the trainer's test hook in spec.env (kubetune_api.pod_env.FAULT_INJECT_ENV): off on a platform
     fault_injection: bool = False
+    # leader election on a coordination.k8s.io Lease (kubetune_operator.leader): off, one process
+    leader_election: bool = False
+    leader_election_namespace: str | None = None
+    leader_election_lease: str = "kubetune-operator"
+    lease_duration_seconds: int = 15
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -162,6 +179,12 @@ class Settings:
             metrics_port=_port("METRICS_PORT", get("METRICS_PORT")),
             metrics_address=get("METRICS_ADDRESS") or defaults.metrics_address,
             fault_injection=_bool("FAULT_INJECTION", get("FAULT_INJECTION"), defaults.fault_injection),
+            leader_election=_bool("LEADER_ELECTION", get("LEADER_ELECTION"), defaults.leader_election),
+            leader_election_namespace=get("LEADER_ELECTION_NAMESPACE"),
+            leader_election_lease=get("LEADER_ELECTION_LEASE") or defaults.leader_election_lease,
+            lease_duration_seconds=_int(get("LEASE_DURATION_SECONDS"), defaults.lease_duration_seconds),
+            renew_deadline_seconds=float(get("RENEW_DEADLINE_SECONDS") or defaults.renew_deadline_seconds),
+            retry_period_seconds=float(get("RETRY_PERIOD_SECONDS") or defaults.retry_period_seconds),
         )
 
 

@@ -445,6 +445,11 @@ def run_a_job_through(
         assert obj["status"]["preparation"] == PREPARED.wire()
         assert obj["status"]["progress"] == progress
         assert operator.healthy()
+        # it reconciled as the holder of the release's Lease (operator.leaderElection, on by default)
+        lease = kube.request(
+            "GET", f"/apis/coordination.k8s.io/v1/namespaces/{release_namespace}/leases/{deployment}"
+        )
+        assert lease["spec"]["holderIdentity"] in operator.output(), lease
     log = operator.output()
     assert not denials(log), "\n".join(denials(log))
 
@@ -535,6 +540,29 @@ def test_operator_service_account_cannot(
     assert result.stdout.strip() == "no", (verb, resource, subresource, result.stdout)
 
 
+@pytest.mark.parametrize(
+    ("verb", "resource", "namespace", "allowed"),
+    [
+        ("create", "leases.coordination.k8s.io", NAMESPACE, "yes"),
+        ("get", "leases.coordination.k8s.io/kubetune", NAMESPACE, "yes"),
+        ("update", "leases.coordination.k8s.io/kubetune", NAMESPACE, "yes"),
+        # only the release's own Lease, only in its namespace, never deleted
+        ("update", "leases.coordination.k8s.io/kube-scheduler", NAMESPACE, "no"),
+        ("delete", "leases.coordination.k8s.io/kubetune", NAMESPACE, "no"),
+        ("create", "leases.coordination.k8s.io", JOB_NAMESPACE, "no"),
+        ("update", "leases.coordination.k8s.io/kubetune", "kube-system", "no"),
+    ],
+)
+def test_operator_service_account_on_the_leader_lease(
+    cluster: Cluster, installed: str, verb: str, resource: str, namespace: str, allowed: str
+) -> None:
+    """Leader election (operator.leaderElection): the replicas' Role on their one Lease."""
+    result = cluster.kubectl(
+        "auth", "can-i", verb, resource, f"--as={OPERATOR_SA}", "-n", namespace, check=False
+    )
+    assert result.stdout.strip() == allowed, (verb, resource, namespace, result.stdout, result.stderr)
+
+
 # --- upgrade and uninstall -------------------------------------------------------------------------------
 
 
@@ -606,6 +634,8 @@ def test_uninstall_keeps_the_crd_the_jobs_and_kept_volumes_then_reinstall_adopts
     assert cluster.get("serviceaccount", "kubetune", "-n", NAMESPACE) is None
     assert cluster.get("clusterrole", "kubetune-operator") is None
     assert cluster.get("clusterrolebinding", "kubetune-framework") is None
+    assert cluster.get("role", "kubetune-leader-election", "-n", NAMESPACE) is None
+    assert cluster.get("poddisruptionbudget", "kubetune", "-n", NAMESPACE) is None
     assert cluster.get("deployment", "kubetune-mlflow", "-n", NAMESPACE) is None
     # Kept: the CRD, every FineTuneJob with its status, the checkpoint PVCs and MLflow's store.
     assert cluster.get("crd", "finetunejobs.kubetune.io") is not None

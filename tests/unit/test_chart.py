@@ -132,7 +132,10 @@ def test_helm_template_renders_the_expected_objects(values: str) -> None:
     "bad",
     [
         ["--set", "unknownKey=1"],
-        ["--set", "operator.replicas=2"],
+        ["--set", "operator.replicas=0"],
+        ["--set", "operator.podAntiAffinity=sometimes"],
+        ["--set", "operator.leaderElection.leaseDurationSeconds=1"],
+        ["--set", "operator.podDisruptionBudget.maxUnavailable=0"],
         ["--set", "operator.logFormat=xml"],
         ["--set", "operator.image.pullPolicy=Sometimes"],
         ["--set", "operator.image.digest=latest"],
@@ -278,8 +281,11 @@ def test_rbac_has_no_wildcards_and_no_secret_verbs(variant: str) -> None:
             assert "*" not in (rule.get(key) or []), f"{where}: wildcard in {key}: {rule}"
         assert not rule.get("nonResourceURLs"), f"{where}: {rule}"
         # No privilege-escalation verbs, nothing updated or deleted in bulk, and the only delete is
-        # of Jobs (a failed registration Job, by uid, when the retry annotation asks)
-        assert not {"escalate", "bind", "impersonate", "deletecollection", "update"} & set(rule["verbs"])
+        # of Jobs (a failed registration Job, by uid, when the retry annotation asks); the only update
+        # is of the leader election's one Lease, by name (a replace that carries its resourceVersion)
+        assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
+        if "update" in rule["verbs"]:
+            assert rule["resources"] == ["leases"] and rule.get("resourceNames"), f"{where}: {rule}"
         if "delete" in rule["verbs"]:
             assert rule["apiGroups"] == ["batch"] and rule["resources"] == ["jobs"], f"{where}: {rule}"
         if "secrets" in rule["resources"]:
@@ -338,6 +344,13 @@ def test_operator_rbac_is_exactly_what_the_operator_declares(variant: str) -> No
         ]
     )
     declared = _grants(operator_rbac.KOPF_FRAMEWORK_RULES + operator_rbac.OPERATOR_RULES)
+    # leader election: a Role in the release namespace, on the one Lease the Deployment names
+    roles = [o for o in objs if o["kind"] == "Role" and not _for_users(o)]
+    env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
+    assert [(r["metadata"]["namespace"], r["metadata"]["name"]) for r in roles] == [
+        (env["KUBETUNE_LEADER_ELECTION_NAMESPACE"], "kubetune-leader-election")
+    ]
+    assert roles[0]["rules"] == operator_rbac.leader_election_rules(env["KUBETUNE_LEADER_ELECTION_LEASE"])
     if variant != "namespaced":
         declared.pop(("", "namespaces"))
     if variant == "shared-trainer":
@@ -392,7 +405,8 @@ def test_shared_trainer_identity_drops_the_operators_rbac_powers() -> None:
 def test_namespaced_mode_binds_the_operator_role_per_namespace_only() -> None:
     objs = render(*RBAC_VARIANTS["namespaced"])
     assert [b["metadata"]["name"] for b in by_kind(objs, "ClusterRoleBinding")] == ["kubetune-framework"]
-    bindings = by_kind(objs, "RoleBinding")
+    # the operator's role in each watched namespace (the leader election's, in the release's, apart)
+    bindings = [b for b in by_kind(objs, "RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
         assert b["roleRef"] == {
@@ -475,8 +489,12 @@ def test_rbac_create_is_independent_of_the_service_account() -> None:
 def test_operator_deployment_shape() -> None:
     deployment = one(render(), "Deployment", "kubetune")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # two replicas, one leading (tests/unit/test_chart_ha.py); a rollout never stops the last one
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "kubetune"
     assert restricted_violations(pod) == []

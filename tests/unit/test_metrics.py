@@ -112,11 +112,31 @@ def test_the_endpoint_serves_every_declared_metric() -> None:
         with urllib.request.urlopen(url, timeout=10) as resp:
             text = resp.read().decode()
     finally:
-        server.shutdown()
-        server.server_close()
+        metrics.stop(server)
     declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE kubetune_")}
     # counters are declared without _total in TYPE lines; their samples carry it
     exposed = {n if n in metrics.NAMES else f"{n}_total" for n in declared}
     assert exposed == set(metrics.NAMES)
     assert 'kubetune_finetunejobs{namespace="unit-serve",phase="Pending"} 1.0' in text
     assert 'kubetune_reconcile_duration_seconds_count{outcome="ok"}' in text
+
+
+def test_a_process_serves_its_metrics_once_and_again_after_stopping() -> None:
+    """A replica that waits for the leader Lease serves /metrics before kopf starts; kopf's startup
+    then finds them served and serves nothing more (and stops nothing at cleanup)."""
+    first = metrics.serve(0, "127.0.0.1")
+    try:
+        assert first is not None
+        assert metrics.serve(0, "127.0.0.1") is None
+        metrics.leading(False)
+        url = f"http://127.0.0.1:{first.server_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert "kubetune_leader 0.0" in resp.read().decode()
+        metrics.leading(True)
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert "kubetune_leader 1.0" in resp.read().decode()
+    finally:
+        metrics.stop(first)
+    again = metrics.serve(0, "127.0.0.1")
+    assert again is not None
+    metrics.stop(again)

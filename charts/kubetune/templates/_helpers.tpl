@@ -110,3 +110,21 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{- /*
+The operator's leader election values, as JSON (fromJson): a release upgraded with --reuse-values from
+before leader election has none: on, with the defaults.
+*/ -}}
+{{- define "kubetune.leaderElection" -}}
+{{- $given := .Values.operator.leaderElection | default dict }}
+{{- $out := dict "enabled" true "leaseDurationSeconds" 15 "renewDeadlineSeconds" 10 "retryPeriodSeconds" 2 }}
+{{- range $key, $value := $given }}
+{{- $_ := set $out $key $value }}
+{{- end }}
+{{- $out | toJson }}
+{{- end }}
+
+{{- /* operator.replicas: 2 for a release from before it (--reuse-values) */ -}}
+{{- define "kubetune.operatorReplicas" -}}
+{{- if kindIs "invalid" .Values.operator.replicas }}2{{ else }}{{ .Values.operator.replicas }}{{ end }}
+{{- end }}
