@@ -45,6 +45,9 @@ IMPORTS = {
         "mlflow",
         "accelerate",
         "kubernetes",
+        # MLflow's system metrics (kubetune_trainer.mlflow.system): host through psutil, GPUs through NVML
+        "psutil",
+        "pynvml",
         "kubetune_api.spec",
     ],
 }
@@ -128,6 +131,8 @@ def test_trainer_image_pins_the_products_versions() -> None:
         "datasets==5.2.0",
         "mlflow==3.17.2",
         "accelerate==1.15.0",
+        "psutil==7.2.2",
+        "nvidia-ml-py==13.615.71",
     ]:
         assert pin in pins, pin
     assert "torch" not in _names(requirements), "torch comes from the base image"
