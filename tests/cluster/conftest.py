@@ -21,7 +21,7 @@ import yaml
 from kubetune_trainer.tiny import TINY_ROOT
 from tests.support import lanes
 from tests.support.cluster import Cluster, running_cluster
-from tests.support.controlplane import REPO
+from tests.support.controlplane import REPO, free_port
 from tests.support.mlflow_server import MlflowServer, running_mlflow_server
 from tests.support.operator import OperatorProcess
 
@@ -130,6 +130,9 @@ def operator_env(cluster: Cluster, mlflow_server: MlflowServer) -> dict[str, str
         "KUBETUNE_REGISTER_MEMORY": "2Gi",
         # the trainer's test hook in spec.env (tests/cluster/test_failures.py injects a CUDA OOM)
         "KUBETUNE_FAULT_INJECTION": "true",
+        # /metrics, as the chart serves it (tests/cluster/test_first_job.py scrapes it)
+        "KUBETUNE_METRICS_PORT": str(free_port()),
+        "KUBETUNE_METRICS_ADDRESS": "127.0.0.1",
     }
 
 

@@ -8,6 +8,7 @@ retention, the final model with its marker, train-result.json and the MLflow run
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,7 @@ def test_lora_trains_and_its_loss_falls(
     assert run.data.params["method"] == "lora" and run.data.params["lora.r"] == "16"
     assert "loss" in run.data.metrics and "eval_loss" in run.data.metrics
     assert [a.path for a in client.list_artifacts(run_id, "kubetune")] == ["kubetune/trainer-config.yaml"]
+    _assert_system_metrics(client, run)
 
     written = [p for p in out.rglob("*") if p.is_file() and p.suffix in {".json", ".yaml", ".md", ".txt", ""}]
     assert all(SECRET not in p.read_text(errors="replace") for p in written)
@@ -138,6 +140,27 @@ def test_dora_with_rslora_on_every_linear_layer_trains_and_saves_its_magnitudes(
     adapted = {n.split(".")[-2] for n in magnitudes}  # ...q_proj.lora_magnitude_vector
     assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, names
     assert not any("lm_head" in n for n in names)
+
+
+def _assert_system_metrics(client: Any, run: Any) -> None:
+    """MLflow's system metrics (kubetune_trainer.mlflow.system) of this machine, sampled while it
+    trained and stopped with the run: host numbers in range, a point per step, none after the run
+    ended, no sampling thread left; and no GPU metric where there is no GPU."""
+    import torch
+
+    from kubetune_trainer.mlflow.system import THREAD_NAME
+
+    system = {key: value for key, value in run.data.metrics.items() if key.startswith("system/")}
+    for key in ("cpu_utilization_percentage", "system_memory_usage_percentage", "disk_usage_percentage"):
+        assert 0 <= system[f"system/{key}"] <= 100, system
+    assert system["system/system_memory_usage_megabytes"] > 0, system
+    history = client.get_metric_history(run.info.run_id, "system/system_memory_usage_megabytes")
+    assert [m.step for m in history] == list(range(len(history))) and history, history
+    assert run.info.start_time <= min(m.timestamp for m in history)
+    assert max(m.timestamp for m in history) <= run.info.end_time
+    assert THREAD_NAME not in [t.name for t in threading.enumerate()]
+    if not torch.cuda.is_available():
+        assert not [key for key in system if key.startswith("system/gpu_")], system
 
 
 def test_full_fine_tuning_trains_and_its_loss_falls(

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import (
     API_VERSION,
     condition,
@@ -21,11 +19,11 @@ from tests.integration.conftest import (
     wait_for,
     wait_phase,
 )
+from tests.support.prometheus import Samples, by_label, scrape, total, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 RESULT = {"name": "qwen3_4b_assistant", "version": "1", "uri": "models:/qwen3_4b_assistant/1"}
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def _free_port() -> int:
@@ -46,29 +44,8 @@ def metrics_url(operator_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -
 @pytest.fixture
 def operator_with_metrics(metrics_url: str, namespace: str) -> Iterator[str]:
     with kopf_runner(namespace):
-        wait_for(lambda: _scrape(metrics_url), what="the metrics endpoint")
+        wait_for(lambda: scrape(metrics_url), what="the metrics endpoint")
         yield metrics_url
-
-
-def _scrape(url: str) -> Samples | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return None
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def _get(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def _total(samples: Samples, name: str) -> float:
-    return sum(v for (n, _), v in samples.items() if n == name)
 
 
 def _start(kube: Any, namespace: str, name: str) -> str:
@@ -84,7 +61,7 @@ def test_metrics_match_a_succeeded_and_a_failed_job(
     kube: Any, namespace: str, operator_with_metrics: str
 ) -> None:
     url = operator_with_metrics
-    before = _scrape(url)
+    before = scrape(url)
     assert before is not None
 
     # one job trains (its start observed as queue wait), reports its GPU time, registers, succeeds
@@ -110,41 +87,33 @@ def test_metrics_match_a_succeeded_and_a_failed_job(
     assert "startTime" not in failed["status"]
 
     def settled() -> Samples | None:
-        s = _scrape(url)
-        done = s and _get(s, "kubetune_finetunejobs", namespace=namespace, phase="Failed") == 1
+        s = scrape(url)
+        done = s and value(s, "kubetune_finetunejobs", namespace=namespace, phase="Failed") == 1
         return s if done else None
 
     after = wait_for(settled, what="both jobs in the phase gauge")
-    phases = {
-        dict(labels)["phase"]: v
-        for (name, labels), v in after.items()
-        if name == "kubetune_finetunejobs" and dict(labels)["namespace"] == namespace and v
-    }
+    phases = by_label(after, "kubetune_finetunejobs", "phase", namespace=namespace)
     assert phases == {"Succeeded": 1, "Failed": 1}
-    failures = {
-        dict(labels)["reason"]: v
-        for (name, labels), v in after.items()
-        if name == "kubetune_finetunejob_failures_total" and dict(labels)["namespace"] == namespace
-    }
+    failures = by_label(after, "kubetune_finetunejob_failures_total", "reason", namespace=namespace)
     assert failures == {reason: 1}
 
     def delta(name: str) -> float:
-        return _total(after, name) - _total(before, name)
+        return total(after, name) - total(before, name)
 
     assert delta("kubetune_reconcile_duration_seconds_count") > 0
-    assert _get(after, "kubetune_reconcile_duration_seconds_count", outcome="ok") > 0
+    assert value(after, "kubetune_reconcile_duration_seconds_count", outcome="ok") > 0
     assert delta("kubetune_queue_wait_seconds_count") == 1
     waited = delta("kubetune_queue_wait_seconds_sum")
     assert 0 <= waited <= 120, waited  # creation to startTime, in whole seconds, during this test
     assert started["status"]["startTime"]
-    assert _get(after, "kubetune_gpu_hours_total", namespace=namespace) == 2.0
-    assert _get(after, "kubetune_productive_gpu_hours_total", namespace=namespace) == 1.5
+    assert value(after, "kubetune_gpu_hours_total", namespace=namespace) == 2.0
+    assert value(after, "kubetune_productive_gpu_hours_total", namespace=namespace) == 1.5
 
     # a deleted job leaves the phase gauge
     kube.delete(API_VERSION, "FineTuneJob", namespace, "good", uid=started["metadata"]["uid"])
 
     def gone() -> bool:
-        s = _scrape(url)
-        return bool(s) and _get(s, "kubetune_finetunejobs", namespace=namespace, phase="Succeeded") == 0
+        s = scrape(url)
+        return bool(s) and value(s, "kubetune_finetunejobs", namespace=namespace, phase="Succeeded") == 0
 
     wait_for(gone, what="the deleted job out of the phase gauge")

@@ -46,6 +46,9 @@ IMPORTS = {
         "mlflow",
         "accelerate",
         "kubernetes",
+        # MLflow's system metrics (kubetune_trainer.mlflow.system): host through psutil, GPUs through NVML
+        "psutil",
+        "pynvml",
         "kubetune_api.spec",
     ],
 }
@@ -130,6 +133,8 @@ def test_trainer_image_pins_the_products_versions() -> None:
         "mlflow==3.17.2",
         "accelerate==1.15.0",
         "bitsandbytes==0.50.2",
+        "psutil==7.2.2",
+        "nvidia-ml-py==13.615.71",
     ]:
         assert pin in pins, pin
     assert "torch" not in _names(requirements), "torch comes from the base image"

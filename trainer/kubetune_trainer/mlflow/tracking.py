@@ -16,6 +16,9 @@ but nothing credential-shaped is ever logged); the whole trainer config (which h
 is logged as an artifact. Both go through :func:`kubetune_trainer.mlflow.run.redact` first
 (``user:password@`` in URIs, the values of the credential variables in the environment).
 
+Once the run is open, MLflow's system metrics (CPU, host memory, disk, network, each GPU) are logged
+into it until :meth:`MlflowTracker.finish` (:mod:`kubetune_trainer.mlflow.system`).
+
 >>> flatten_params({"training": {"learningRate": 0.001, "seed": 1}, "method": "lora"})
 {'training.learningRate': '0.001', 'training.seed': '1', 'method': 'lora'}
 """
@@ -34,6 +37,7 @@ from kubetune_api.mlflow_links import run_url
 from kubetune_api.trainer_config import TrainerConfig
 
 from .run import JobRun, redact, resolve_tracking_uri
+from .system import SystemMetrics
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +90,7 @@ class MlflowTracker:
         self._client: Any = None
         self._retry_at = 0.0
         self._pending_params: dict[str, str] = {}
+        self.system_metrics: SystemMetrics | None = None
         # Set only what the user did not, and put it back in finish(): in `kubetune run --local` the
         # registration step runs in this process with its own retry policy.
         self._env_set = [name for name in _FAST_FAIL_ENV if name not in os.environ]
@@ -153,6 +158,8 @@ class MlflowTracker:
             self.cfg.experiment,
             self._shown_uri,
         )
+        # from the moment the run is open (MLflow down at the start: from when it opens)
+        self.system_metrics = SystemMetrics.start(run_id, self.tracking_uri, resume=self.resumed)
         return True
 
     @property
@@ -222,6 +229,10 @@ class MlflowTracker:
     def finish(self, status: str) -> None:
         """End the run's current attempt: FINISHED, KILLED (preempted: the next attempt re-opens it) or FAILED."""
         try:
+            if self.system_metrics is not None:
+                # the last point before the run's attempt ends
+                self.system_metrics.stop()
+                self.system_metrics = None
             if self.run_id is None:
                 return
             run_id = self.run_id
