@@ -516,9 +516,13 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
     cannot set itself (volumes, identity, priority, grace period, pod security, the failure policy).
 
     Restarts as the PyTorchJob's: an exit code 1-127 fails the Job at once (pod failure policy) and
-    the JobSet with it; a pod disrupted (preempted, evicted, drained) restarts the JobSet without
-    counting; any other failure (128-255) restarts it, counted against ``maxRestarts``
-    (``trainBackoffLimit``). The JobSet webhook's defaults are set here, not left to it.
+    the JobSet with it; any other failure (128-255: 143 after the checkpoint on SIGTERM, 137; a pod
+    disrupted: preempted, evicted, drained) restarts the JobSet, as the Training Operator restarts
+    a pod by exit code, without JobSet's ``maxRestarts``: the limit is the operator's own
+    (``trainBackoffLimit`` restarts without a new checkpoint, counted from the JobSet's
+    ``status.restarts``; then it fails the job and suspends the TrainJob). A JobSet limit would end
+    a long run after that many restarts in all, however far each got, where the PyTorchJob goes on.
+    The JobSet webhook's defaults are set here, not left to it.
     """
     template = build_train_pod_template(job, settings, container_name=TRAINJOB_CONTAINER)
     template["spec"]["restartPolicy"] = "Never"  # what a pod failure policy needs
@@ -537,7 +541,6 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
     }
     # rule names as JobSet's webhook takes them: a letter, then letters, digits, '_', ',' or ':'
     failure_policy = {
-        "maxRestarts": settings.train_backoff_limit,
         "rules": [
             {
                 "name": "permanentExitCode",
@@ -545,11 +548,9 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
                 "onJobFailureReasons": ["PodFailurePolicy"],
                 "onJobFailureMessagePatterns": ["failed with exit code"],
             },
-            {
-                "name": "disrupted",
-                "action": "RestartJobSetAndIgnoreMaxRestarts",
-                "onJobFailureReasons": ["PodFailurePolicy"],
-            },
+            # any other failure: a disruption (PodFailurePolicy), a retryable exit code (the Job's
+            # backoffLimit 0 exceeded)
+            {"name": "retryable", "action": "RestartJobSetAndIgnoreMaxRestarts"},
         ],
     }
     replicated = {

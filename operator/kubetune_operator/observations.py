@@ -579,10 +579,13 @@ def trainjob_observation(trainjob: dict[str, Any]) -> TrainingObservation:
     one state machine decides for both engines.
 
     ``Failed``, ``Complete`` (as ``Succeeded``) and ``Suspended``, when True, decide, with their
-    reason and message. Otherwise a TrainJob whose training Jobs (``jobsStatus`` of the ``node``
-    step) have an active one runs (``Running``: Trainer v2 writes no running condition; a TrainJob
-    never suspended has no condition at all); one with a status but nothing active yet was
-    ``Created``; one with no status is not followed by any Trainer controller yet."""
+    reason and message. Otherwise a TrainJob whose training Job (``jobsStatus`` of the ``node``
+    step) JobSet counts ``ready`` (every pod of it ready, or done) runs (``Running``: Trainer v2
+    writes no running condition; a TrainJob never suspended has no condition at all), as a
+    PyTorchJob runs once its pods do; one with a status but no ready Job yet was ``Created``
+    (an ``active`` Job's pods may still wait for a node, or not exist: JobSet counts a Job active
+    as soon as it has a pod, Pending included); one with no status is not followed by any
+    Trainer controller yet."""
     status = trainjob.get("status") or {}
     conditions = status.get("conditions") or []
     by_type = {c.get("type"): c for c in conditions if c.get("status") == "True"}
@@ -591,7 +594,7 @@ def trainjob_observation(trainjob: dict[str, Any]) -> TrainingObservation:
             c = by_type[theirs]
             return TrainingObservation(True, ours, c.get("reason") or "", c.get("message") or "")
     steps = [j for j in _trainjob_steps(trainjob) if j.get("name") == TRAINJOB_STEP]
-    if any(int(j.get("active") or 0) > 0 for j in steps):
+    if any(int(j.get("ready") or 0) > 0 for j in steps):
         return TrainingObservation(True, "Running")
     if steps or conditions:
         return TrainingObservation(True, "Created")

@@ -387,8 +387,17 @@ class PodRunner:
             _kill_container(p.uid, signal.SIGKILL)  # the main process ended: so does the container
             if p.cgroup is not None:
                 self._stale_cgroups.append(p.cgroup)
+            # a pod being deleted too: the kubelet writes its terminal phase (Failed or Succeeded,
+            # the container's exit) before the object goes, and the Job controller, which holds a
+            # finalizer on its pods, waits for it when the Job has a pod failure policy (a
+            # TrainJob's JobSet's Jobs: a pod left Running while deleted stalls its Job for good)
             if not p.deleting:
                 self._report_exit(p, code)
+            else:  # it may be gone already (its grace period over, or no finalizer held it)
+                from kubernetes.client.rest import ApiException
+
+                with contextlib.suppress(ApiException):
+                    self._report_exit(p, code)
             with self._lock:
                 self._pods.pop(p.uid, None)
             if p.deleting:

@@ -132,16 +132,16 @@ def test_the_failure_policy_restarts_as_the_exit_code_policy_does() -> None:
         "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
     }
     policy = jobset["failurePolicy"]
-    assert policy["maxRestarts"] == SETTINGS.train_backoff_limit
+    # no JobSet limit: the operator's (trainBackoffLimit restarts without progress) applies, as on PyTorchJob
+    assert "maxRestarts" not in policy
     first, second = policy["rules"]
     # JobSet v0.11's webhook refuses any other rule name (a hyphen included)
     assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", r["name"]) for r in policy["rules"])
     assert first["action"] == "FailJobSet" and first["onJobFailureReasons"] == ["PodFailurePolicy"]
     # the Job controller's message of an exit-code rule: "Container node for pod ns/p failed with exit code 2 ..."
     assert first["onJobFailureMessagePatterns"] == ["failed with exit code"]
-    assert second["action"] == "RestartJobSetAndIgnoreMaxRestarts" and second["onJobFailureReasons"] == [
-        "PodFailurePolicy"
-    ]
+    # every other failure restarts: a disruption, a retryable exit code (the Job's backoffLimit exceeded)
+    assert second == {"name": "retryable", "action": "RestartJobSetAndIgnoreMaxRestarts"}
 
 
 def test_the_longest_pod_name_fits() -> None:

@@ -45,8 +45,10 @@ def trainjob(*conditions: tuple[str, str, str], active: int | None = None, ready
 OBSERVED = {
     "no-status": (trainjob(), None),
     "jobs-not-active-yet": (trainjob(active=0), "Created"),
-    "running-never-suspended": (trainjob(active=1), "Running"),
-    "resumed-and-running": (trainjob(("Suspended", "False", "Resumed"), active=1), "Running"),
+    # JobSet counts a Job active from its first pod, Pending included: not running before it is ready
+    "pods-waiting-for-a-node": (trainjob(active=1, ready=0), "Created"),
+    "running-never-suspended": (trainjob(active=1, ready=1), "Running"),
+    "resumed-and-running": (trainjob(("Suspended", "False", "Resumed"), active=1, ready=1), "Running"),
     "suspended": (trainjob(("Suspended", "True", "Suspended"), active=0), "Suspended"),
     "complete": (trainjob(("Complete", "True", "AllJobsCompleted"), active=0), "Succeeded"),
     "failed": (trainjob(("Failed", "True", "FailJobSetFailurePolicyAction"), active=0), "Failed"),
