@@ -25,3 +25,18 @@ def fp8_sized_llama(device: str = "cpu") -> Any:
     torch.manual_seed(0)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+
+
+def one_layer_qwen2(dtype: Any) -> Any:
+    """A one-layer Qwen2 of hidden size 32 (every projection kind present), random weights in ``dtype``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+    )
+    return Qwen2ForCausalLM(config).to(dtype)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from tests.e2e.conftest import TINY_DATA
+from tests.support.models import one_layer_qwen2
 
 from kubetune_api.failures import Failure
 from kubetune_api.preparation import HINTS, Refusal
@@ -102,20 +103,10 @@ def test_dora_rslora_and_the_all_linear_preset_reach_peft(tmp_path: Path) -> Non
 def test_rslora_scales_the_adapter_by_alpha_over_the_root_of_the_rank(tmp_path: Path) -> None:
     import torch
     from peft import get_peft_model
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from kubetune_trainer.training.build import build_peft_config
 
-    tiny = Qwen2ForCausalLM(
-        Qwen2Config(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            vocab_size=64,
-        )
-    ).to(torch.float32)
+    tiny = one_layer_qwen2(torch.float32)
     adapter = {"r": 16, "alpha": 8, "targetModules": ["all-linear"]}
     rs = get_peft_model(tiny, build_peft_config(cfg(tmp_path, {**adapter, "rsLora": True})))
     q = rs.base_model.model.model.layers[0].self_attn.q_proj
@@ -143,26 +134,16 @@ def test_qlora_loads_nf4_with_double_quantization_and_bf16_compute_on_the_proces
 def test_a_4bit_model_is_prepared_for_k_bit_training_as_peft_does() -> None:
     """PEFT's preparation on a stand-in for a 4-bit model: the base frozen, its bf16 weights in fp32."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from kubetune_trainer.training import quantization
 
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            vocab_size=64,
-        )
-    ).to(torch.bfloat16)
+    model = one_layer_qwen2(torch.bfloat16)
     model.is_loaded_in_4bit = True  # what transformers sets on a bitsandbytes 4-bit model
     prepared = quantization.prepare(model, nf4=True, gradient_checkpointing=True)
     assert not any(p.requires_grad for p in prepared.parameters())
     assert {p.dtype for p in prepared.parameters()} == {torch.float32}
     assert prepared.is_gradient_checkpointing
-    untouched = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, num_hidden_layers=1, vocab_size=64))
+    untouched = one_layer_qwen2(torch.float32)
     assert quantization.prepare(untouched, nf4=False, gradient_checkpointing=True) is untouched
 
 
