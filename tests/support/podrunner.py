@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import proc_account
+from tests.support.informer import Informer
 
 PROVISIONER = "kubetune.test/local-folder"
 # A StorageClass parameter: "enforced" gives volumes that are full at the claim's requested size.
@@ -119,7 +120,11 @@ class RunningPod:
 
 @dataclass
 class PodRunner:
-    """Watches pods bound to the fake nodes and runs them; provisions volumes. One per cluster."""
+    """Watches pods bound to the fake nodes and runs them; provisions volumes. One per cluster.
+
+    What it reads (pods, Services, claims, volumes, storage classes) comes from watches
+    (:class:`~tests.support.informer.Informer`), as a kubelet's informers: its loops read the caches,
+    the pod loop at once when a pod changes and at least every 0.3 s for the containers' own exits."""
 
     api: Any  # kubernetes.client.ApiClient of an admin
     api_host: str  # "127.0.0.1"
@@ -136,6 +141,11 @@ class PodRunner:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     errors: list[str] = field(default_factory=list)
     _hosts_at: float = 0.0
+    # uids of pods whose container this runner started: a pod runs once (restartPolicy Never), even
+    # while the cache still shows it Running after its exit was reported
+    _ran: set[str] = field(default_factory=set)
+    _provisioned: set[str] = field(default_factory=set)  # claims' uids given a volume
+    _informers: dict[str, Informer] = field(default_factory=dict)
     # where containers' memory limits are enforced (None: nowhere; a warning said why)
     memory_cgroups: MemoryCgroups | None = None
     _stale_cgroups: list[Path] = field(default_factory=list)
@@ -150,9 +160,22 @@ class PodRunner:
         from kubernetes import client
 
         self.core: Any = client.CoreV1Api(self.api)
+        storage: Any = client.StorageV1Api(self.api)
         (self.workdir / "pods").mkdir(parents=True, exist_ok=True)
         (self.workdir / "volumes").mkdir(parents=True, exist_ok=True)
         self.memory_cgroups = MemoryCgroups.find()
+        # what the loops read: watched, not listed at every tick (tests/support/informer.py)
+        self._informers = {
+            "pods": Informer(self.core.list_pod_for_all_namespaces, "pods"),
+            "services": Informer(self.core.list_service_for_all_namespaces, "services"),
+            "claims": Informer(self.core.list_persistent_volume_claim_for_all_namespaces, "claims"),
+            "volumes": Informer(self.core.list_persistent_volume, "volumes"),
+            "classes": Informer(storage.list_storage_class, "classes"),
+        }
+        for informer in self._informers.values():
+            informer.start()
+        for informer in self._informers.values():
+            informer.wait_synced(60)
         for target in (self._pod_loop, self._volume_loop):
             t = threading.Thread(target=self._guard(target), daemon=True, name=target.__name__)
             t.start()
@@ -160,6 +183,8 @@ class PodRunner:
 
     def stop(self) -> None:
         self._stop.set()
+        for informer in self._informers.values():
+            informer.stop()
         with self._lock:
             pods = list(self._pods.values())
         for p in pods:
@@ -203,10 +228,14 @@ class PodRunner:
     # --- pods --------------------------------------------------------------------------------------
 
     def _pod_loop(self) -> None:
+        # at once when a pod changes; at least every 0.3 s for the containers' own exits
+        changed = self._informers["pods"].changed
         while not self._stop.is_set():
-            pods = self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
+            changed.clear()
             live = set()
-            for pod in pods:
+            for pod in self._informers["pods"].items():
+                if not pod.spec.node_name:  # not bound to a node yet
+                    continue
                 uid = pod.metadata.uid
                 live.add(uid)
                 if not self.wanted(pod):
@@ -215,11 +244,11 @@ class PodRunner:
                     running = self._pods.get(uid)
                 if pod.metadata.deletion_timestamp is not None:
                     self._terminate(pod, running)
-                elif running is None and node_started(pod):
+                elif running is None and uid not in self._ran and node_started(pod):
                     self._start_pod(pod)
             self._reap(live)
             self._refresh_hosts()
-            self._stop.wait(0.3)
+            changed.wait(0.3)
 
     def _refresh_hosts(self) -> None:
         """Names that appeared since a pod started (the master's Service for a Worker that started
@@ -299,6 +328,7 @@ class PodRunner:
                 now(),
                 cgroup=cgroup,
             )
+            self._ran.add(meta.uid)
 
     def _mount_point_layers(self, root: Path, targets: list[tuple[Path, bool]]) -> list[str]:
         """Shell commands, run first in the pod's mount namespace, after which every mount target can
@@ -484,7 +514,7 @@ class PodRunner:
     def _hosts(self) -> str:
         lines = ["127.0.0.1 localhost"]
         names: set[str] = set()
-        for pod in self.core.list_pod_for_all_namespaces().items:
+        for pod in self._informers["pods"].items():
             host = pod.spec.hostname or pod.metadata.name
             names.update({host, pod.metadata.name})
             if pod.spec.subdomain:  # a headless Service's pod (a JobSet's): <host>.<subdomain>[.<ns>[.svc]]
@@ -492,7 +522,7 @@ class PodRunner:
                 names.update(
                     {fqdn, f"{fqdn}.{pod.metadata.namespace}", f"{fqdn}.{pod.metadata.namespace}.svc"}
                 )
-        for svc in self.core.list_service_for_all_namespaces().items:
+        for svc in self._informers["services"].items():
             ns = svc.metadata.namespace
             names.update({svc.metadata.name, f"{svc.metadata.name}.{ns}", f"{svc.metadata.name}.{ns}.svc"})
         lines += [f"127.0.0.1 {n}" for n in sorted(names)]
@@ -615,25 +645,28 @@ class PodRunner:
     # --- volumes -----------------------------------------------------------------------------------
 
     def _volume_loop(self) -> None:
-        from kubernetes import client
         from kubernetes.client.rest import ApiException
 
-        storage: Any = client.StorageV1Api(self.api)
+        released: set[str] = set()  # volumes deleted (the cache may still show them a moment)
+        changes = [self._informers[k].changed for k in ("claims", "volumes", "classes")]
         while not self._stop.is_set():
+            for changed in changes:
+                changed.clear()
             ours = {
                 sc.metadata.name: (sc.parameters or {}).get(CAPACITY_PARAMETER) == "enforced"
-                for sc in storage.list_storage_class().items
+                for sc in self._informers["classes"].items()
                 if sc.provisioner == PROVISIONER
             }
-            for pvc in self.core.list_persistent_volume_claim_for_all_namespaces().items:
+            for pvc in self._informers["claims"].items():
                 if pvc.spec.volume_name or pvc.metadata.deletion_timestamp is not None:
                     continue
-                if pvc.spec.storage_class_name not in ours:
+                if pvc.spec.storage_class_name not in ours or pvc.metadata.uid in self._provisioned:
                     continue
                 self._provision(pvc, sized=ours[pvc.spec.storage_class_name])
-            for pv in self.core.list_persistent_volume().items:
+                self._provisioned.add(pvc.metadata.uid)
+            for pv in self._informers["volumes"].items():
                 ann = pv.metadata.annotations or {}
-                if ann.get("pv.kubernetes.io/provisioned-by") != PROVISIONER:
+                if ann.get("pv.kubernetes.io/provisioned-by") != PROVISIONER or pv.metadata.uid in released:
                     continue
                 if pv.status.phase == "Released" and pv.spec.persistent_volume_reclaim_policy == "Delete":
                     with contextlib.suppress(ApiException):
@@ -642,6 +675,7 @@ class PodRunner:
                     if os.path.ismount(folder):
                         _unmount(folder)
                     shutil.rmtree(folder, ignore_errors=True)
+                    released.add(pv.metadata.uid)
             self._stop.wait(0.3)
 
     def _provision(self, pvc: Any, *, sized: bool = False) -> None:
