@@ -37,6 +37,7 @@ from kubetune_api.status import FineTuneJobStatus
 from . import builders, metrics, observations, state, training_failures
 from .children import (
     ChildApiError,
+    Ensured,
     about_child,
     ensure,
     suspend_patch,
@@ -91,6 +92,8 @@ class Context:
     logger: logging.Logger | logging.LoggerAdapter[Any] = field(
         default_factory=lambda: logging.getLogger(__name__)
     )
+    # read every child again, not what earlier passes learned (the re-sync, the operator's start)
+    fresh: bool = False
 
 
 @dataclass
@@ -119,6 +122,7 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
                 obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
                 if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
                     _failed_passes.pop((namespace, name), None)
+                    forget(namespace, name)
                     metrics.saw(namespace, name, None)
                     result = _result(None)
                     return None
@@ -347,15 +351,23 @@ def _ensure_child(
     name is a conflict (the observation says so, and the child is not had)."""
     job, child = action.job, action.child
     had = state.Had(None)
+    keep = child in _KEPT and not ctx.fresh
     for manifest in _manifests(ctx, obs.engine, action):
-        result = ensure(ctx.kube, manifest, job)
+        known = _known_child(job, manifest) if keep else None
+        if known is not None:
+            result = Ensured(known)
+        else:
+            result = ensure(ctx.kube, manifest, job, create_first=action.create_first)
         if result.conflict:
             return replace(obs, conflict=result.conflict)
         if result.created and action.announce:
             created.append(manifest)
+        obj = result.obj
         if not result.created and manifest["kind"] == "ConfigMap":
-            sync_config(ctx.kube, result.obj, manifest)
-        had = state.Had(result.obj, result.created)
+            obj = sync_config(ctx.kube, result.obj, manifest)
+        if child in _KEPT:
+            _learn_child(job, manifest, obj)
+        had = state.Had(obj, result.created)
     obs = replace(obs, had={**obs.had, child: had})
     if child == state.Child.PREPARATION_JOB:
         return replace(obs, preparation=_preparation_observation(ctx, job, had))
@@ -367,6 +379,41 @@ def _ensure_child(
     if child == state.Child.ALIAS_JOB:
         return replace(obs, alias_job=_registration_observation(ctx, job, had.obj, builders.COMPONENT_ALIAS))
     return obs
+
+
+# The children that only the operator changes once made (the trainer's identity, the checkpoint claim,
+# the ConfigMap), as a pass last created, read or patched them, by FineTuneJob (and its uid: a job
+# deleted and made again under its name starts afresh). A pass takes them from here instead of
+# reading each again (five requests in a row on every event of a job's children); a fresh pass (the
+# slow re-sync, the operator's start: ``Context.fresh``) reads them all and keeps what it found. So
+# a child deleted by hand is made again by the next fresh pass, no later than the re-sync.
+_KEPT = frozenset({state.Child.IDENTITY, state.Child.CHECKPOINT_CLAIM, state.Child.CONFIG_MAP})
+_known: dict[tuple[str, str], tuple[str | None, dict[tuple[str, str], dict[str, Any]]]] = {}
+_known_guard = threading.Lock()
+
+
+def _known_child(job: api.FineTuneJob, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    key = (job.metadata.namespace, job.metadata.name)
+    with _known_guard:
+        uid, objects = _known.get(key, (None, {}))
+        if uid != job.metadata.uid:
+            return None
+        return objects.get((manifest["kind"], manifest["metadata"]["name"]))
+
+
+def _learn_child(job: api.FineTuneJob, manifest: dict[str, Any], obj: dict[str, Any]) -> None:
+    key = (job.metadata.namespace, job.metadata.name)
+    with _known_guard:
+        uid, objects = _known.get(key, (None, {}))
+        if uid != job.metadata.uid:
+            objects = {}
+        _known[key] = (job.metadata.uid, {**objects, (manifest["kind"], manifest["metadata"]["name"]): obj})
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop what passes learned of a job that is gone."""
+    with _known_guard:
+        _known.pop((namespace, name), None)
 
 
 def _preparation_observation(ctx: Context, job: api.FineTuneJob, had: state.Had) -> Any:
