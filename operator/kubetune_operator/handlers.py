@@ -39,7 +39,7 @@ from kubetune_api import spec as api
 from kubetune_api.engines import Engine
 from kubetune_api.status import Phase, Reason
 
-from . import builders, metrics, observations, pokes, state
+from . import builders, metrics, observations, pokes, state, watched
 from .kube import ApiError, Kube, load_api_client
 from .reconcile import Context, StatusConflictError, note_training_pod, reconcile
 from .settings import Settings
@@ -325,18 +325,32 @@ async def trainjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, 
     _child_event(body, memo, logger)
 
 
+def _preparation_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None) -> None:
+    """Kept as the event shows it (:mod:`.watched`: a pass reads no preparation Job or pod the events
+    showed), then the job is poked."""
+    meta = body.get("metadata") or {}
+    parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+    if parent:
+        watched.PREPARATIONS.saw(meta["namespace"], parent, dict(body), deleted=type == "DELETED")
+    _child_event(body, memo, logger)
+
+
 @kopf.on.event(
     "batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_PREPARATION}
 )
-async def preparation_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _child_event(body, memo, logger)
+async def preparation_job_event(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None, **_: Any
+) -> None:
+    _preparation_event(body, memo, logger, type)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_PREPARATION})
-async def preparation_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def preparation_pod_event(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None, **_: Any
+) -> None:
     """Its termination message (the report or the refusal) is in the pod's status, which may land
     after the Job's."""
-    _child_event(body, memo, logger)
+    _preparation_event(body, memo, logger, type)
 
 
 @kopf.on.event(

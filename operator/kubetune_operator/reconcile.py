@@ -34,12 +34,13 @@ from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
 
-from . import builders, metrics, observations, state, training_failures
+from . import builders, metrics, observations, state, training_failures, watched
 from .children import (
     ChildApiError,
     Ensured,
     about_child,
     ensure,
+    is_ours,
     suspend_patch,
     sync_config,
     sync_deadline,
@@ -123,6 +124,7 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
                 if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
                     _failed_passes.pop((namespace, name), None)
                     forget(namespace, name)
+                    watched.PREPARATIONS.forget(namespace, name)
                     metrics.saw(namespace, name, None)
                     result = _result(None)
                     return None
@@ -350,25 +352,25 @@ def _ensure_child(
     """Create the child or read it (``children.ensure``), then observe it; a stranger's object of its
     name is a conflict (the observation says so, and the child is not had)."""
     job, child = action.job, action.child
+    if child == state.Child.PREPARATION_JOB and not ctx.fresh:
+        seen = _watched_preparation(obs, job)
+        if seen is not None:
+            return seen
     had = state.Had(None)
-    keep = child in _KEPT and not ctx.fresh
     for manifest in _manifests(ctx, obs.engine, action):
-        known = _known_child(job, manifest) if keep else None
-        if known is not None:
-            result = Ensured(known)
-        else:
-            result = ensure(ctx.kube, manifest, job, create_first=action.create_first)
+        result = _ensure_one(ctx, action, manifest)
         if result.conflict:
             return replace(obs, conflict=result.conflict)
         if result.created and action.announce:
             created.append(manifest)
-        obj = result.obj
-        if not result.created and manifest["kind"] == "ConfigMap":
-            obj = sync_config(ctx.kube, result.obj, manifest)
-        if child in _KEPT:
-            _learn_child(job, manifest, obj)
-        had = state.Had(obj, result.created)
-    obs = replace(obs, had={**obs.had, child: had})
+        had = state.Had(result.obj, result.created)
+    return _observe_child(ctx, replace(obs, had={**obs.had, child: had}), job, child, had)
+
+
+def _observe_child(
+    ctx: Context, obs: state.Observation, job: api.FineTuneJob, child: state.Child, had: state.Had
+) -> state.Observation:
+    """What the child's state says, read with its pods where they tell it (the Jobs')."""
     if child == state.Child.PREPARATION_JOB:
         return replace(obs, preparation=_preparation_observation(ctx, job, had))
     if child == state.Child.TRAINING_JOB:
@@ -379,6 +381,37 @@ def _ensure_child(
     if child == state.Child.ALIAS_JOB:
         return replace(obs, alias_job=_registration_observation(ctx, job, had.obj, builders.COMPONENT_ALIAS))
     return obs
+
+
+def _ensure_one(ctx: Context, action: state.EnsureChild, manifest: dict[str, Any]) -> Ensured:
+    """One object of a child: as an earlier pass kept it (``_KEPT``), else created or read; a
+    ConfigMap read is brought up to date."""
+    job, kept = action.job, action.child in _KEPT
+    known = _known_child(job, manifest) if kept and not ctx.fresh else None
+    result = (
+        Ensured(known)
+        if known is not None
+        else ensure(ctx.kube, manifest, job, create_first=action.create_first)
+    )
+    if result.conflict:
+        return result
+    if not result.created and manifest["kind"] == "ConfigMap":
+        result = replace(result, obj=sync_config(ctx.kube, result.obj, manifest))
+    if kept:
+        _learn_child(job, manifest, result.obj)
+    return result
+
+
+def _watched_preparation(obs: state.Observation, job: api.FineTuneJob) -> state.Observation | None:
+    """The preparation Job and its pods as their watch events showed them (:mod:`.watched`), when
+    they did: no request."""
+    seen = watched.PREPARATIONS.get(
+        job.metadata.namespace, job.metadata.name, builders.preparation_job_name(job)
+    )
+    if seen is None or not is_ours(seen[0], job):
+        return None
+    obs = replace(obs, had={**obs.had, state.Child.PREPARATION_JOB: state.Had(seen[0])})
+    return replace(obs, preparation=observations.preparation_observation(*seen, builders.PREPARE_CONTAINER))
 
 
 # The children that only the operator changes once made (the trainer's identity, the checkpoint claim,
