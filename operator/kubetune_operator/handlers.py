@@ -41,7 +41,7 @@ from kubetune_api.status import Phase, Reason
 
 from . import builders, metrics, observations, pokes, state, watched
 from .kube import ApiError, Kube, load_api_client
-from .reconcile import Context, StatusConflictError, note_training_pod, reconcile
+from .reconcile import Context, StatusConflictError, forget, note_training_pod, reconcile
 from .settings import Settings
 
 # Read at import: kopf needs the timer intervals when the decorators run.
@@ -185,6 +185,7 @@ async def finetunejob_unobserved(
     """
     if type == "DELETED":
         metrics.saw(namespace or "default", name, None)  # gone: out of the phase gauge
+        forget(namespace or "default", name)  # and out of what passes kept of its children
         return
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return

@@ -124,7 +124,6 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
                 if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
                     _failed_passes.pop((namespace, name), None)
                     forget(namespace, name)
-                    watched.PREPARATIONS.forget(namespace, name)
                     metrics.saw(namespace, name, None)
                     result = _result(None)
                     return None
@@ -444,9 +443,10 @@ def _learn_child(job: api.FineTuneJob, manifest: dict[str, Any], obj: dict[str, 
 
 
 def forget(namespace: str, name: str) -> None:
-    """Drop what passes learned of a job that is gone."""
+    """Drop what passes learned of a job that is gone, and its children's events (:mod:`.watched`)."""
     with _known_guard:
         _known.pop((namespace, name), None)
+    watched.PREPARATIONS.forget(namespace, name)
 
 
 def _preparation_observation(ctx: Context, job: api.FineTuneJob, had: state.Had) -> Any:
