@@ -738,7 +738,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     done_at = None
                 time.sleep(2)
-            after = proc_usage(operator.pid)
+            after, t_after = proc_usage(operator.pid), time.monotonic()
             steady = None
             if args.steady_seconds and done_at is not None:
                 steady = steady_state(operator.pid, events, wanted, args.steady_seconds)
@@ -786,7 +786,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "operator": {
                         "cpu_s_during_run": _r(after["cpu_s"] - before["cpu_s"]),
                         "cpu_s_total": _r(after["cpu_s"]),
-                        "run_s": _r(time.monotonic() - t_apply),
+                        "run_s": _r(t_after - t_apply),  # the steady window not included
                         "peak_rss_mib": _r(after["hwm_mib"]),
                         "rss_mib_idle_before": _r(before["rss_mib"]),
                         "rss_mib_at_end": _r(after["rss_mib"]),

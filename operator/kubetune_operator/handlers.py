@@ -50,13 +50,13 @@ _RETRY_SECONDS = Settings.from_env().retry_seconds
 TRAINJOB = Engine.TRAINJOB
 _JOB_COMPONENTS = (builders.COMPONENT_PREPARATION, builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
 
-# Threads for the (sync) handlers. kopf's default pool has min(32, CPUs + 4): 6 on a two-core node.
-# A reconcile pass is a dozen API requests in a row and mostly waits for the API server: under a
-# burst of 500 new jobs, 6 threads made each job wait ~48 s (p50) for its PyTorchJob; 16, with the
-# check of ``finetunejob_unobserved`` out of the pool, ~2.4 s, with the same CPU
-# (hack/bench_operator_scale.py, docs/benchmarks-history.md "The operator at scale"). The operator's client
-# keeps as many connections open (kube.load_api_client): no request waits for a connection or pays
-# a new TLS handshake.
+# Threads for the (sync) handlers and the passes children's events poke (.pokes). kopf's default pool
+# has min(32, CPUs + 4): 6 on a two-core node. A reconcile pass is a few API requests in a row and
+# mostly waits for the API server: under a burst of 500 new jobs, 6 threads made each job wait ~48 s
+# (p50) for its PyTorchJob; 16, with the check of ``finetunejob_unobserved`` out of the pool, ~2.4 s,
+# with the same CPU (hack/bench_operator_scale.py, docs/benchmarks-history.md "The operator at
+# scale"). The operator's client keeps as many connections open (kube.load_api_client): no request
+# waits for a connection or pays a new TLS handshake.
 HANDLER_THREADS = 16
 
 
