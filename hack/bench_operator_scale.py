@@ -738,9 +738,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     done_at = None
                 time.sleep(2)
+            after, t_after = proc_usage(operator.pid), time.monotonic()
+            steady = None
+            if args.steady_seconds and done_at is not None:
+                steady = steady_state(operator.pid, events, wanted, args.steady_seconds)
             sampler_stop.set()
             sampler.join(timeout=5)
-            after = proc_usage(operator.pid)
             load_end = os.getloadavg()
             if spy is not None:
                 spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
@@ -783,7 +786,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "operator": {
                         "cpu_s_during_run": _r(after["cpu_s"] - before["cpu_s"]),
                         "cpu_s_total": _r(after["cpu_s"]),
-                        "run_s": _r(time.monotonic() - t_apply),
+                        "run_s": _r(t_after - t_apply),  # the steady window not included
                         "peak_rss_mib": _r(after["hwm_mib"]),
                         "rss_mib_idle_before": _r(before["rss_mib"]),
                         "rss_mib_at_end": _r(after["rss_mib"]),
@@ -797,6 +800,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "loadavg_end": [round(x, 2) for x in load_end],
                         "cluster_start_s": _r(cluster_start_s),
                     },
+                    "steady_state": steady,
                     "goals": {"p50_ptj_s": 1.0, "p95_ptj_s": 3.0, "peak_rss_mib": 250},
                 }
             )
@@ -830,6 +834,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 import shutil
 
                 shutil.rmtree(work, ignore_errors=True)
+
+
+def steady_state(pid: int, events: Path, names: set[str], seconds: float) -> dict[str, Any]:
+    """The operator's CPU over ``seconds`` once every job is where it stays (its PyTorchJob made, held
+    by Kueue or its master Running, nothing more coming): what N existing jobs cost when nothing
+    changes. Over the re-sync interval (300 s by default) the window holds every job's re-sync once;
+    the watch events of the jobs and their children in the window say whether anything changed."""
+    rows_before = sum(1 for _ in events.open())
+    before, t0 = proc_usage(pid), time.monotonic()
+    time.sleep(seconds)
+    after, elapsed = proc_usage(pid), time.monotonic() - t0
+    rows = [json.loads(line) for line in events.read_text().splitlines()[rows_before:] if line]
+    kinds: dict[str, int] = {}
+    for row in rows:
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    cpu = after["cpu_s"] - before["cpu_s"]
+    return {
+        "jobs": len(names),
+        "window_s": _r(elapsed),
+        "cpu_s": _r(cpu),
+        "cpu_s_per_minute": _r(cpu * 60 / elapsed),
+        "cores": _r(cpu / elapsed),
+        "rss_mib_at_end": _r(after["rss_mib"]),
+        "watch_events_in_window": kinds,
+    }
 
 
 def log_errors(text: str) -> tuple[list[str], int]:
@@ -926,6 +955,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--reference-timeout", type=float, default=600, help="seconds for the one real preparation (600)"
+    )
+    parser.add_argument(
+        "--steady-seconds",
+        type=float,
+        default=0,
+        help="then measure the operator's CPU this long with nothing changing (0: not; 300: one re-sync)",
     )
     parser.add_argument("--settle", type=float, default=5, help="quiet seconds before and after")
     parser.add_argument("--py-spy", metavar="PATH", help="profile the operator with this py-spy binary")

@@ -75,11 +75,18 @@ def conflict_message(obj: dict[str, Any], kind: str, name: str) -> str:
     )
 
 
-def ensure(kube: Kube, manifest: dict[str, Any], job: api.FineTuneJob) -> Ensured:
+def ensure(
+    kube: Kube, manifest: dict[str, Any], job: api.FineTuneJob, *, create_first: bool = False
+) -> Ensured:
+    """Create the child unless an object of its name is there (ours: had; a stranger's: a conflict).
+    ``create_first``: try the create before any read (a child not made yet costs one request, not
+    two); one already there answers 409 and is read then."""
     kind, name = manifest["kind"], manifest["metadata"]["name"]
     ns = manifest["metadata"]["namespace"]
-    with about_child("get", kind, name):
-        existing = kube.get(manifest["apiVersion"], kind, ns, name)
+    existing = None
+    if not create_first:
+        with about_child("get", kind, name):
+            existing = kube.get(manifest["apiVersion"], kind, ns, name)
     if existing is None:
         try:
             return Ensured(kube.create(manifest), created=True)

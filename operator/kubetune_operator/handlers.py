@@ -4,9 +4,11 @@
   reconcile; ``kopf.TemporaryError`` while a conflict or a pending result needs time,
   ``kopf.PermanentError`` for a spec the operator can never use.
 - PyTorchJob (or TrainJob), preparation, registration and alias Job, and their pods' and training pod events
-  (selected by the ``kubetune.io/job`` label): reconcile the FineTuneJob named in the label. A
+  (selected by the ``kubetune.io/job`` label): poke the FineTuneJob named in the label
+  (:mod:`.pokes`: one pass queued per job, however many events; one more after a running pass). A
   training pod that the scheduler cannot place, or whose image cannot be pulled, or one that
-  starts at last, changes the FineTuneJob's status through these.
+  starts at last, changes the FineTuneJob's status through these. The handlers run in kopf's event
+  loop and hold no thread.
 - A FineTuneJob's events re-reconcile the jobs that start from its model (``spec.model.fromJob``),
   found through an in-memory index of those jobs by parent, while they can still change: waiting for
   it, or recorded as started from it (its deletion fails them, ``ParentMissing``).
@@ -37,9 +39,9 @@ from kubetune_api import spec as api
 from kubetune_api.engines import Engine
 from kubetune_api.status import Phase, Reason
 
-from . import builders, metrics, observations, state
+from . import builders, metrics, observations, pokes, state, watched
 from .kube import ApiError, Kube, load_api_client
-from .reconcile import Context, StatusConflictError, note_training_pod, reconcile
+from .reconcile import Context, StatusConflictError, forget, note_training_pod, reconcile
 from .settings import Settings
 
 # Read at import: kopf needs the timer intervals when the decorators run.
@@ -48,13 +50,13 @@ _RETRY_SECONDS = Settings.from_env().retry_seconds
 TRAINJOB = Engine.TRAINJOB
 _JOB_COMPONENTS = (builders.COMPONENT_PREPARATION, builders.COMPONENT_REGISTRATION, builders.COMPONENT_ALIAS)
 
-# Threads for the (sync) handlers. kopf's default pool has min(32, CPUs + 4): 6 on a two-core node.
-# A reconcile pass is a dozen API requests in a row and mostly waits for the API server: under a
-# burst of 500 new jobs, 6 threads made each job wait ~48 s (p50) for its PyTorchJob; 16, with the
-# check of ``finetunejob_unobserved`` out of the pool, ~2.4 s, with the same CPU
-# (hack/bench_operator_scale.py, docs/benchmarks-history.md "The operator at scale"). The operator's client
-# keeps as many connections open (kube.load_api_client): no request waits for a connection or pays
-# a new TLS handshake.
+# Threads for the (sync) handlers and the passes children's events poke (.pokes). kopf's default pool
+# has min(32, CPUs + 4): 6 on a two-core node. A reconcile pass is a few API requests in a row and
+# mostly waits for the API server: under a burst of 500 new jobs, 6 threads made each job wait ~48 s
+# (p50) for its PyTorchJob; 16, with the check of ``finetunejob_unobserved`` out of the pool, ~2.4 s,
+# with the same CPU (hack/bench_operator_scale.py, docs/benchmarks-history.md "The operator at
+# scale"). The operator's client keeps as many connections open (kube.load_api_client): no request
+# waits for a connection or pays a new TLS handshake.
 HANDLER_THREADS = 16
 
 
@@ -84,6 +86,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.label_selectors["v1", "pods"] = pods
     settings.execution.max_workers = HANDLER_THREADS
     memo.executor = settings.execution.executor
+    memo.pokes = pokes.Pokes(memo.executor, functools.partial(_poked, memo))
     memo.settings = Settings.from_env()
     memo.kube = Kube(load_api_client(connections=HANDLER_THREADS))
     memo.metrics_server = None
@@ -114,16 +117,18 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def _context(memo: kopf.Memo, logger: kopf.Logger) -> Context:
+def _context(memo: kopf.Memo, logger: kopf.Logger, *, fresh: bool = False) -> Context:
     def emit(body: Any, event: state.Event) -> None:  # a FineTuneJob as read (a dict) or kopf's Body
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
 
-    return Context(kube=memo.kube, settings=memo.settings, emit=emit, logger=logger)
+    return Context(kube=memo.kube, settings=memo.settings, emit=emit, logger=logger, fresh=fresh)
 
 
-def _run(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str) -> None:
+def _run(
+    memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, *, fresh: bool = False
+) -> None:
     try:
-        outcome = reconcile(_context(memo, logger), namespace or "default", name)
+        outcome = reconcile(_context(memo, logger, fresh=fresh), namespace or "default", name)
     except (ApiError, StatusConflictError) as e:
         # The API server said no for now (throttled, restarting, a race): retry soon, not in kopf's
         # default minute. A persistent 403 also lands here and shows in the kopf progress annotation.
@@ -141,9 +146,10 @@ def _run(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str)
 @kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
 def finetunejob_changed(
-    memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, **_: Any
+    memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, reason: str = "", **_: Any
 ) -> None:
-    _run(memo, logger, namespace, name)
+    # the operator's start reads every child again (Context.fresh): nothing learned is older than it
+    _run(memo, logger, namespace, name, fresh=reason == kopf.Reason.RESUME)
 
 
 async def _in_thread(memo: kopf.Memo, fn: Callable[..., None], *args: Any) -> None:
@@ -179,6 +185,7 @@ async def finetunejob_unobserved(
     """
     if type == "DELETED":
         metrics.saw(namespace or "default", name, None)  # gone: out of the phase gauge
+        forget(namespace or "default", name)  # and out of what passes kept of its children
         return
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return
@@ -254,7 +261,8 @@ def _reconcile_unobserved(
 
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=_RESYNC_SECONDS, initial_delay=_RESYNC_SECONDS)
 def resync(memo: kopf.Memo, logger: kopf.Logger, namespace: str | None, name: str, **_: Any) -> None:
-    outcome = reconcile(_context(memo, logger), namespace or "default", name)
+    # the safety net reads every child again (Context.fresh), not what earlier passes learned
+    outcome = reconcile(_context(memo, logger, fresh=True), namespace or "default", name)
     if outcome is not None and outcome.retry_in is not None:
         # a refused child request (403, 5xx...): the timer retries with backoff, not a re-sync later
         raise kopf.TemporaryError(outcome.message, delay=outcome.retry_in)
@@ -285,56 +293,81 @@ def finetunejob_deleted(logger: kopf.Logger, spec: kopf.Spec, **_: Any) -> None:
         logger.info("keeping the checkpoint PVC (spec.storage.keepOnDelete)")
 
 
+def _poked(memo: kopf.Memo, namespace: str, name: str, logger: kopf.Logger) -> None:
+    """One pass over a job whose child sent an event (:mod:`.pokes`)."""
+    try:
+        reconcile(_context(memo, logger), namespace, name)
+    except (ApiError, StatusConflictError) as e:
+        logger.info(
+            f"FineTuneJob {namespace}/{name} not reconciled yet ({e}); the next event or re-sync will"
+        )
+
+
 def _child_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger) -> None:
+    """Poke the FineTuneJob named in the child's label (:mod:`.pokes`): in kopf's event loop, no thread."""
     meta = body.get("metadata") or {}
     parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
     if parent:
-        reconcile(_context(memo, logger), meta["namespace"], parent)
+        memo.pokes.poke(meta["namespace"], parent, logger)
 
 
 _CHILD = {builders.LABEL_JOB: kopf.PRESENT}
 
 
 @kopf.on.event("kubeflow.org", "v1", "pytorchjobs", labels=_CHILD)
-def pytorchjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def pytorchjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event(TRAINJOB.group, TRAINJOB.version, TRAINJOB.plural, labels=_CHILD)
-def trainjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def trainjob_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """A TrainJob's status (Kubeflow Trainer v2): watched once its CRD is served (kopf waits for a
     resource that is not served, and starts watching when it appears)."""
+    _child_event(body, memo, logger)
+
+
+def _preparation_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None) -> None:
+    """Kept as the event shows it (:mod:`.watched`: a pass reads no preparation Job or pod the events
+    showed), then the job is poked."""
+    meta = body.get("metadata") or {}
+    parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
+    if parent:
+        watched.PREPARATIONS.saw(meta["namespace"], parent, dict(body), deleted=type == "DELETED")
     _child_event(body, memo, logger)
 
 
 @kopf.on.event(
     "batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_PREPARATION}
 )
-def preparation_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
-    _child_event(body, memo, logger)
+async def preparation_job_event(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None, **_: Any
+) -> None:
+    _preparation_event(body, memo, logger, type)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_PREPARATION})
-def preparation_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def preparation_pod_event(
+    body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, type: str | None, **_: Any
+) -> None:
     """Its termination message (the report or the refusal) is in the pod's status, which may land
     after the Job's."""
-    _child_event(body, memo, logger)
+    _preparation_event(body, memo, logger, type)
 
 
 @kopf.on.event(
     "batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION}
 )
-def registration_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def registration_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_REGISTRATION})
-def registration_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def registration_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_TRAINING})
-def training_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def training_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Scheduled or not, pulling its image or not, running: the Training condition follows. A pod
     that failed is noted first: the Training Operator replaces it before a pass may list it."""
     meta = body.get("metadata") or {}
@@ -345,10 +378,10 @@ def training_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_ALIAS})
-def alias_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def alias_job_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_ALIAS})
-def alias_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def alias_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     _child_event(body, memo, logger)

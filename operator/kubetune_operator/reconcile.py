@@ -34,11 +34,13 @@ from kubetune_api import spec as api
 from kubetune_api.failures import TrainingFailure
 from kubetune_api.status import FineTuneJobStatus
 
-from . import builders, metrics, observations, state, training_failures
+from . import builders, metrics, observations, state, training_failures, watched
 from .children import (
     ChildApiError,
+    Ensured,
     about_child,
     ensure,
+    is_ours,
     suspend_patch,
     sync_config,
     sync_deadline,
@@ -91,6 +93,8 @@ class Context:
     logger: logging.Logger | logging.LoggerAdapter[Any] = field(
         default_factory=lambda: logging.getLogger(__name__)
     )
+    # read every child again, not what earlier passes learned (the re-sync, the operator's start)
+    fresh: bool = False
 
 
 @dataclass
@@ -119,6 +123,7 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
                 obj = ctx.kube.get(api.API_VERSION, api.KIND, namespace, name)
                 if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
                     _failed_passes.pop((namespace, name), None)
+                    forget(namespace, name)
                     metrics.saw(namespace, name, None)
                     result = _result(None)
                     return None
@@ -346,17 +351,25 @@ def _ensure_child(
     """Create the child or read it (``children.ensure``), then observe it; a stranger's object of its
     name is a conflict (the observation says so, and the child is not had)."""
     job, child = action.job, action.child
+    if child == state.Child.PREPARATION_JOB and not ctx.fresh:
+        seen = _watched_preparation(obs, job)
+        if seen is not None:
+            return seen
     had = state.Had(None)
     for manifest in _manifests(ctx, obs.engine, action):
-        result = ensure(ctx.kube, manifest, job)
+        result = _ensure_one(ctx, action, manifest)
         if result.conflict:
             return replace(obs, conflict=result.conflict)
         if result.created and action.announce:
             created.append(manifest)
-        if not result.created and manifest["kind"] == "ConfigMap":
-            sync_config(ctx.kube, result.obj, manifest)
         had = state.Had(result.obj, result.created)
-    obs = replace(obs, had={**obs.had, child: had})
+    return _observe_child(ctx, replace(obs, had={**obs.had, child: had}), job, child, had)
+
+
+def _observe_child(
+    ctx: Context, obs: state.Observation, job: api.FineTuneJob, child: state.Child, had: state.Had
+) -> state.Observation:
+    """What the child's state says, read with its pods where they tell it (the Jobs')."""
     if child == state.Child.PREPARATION_JOB:
         return replace(obs, preparation=_preparation_observation(ctx, job, had))
     if child == state.Child.TRAINING_JOB:
@@ -367,6 +380,73 @@ def _ensure_child(
     if child == state.Child.ALIAS_JOB:
         return replace(obs, alias_job=_registration_observation(ctx, job, had.obj, builders.COMPONENT_ALIAS))
     return obs
+
+
+def _ensure_one(ctx: Context, action: state.EnsureChild, manifest: dict[str, Any]) -> Ensured:
+    """One object of a child: as an earlier pass kept it (``_KEPT``), else created or read; a
+    ConfigMap read is brought up to date."""
+    job, kept = action.job, action.child in _KEPT
+    known = _known_child(job, manifest) if kept and not ctx.fresh else None
+    result = (
+        Ensured(known)
+        if known is not None
+        else ensure(ctx.kube, manifest, job, create_first=action.create_first)
+    )
+    if result.conflict:
+        return result
+    if not result.created and manifest["kind"] == "ConfigMap":
+        result = replace(result, obj=sync_config(ctx.kube, result.obj, manifest))
+    if kept:
+        _learn_child(job, manifest, result.obj)
+    return result
+
+
+def _watched_preparation(obs: state.Observation, job: api.FineTuneJob) -> state.Observation | None:
+    """The preparation Job and its pods as their watch events showed them (:mod:`.watched`), when
+    they did: no request."""
+    seen = watched.PREPARATIONS.get(
+        job.metadata.namespace, job.metadata.name, builders.preparation_job_name(job)
+    )
+    if seen is None or not is_ours(seen[0], job):
+        return None
+    obs = replace(obs, had={**obs.had, state.Child.PREPARATION_JOB: state.Had(seen[0])})
+    return replace(obs, preparation=observations.preparation_observation(*seen, builders.PREPARE_CONTAINER))
+
+
+# The children that only the operator changes once made (the trainer's identity, the checkpoint claim,
+# the ConfigMap), as a pass last created, read or patched them, by FineTuneJob (and its uid: a job
+# deleted and made again under its name starts afresh). A pass takes them from here instead of
+# reading each again (five requests in a row on every event of a job's children); a fresh pass (the
+# slow re-sync, the operator's start: ``Context.fresh``) reads them all and keeps what it found. So
+# a child deleted by hand is made again by the next fresh pass, no later than the re-sync.
+_KEPT = frozenset({state.Child.IDENTITY, state.Child.CHECKPOINT_CLAIM, state.Child.CONFIG_MAP})
+_known: dict[tuple[str, str], tuple[str | None, dict[tuple[str, str], dict[str, Any]]]] = {}
+_known_guard = threading.Lock()
+
+
+def _known_child(job: api.FineTuneJob, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    key = (job.metadata.namespace, job.metadata.name)
+    with _known_guard:
+        uid, objects = _known.get(key, (None, {}))
+        if uid != job.metadata.uid:
+            return None
+        return objects.get((manifest["kind"], manifest["metadata"]["name"]))
+
+
+def _learn_child(job: api.FineTuneJob, manifest: dict[str, Any], obj: dict[str, Any]) -> None:
+    key = (job.metadata.namespace, job.metadata.name)
+    with _known_guard:
+        uid, objects = _known.get(key, (None, {}))
+        if uid != job.metadata.uid:
+            objects = {}
+        _known[key] = (job.metadata.uid, {**objects, (manifest["kind"], manifest["metadata"]["name"]): obj})
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop what passes learned of a job that is gone, and its children's events (:mod:`.watched`)."""
+    with _known_guard:
+        _known.pop((namespace, name), None)
+    watched.PREPARATIONS.forget(namespace, name)
 
 
 def _preparation_observation(ctx: Context, job: api.FineTuneJob, had: state.Had) -> Any:

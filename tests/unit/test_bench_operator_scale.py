@@ -199,3 +199,26 @@ def test_the_operator_s_errors_are_read_from_its_json_log_apart_from_retries() -
     errors, temporary = _bench().log_errors(log)
     assert temporary == 1
     assert len(errors) == 2 and "failed with an exception" in errors[0]
+
+
+def test_the_steady_state_counts_only_the_events_of_its_window(tmp_path: Path) -> None:
+    import json
+    import os
+    import threading
+
+    bench = _bench()
+    events = tmp_path / "events.jsonl"
+    events.write_text(json.dumps({"t": 1.0, "kind": "PyTorchJob"}) + "\n")  # before the window
+
+    def during() -> None:
+        with events.open("a") as f:
+            f.write(json.dumps({"t": 2.0, "kind": "FineTuneJob"}) + "\n")
+
+    timer = threading.Timer(0.1, during)
+    timer.start()
+    steady = bench.steady_state(os.getpid(), events, {"a", "b"}, 0.5)
+    timer.join()
+    assert steady["jobs"] == 2
+    assert steady["watch_events_in_window"] == {"FineTuneJob": 1}
+    assert steady["window_s"] >= 0.5
+    assert steady["cpu_s_per_minute"] >= 0

@@ -43,13 +43,16 @@ class EnsureChild:
     it; a stranger's object of its name is a conflict. A ConfigMap read is brought up to date
     (``children.sync_config``). The preparation, registration and alias Jobs are observed at once
     (with their pods). ``announce``: a created child gets its ``Created`` event; ``force``: a
-    registration Job registers past ``spec.registration.gate``."""
+    registration Job registers past ``spec.registration.gate``; ``create_first``: the status says
+    the child is not made yet, so the create is tried before any read (one request, not two; an
+    object of that name already there is read then, as always)."""
 
     child: Child
     job: api.FineTuneJob
     held: bool = True
     announce: bool = True
     force: bool = False
+    create_first: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kubetune_api import spec as api
 from kubetune_api.engines import Engine
-from kubetune_api.status import FineTuneJobStatus
+from kubetune_api.status import FineTuneJobStatus, Phase
 
 from .. import builders
 from ..children import is_ours
@@ -63,10 +63,25 @@ def next_step(obs: Observation, job: api.FineTuneJob) -> Plan | None:
             if step is not None:
                 return step
         elif child not in obs.had:
-            return Plan((EnsureChild(child, job),))
+            return Plan((EnsureChild(child, job, create_first=not_made_yet(obs, child)),))
         elif child == Child.TRAINING_JOB and child not in obs.observed:
             return Plan(_training(obs, job))
     return None
+
+
+def not_made_yet(obs: Observation, child: Child) -> bool:
+    """Whether the previous status says the child is not made yet: no children recorded at all (a new
+    job), no preparation Job recorded, or, for the training object, a job not past its preparation
+    (no phase yet, or Preparing). Only which request goes first follows from it (``create_first``):
+    a child made by a pass whose status write was lost is found all the same."""
+    prev = obs.previous or FineTuneJobStatus()
+    if prev.children is None:
+        return True
+    if child == Child.PREPARATION_JOB:
+        return prev.children.preparation_job is None
+    if child == Child.TRAINING_JOB:
+        return prev.phase in (None, Phase.PREPARING)
+    return False
 
 
 def _training(obs: Observation, job: api.FineTuneJob) -> tuple[Action, ...]:
