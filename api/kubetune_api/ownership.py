@@ -38,7 +38,7 @@ OWNERS: dict[str, Writer] = {
     "engine": Writer.OPERATOR,  # chosen once (spec.engine, else the operator's default), never changed
     "startTime": Writer.OPERATOR,
     "completionTime": Writer.OPERATOR,
-    "trainingRestarts": Writer.OPERATOR,  # counted from the Training Operator's restart events
+    "trainingRestarts": Writer.OPERATOR,  # counted from the recreated pods (a TrainJob: its JobSet)
     "preemptions": Writer.OPERATOR,  # Kueue's evictions, from the training object's Workload
     "parent": Writer.OPERATOR,  # spec.model.fromJob: what the job started from
     "registrationRetry": Writer.OPERATOR,

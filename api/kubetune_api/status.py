@@ -260,9 +260,21 @@ class MemoryRetry(ApiModel):
     after: str = Field(description="The layout of the retry.")
 
 
+class PodIncarnations(ApiModel):
+    """The incarnations of one PyTorchJob pod the operator has seen: the Training Operator recreates a
+    restarted pod under the same name, with a new UID."""
+
+    name: str = Field(description="The pod's name (one replica: <job>-train-master-0, ...-worker-<i>).")
+    uids: list[str] = Field(
+        default_factory=list, description="The UIDs seen under that name, the newest last (a few kept)."
+    )
+
+
 class TrainingRestarts(ApiModel):
-    """The PyTorchJob's pod restarts the operator has counted (the Training Operator's ``Restarting``
-    events), and how many came since training last made progress (a new complete checkpoint)."""
+    """The training pods' restarts the operator has counted, once per restart, and how many came
+    since training last made progress (a new complete checkpoint). A PyTorchJob's: each training pod
+    the Training Operator recreated (a new UID under the pod's name); a TrainJob's: its JobSet's
+    ``status.restarts`` (one per restart of every node)."""
 
     total: int = Field(default=0, description="Restarts of the training pods so far.")
     since_progress: int = Field(
@@ -275,10 +287,19 @@ class TrainingRestarts(ApiModel):
         default=None, description="Why the last attempt ended, when the operator saw it."
     )
     last_reason: str | None = Field(default=None, description="Its reason (a failure reason), when known.")
-    events: int = Field(
-        default=0,
-        description="The Training Operator's restart events counted so far (they expire with the API "
-        "server's event TTL, one hour by default: restarts further apart than that may go uncounted).",
+    pods: list[PodIncarnations] | None = Field(
+        default=None,
+        description="PyTorchJob: each training pod's incarnations seen so far; one seen under a new UID "
+        "was recreated, one restart. Emptied while the PyTorchJob is suspended (its pods deleted), so a "
+        "resume is no restart. Incarnations that came and went while no operator watched count as one.",
+    )
+    job_set_restarts: int | None = Field(
+        default=None, description="TrainJob: its JobSet's status.restarts when the operator last read it."
+    )
+    events: int | None = Field(
+        default=None,
+        description="No longer written: an older operator's count of the Training Operator's restart "
+        "events (two per restart) or, for a TrainJob, its JobSet's status.restarts.",
     )
 
 

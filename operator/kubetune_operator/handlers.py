@@ -367,13 +367,16 @@ async def registration_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.
 
 
 @kopf.on.event("v1", "pods", labels={**_CHILD, builders.LABEL_COMPONENT: builders.COMPONENT_TRAINING})
-async def training_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+async def training_pod_event(
+    body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
     """Scheduled or not, pulling its image or not, running: the Training condition follows. A pod
-    that failed is noted first: the Training Operator replaces it before a pass may list it."""
+    that failed is noted first: the Training Operator replaces it before a pass may list it; so is
+    each new incarnation of a PyTorchJob's pod, one restart when its name was seen before."""
     meta = body.get("metadata") or {}
     parent = (meta.get("labels") or {}).get(builders.LABEL_JOB)
     if parent:
-        note_training_pod(meta["namespace"], parent, dict(body))
+        note_training_pod(meta["namespace"], parent, dict(body), deleted=event.get("type") == "DELETED")
     _child_event(body, memo, logger)
 
 

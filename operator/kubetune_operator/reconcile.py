@@ -70,15 +70,40 @@ _failed_passes: dict[tuple[str, str], int] = {}
 # Training Operator deletes a pod that exited with a retryable code at once, often before a pass
 # could list it); the next pass takes it (``_restarts``).
 _attempt_failures: dict[tuple[str, str], TrainingFailure] = {}
+# Per FineTuneJob: the PyTorchJob pods' incarnations (name, UID) its watch saw, in the order seen: a
+# pod that failed and was recreated between two passes is still one restart. A pass reads them
+# (``_observe_training``, how many in ``_incarnations_read``) and they are dropped once its status
+# is written (``_incarnations_counted``); a pass whose write conflicted leaves them to the next
+# (counting is by UID: one read twice is not counted twice).
+_incarnations: dict[tuple[str, str], list[tuple[str, str]]] = {}
+_incarnations_read: dict[tuple[str, str], int] = {}
 _attempt_failures_guard = threading.Lock()
 
 
-def note_training_pod(namespace: str, job_name: str, pod: dict[str, Any]) -> None:
-    """Remember why a training pod ended, when it failed (its watch event's body)."""
+def note_training_pod(namespace: str, job_name: str, pod: dict[str, Any], *, deleted: bool = False) -> None:
+    """Remember why a training pod ended, when it failed, and which incarnation of its replica it is
+    (its watch event's body; a ``deleted`` pod is no new incarnation)."""
     failure = training_failures.failed_attempt([pod], observations.training_container_of_pod(pod))
-    if failure is not None:
-        with _attempt_failures_guard:
+    seen = None if deleted else training_failures.incarnation(pod)
+    with _attempt_failures_guard:
+        if failure is not None:
             _attempt_failures[(namespace, job_name)] = failure
+        if seen is not None:
+            noted = _incarnations.setdefault((namespace, job_name), [])
+            if seen not in noted:
+                noted.append(seen)
+
+
+def _incarnations_counted(namespace: str, name: str) -> None:
+    """The pod incarnations the pass read are in the status it wrote: dropped (those noted since
+    stay for the next pass)."""
+    with _attempt_failures_guard:
+        read = _incarnations_read.pop((namespace, name), 0)
+        noted = _incarnations.get((namespace, name))
+        if noted is not None:
+            del noted[:read]
+            if not noted:
+                del _incarnations[(namespace, name)]
 
 
 def now() -> str:
@@ -132,6 +157,7 @@ def reconcile(ctx: Context, namespace: str, name: str, *, attempts: int = 5) -> 
                     _commit(ctx, obj, step)
                 except StatusConflictError:
                     continue
+                _incarnations_counted(namespace, name)
                 metrics.saw(namespace, name, step.outcome.phase or None)
                 result = _result(step.outcome)
                 return step.outcome
@@ -478,10 +504,16 @@ def _observe_training(
         obs = replace(obs, pods=_pods_observation(ctx, live))
     if action.failure:
         obs = replace(obs, failure=_training_failure(ctx, live, obs.training))
+    key = (live["metadata"]["namespace"], action.job.metadata.name)
+    with _attempt_failures_guard:  # the pod watch's, read at every pass (dropped once written)
+        noted = tuple(_incarnations.get(key, ()))
+        _incarnations_read[key] = len(noted)
     if action.restarts:
-        counted = _restarts(ctx, action.job.metadata.name, live)
+        counted = _restarts(ctx, action.job.metadata.name, live, noted)
         if counted is not None:
-            obs = replace(obs, restart_events=counted[0], attempt_failure=counted[1])
+            obs = replace(obs, restart_evidence=counted[0], attempt_failure=counted[1])
+    elif noted:
+        obs = replace(obs, restart_evidence=training_failures.RestartEvidence(pods=noted))
     if action.kueue:
         obs = replace(obs, kueue=_kueue_workload(ctx, live))
     return replace(obs, observed=observed)
@@ -534,30 +566,29 @@ def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.
 
 
 def _restarts(
-    ctx: Context, job_name: str, pytorchjob: dict[str, Any]
-) -> tuple[int, TrainingFailure | None] | None:
-    """The Training Operator's restart events of the PyTorchJob (a TrainJob's: its JobSet's
-    ``status.restarts``), and why the last attempt ended when its failed pod is still there (best
-    effort, like the pods' trouble)."""
+    ctx: Context, job_name: str, pytorchjob: dict[str, Any], noted: tuple[tuple[str, str], ...] = ()
+) -> tuple[training_failures.RestartEvidence, TrainingFailure | None] | None:
+    """What shows the restarts of the PyTorchJob: its pods' incarnations, the pod watch's (``noted``)
+    then this list's (a TrainJob's: its JobSet's ``status.restarts``), and why the last attempt
+    ended when its failed pod is still there (best effort, like the pods' trouble)."""
     meta = pytorchjob["metadata"]
     ns = meta["namespace"]
     if observations.engine_of(pytorchjob) == state.Engine.TRAINJOB:
         return _jobset_restarts(ctx, job_name, pytorchjob)
     try:
-        events = ctx.kube.list("v1", "Event", ns, field_selector=f"involvedObject.uid={meta['uid']}")
         pods = ctx.kube.list("v1", "Pod", ns, f"{observations.TRAINING_OPERATOR_JOB_LABEL}={meta['name']}")
     except ApiError as e:
         ctx.logger.warning("cannot read the restarts of PyTorchJob %s/%s: %s", ns, meta["name"], e)
-        return None
-    counted = training_failures.restart_events(events, meta.get("uid"))
+        return (training_failures.RestartEvidence(pods=noted), None) if noted else None
+    seen = training_failures.RestartEvidence(pods=noted + training_failures.incarnations(pods))
     with _attempt_failures_guard:
-        noted = _attempt_failures.pop((ns, job_name), None)
-    return counted, training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER) or noted
+        failed = _attempt_failures.pop((ns, job_name), None)
+    return seen, training_failures.failed_attempt(pods, builders.TRAIN_CONTAINER) or failed
 
 
 def _jobset_restarts(
     ctx: Context, job_name: str, trainjob: dict[str, Any]
-) -> tuple[int, TrainingFailure | None] | None:
+) -> tuple[training_failures.RestartEvidence, TrainingFailure | None] | None:
     """A TrainJob's restarts: its JobSet's count (None while there is no JobSet, or it cannot be
     read), and why the last attempt ended (its failed pod, if the restart has not deleted it yet,
     else the one the pod watch noted)."""
@@ -574,7 +605,8 @@ def _jobset_restarts(
     with _attempt_failures_guard:
         noted = _attempt_failures.pop((ns, job_name), None)
     failed = training_failures.failed_attempt(pods, builders.TRAINJOB_CONTAINER)
-    return observations.jobset_restarts(jobset), failed or noted
+    seen = training_failures.RestartEvidence(jobset_restarts=observations.jobset_restarts(jobset))
+    return seen, failed or noted
 
 
 def _stop_training(ctx: Context, obs: state.Observation, name: str) -> None:

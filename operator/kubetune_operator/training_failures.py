@@ -5,12 +5,13 @@ deadline; and the restarts the operator counts itself. Pure: the reads are the r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kubetune_api.failures import Failure, TrainingFailure, parse_failure
-from kubetune_api.status import TrainingRestarts
+from kubetune_api.status import PodIncarnations, TrainingRestarts
 
-from .observations import TrainingObservation
+from .observations import TRAINING_OPERATOR_JOB_LABEL, TrainingObservation
 
 # The Training Operator's words when a job ran past runPolicy.activeDeadlineSeconds (v1.9,
 # pkg/controller.v1/common/job.go: "Job <name> has failed because it was active longer than specified
@@ -87,26 +88,48 @@ def _from_terminated(
 
 # --- restarts -------------------------------------------------------------------------------------------
 
-# The Training Operator (v1.9) deletes and recreates a pod that exited with a retryable code
-# (restartPolicy ExitCode: 128-255) and records a Warning ``PyTorchJobRestarting`` event on the
-# PyTorchJob each time (aggregated: one Event whose ``count`` grows). Its own backoffLimit never
-# counts those (it sums the restartCount of running pods; kubeflow/trainer#2045), so a pod killed
-# for memory at every start would restart forever: the operator counts them instead.
-RESTARTING_EVENT = "PyTorchJobRestarting"
+# The Training Operator (v1.9) deletes a pod that exited with a retryable code (restartPolicy
+# ExitCode: 128-255) and creates it again under the same name. Its own backoffLimit never counts
+# those restarts (it sums the restartCount of running pods; kubeflow/trainer#2045), so a pod killed
+# for memory at every start would restart forever: the operator counts them instead, once per
+# restart, from the pods. Not from its events: it writes two ``PyTorchJobRestarting`` events per
+# restart (the shared pod reconciler's "job <name> is restarting because <type> replica(s) failed."
+# and the PyTorchJob status update's "PyTorchJob <name> is restarting because <n> <type>
+# replica(s) failed.", the latter also for a permanent exit code), each aggregated into one Event
+# whose count grows; they expire an hour after their last update; and its recorder drops an
+# object's events past a burst of 25 (client-go's spam filter, then one per five minutes), which a
+# pod restarting at every start reaches after four or five restarts.
+# A TrainJob's restarts are its JobSet's ``status.restarts``: one per restart of the gang, kept in
+# the JobSet's status (no expiry), and a pod's ``jobset.sigs.k8s.io/restart-attempt``.
+KEPT_INCARNATIONS = 4  # UIDs kept per pod name: enough that a late look at an older one is known
 
 
-def restart_events(events: list[dict[str, Any]], uid: str | None) -> int:
-    """How many restarts the PyTorchJob's ``Restarting`` events record (each Event's count)."""
-    total = 0
-    for e in events:
-        involved = e.get("involvedObject") or {}
-        if e.get("reason") != RESTARTING_EVENT or (
-            uid is not None and involved.get("uid") not in (None, uid)
-        ):
-            continue
-        series = e.get("series") or {}
-        total += int(series.get("count") or e.get("count") or 1)
-    return total
+@dataclass(frozen=True)
+class RestartEvidence:
+    """What one pass saw of the training's restarts, each one-per-restart and counted against what
+    ``status.trainingRestarts`` remembers: a PyTorchJob's pod incarnations (name, UID), older first
+    (the pod watch's, then the pass's own list); a TrainJob's JobSet ``status.restarts`` (None: not
+    read)."""
+
+    pods: tuple[tuple[str, str], ...] = ()
+    jobset_restarts: int | None = None
+
+
+def incarnation(pod: dict[str, Any]) -> tuple[str, str] | None:
+    """A PyTorchJob pod's (name, UID): one incarnation of its replica. None for a pod being deleted
+    (its end is not a new incarnation; a suspension deletes them all) and for a pod no Training
+    Operator made (a TrainJob's: its JobSet counts the restarts)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if TRAINING_OPERATOR_JOB_LABEL not in labels or meta.get("deletionTimestamp"):
+        return None
+    name, uid = meta.get("name"), meta.get("uid")
+    return (str(name), str(uid)) if name and uid else None
+
+
+def incarnations(pods: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """The incarnations among ``pods`` (a pass's list of the PyTorchJob's pods)."""
+    return tuple(i for i in (incarnation(p) for p in pods) if i is not None)
 
 
 def failed_attempt(pods: list[dict[str, Any]], container: str) -> TrainingFailure | None:
@@ -117,18 +140,36 @@ def failed_attempt(pods: list[dict[str, Any]], container: str) -> TrainingFailur
 
 def count_restarts(
     previous: TrainingRestarts | None,
-    events: int | None,
+    evidence: RestartEvidence | None,
     checkpoint_step: int | None,
     failure: TrainingFailure | None,
+    *,
+    suspended: bool = False,
 ) -> TrainingRestarts | None:
-    """The restarts counted so far, with this pass's look at the restart events (``events``: None
-    when the pass did not look); ``sinceProgress`` starts over when a newer complete checkpoint
-    appeared (the trainer's ``status.checkpoints.latestStep``)."""
-    if events is None and failure is None:
-        return None
+    """The restarts counted so far, with this pass's evidence added (None: the pass saw nothing of
+    them): a pod name seen before under a UID not among its own is one restart; the JobSet's
+    ``status.restarts`` above the one last read, that many. ``sinceProgress`` starts over when a
+    newer complete checkpoint appeared (the trainer's ``status.checkpoints.latestStep``). While the
+    training is ``suspended`` its pods are gone: the incarnations are forgotten, so the pods of the
+    resume are no restart. None: nothing to write."""
     prev = previous or TrainingRestarts()
-    events = prev.events if events is None else events
-    new = max(0, events - prev.events)  # fewer than before: old events expired
+    forget = suspended and bool(prev.pods)
+    if evidence is None and failure is None and not forget:
+        return None
+    pods = {} if suspended else {p.name: list(p.uids) for p in prev.pods or []}
+    new = 0
+    for name, uid in () if evidence is None or suspended else evidence.pods:
+        known = pods.setdefault(name, [])
+        if uid in known:
+            continue
+        new += 1 if known else 0
+        pods[name] = [*known, uid][-KEPT_INCARNATIONS:]
+    jobset = prev.job_set_restarts
+    if evidence is not None and evidence.jobset_restarts is not None:
+        # an older operator kept the JobSet's count in ``events``; a JobSet made anew starts at zero
+        seen = jobset if jobset is not None else prev.events or 0
+        new += max(0, evidence.jobset_restarts - seen)
+        jobset = evidence.jobset_restarts
     since = prev.since_progress
     if checkpoint_step is not None and checkpoint_step != prev.checkpoint_step:
         since = 0
@@ -138,5 +179,6 @@ def count_restarts(
         checkpoint_step=checkpoint_step,
         last=failure.describe() if failure is not None else prev.last,
         last_reason=str(failure.reason) if failure is not None else prev.last_reason,
-        events=events,
+        pods=[PodIncarnations(name=n, uids=u) for n, u in pods.items()] if pods or prev.pods else None,
+        job_set_restarts=jobset,
     )

@@ -249,6 +249,8 @@ def test_a_preempted_pod_resumes_and_a_killed_one_restarts(
     assert status["registeredModel"]["version"] == "1"
     ptj_events = cluster.kubectl("-n", ns, "get", "events", "-o", "json").stdout
     assert "PyTorchJobRestarting" in ptj_events or "ExitedWithCode" in ptj_events
+    # two restarts (the deleted pod, the killed one), each counted once
+    assert status["trainingRestarts"]["total"] == 2, (status["trainingRestarts"], ptj_events)
 
     cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
     wait_for(

@@ -5,10 +5,11 @@ BudgetReached, registered unless ``budget.register`` is false."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
-from tests.support.state_obs import obs
+from tests.support.state_obs import T0, obs
 
 from kubetune_api.failures import HINTS, Failure, TrainingFailure
 from kubetune_api.spec import parse_job
@@ -16,7 +17,7 @@ from kubetune_api.status import BudgetStatus, ConditionType, FineTuneJobStatus, 
 from kubetune_operator import state
 from kubetune_operator.observations import RegistrationObservation
 from kubetune_operator.state import TrainingObservation
-from kubetune_operator.training_failures import training_failure
+from kubetune_operator.training_failures import RestartEvidence, incarnations, training_failure
 
 FAILED = TrainingObservation(True, "Failed", "PyTorchJobFailed", "PyTorchJob j-train is failed")
 
@@ -216,36 +217,68 @@ def test_a_pod_that_cannot_mount_its_volume_shows_mount_failed_while_it_waits() 
 # --- restarts the Training Operator never fails (kubeflow/trainer#2045): the operator counts them ----
 
 
-def _restarting_event(count: int, uid: str = "ptj") -> dict[str, Any]:
-    return {
-        "reason": "PyTorchJobRestarting",
-        "involvedObject": {"kind": "PyTorchJob", "uid": uid},
-        "message": "job j-train is restarting because Master replica(s) failed.",
-        "count": count,
-    }
+class TrainingOperator:
+    """What the Training Operator v1.9 leaves for the operator to read when it restarts a pod that
+    exited with a retryable code (``restartPolicy: ExitCode``): the failed pod deleted and created
+    again under its name with a new UID, and TWO ``PyTorchJobRestarting`` events, the shared pod
+    reconciler's and the PyTorchJob status update's, each aggregated into one Event whose count
+    grows (pkg/controller.v1/common/pod.go, pytorch/pytorchjob_controller.go)."""
+
+    def __init__(self, *names: str) -> None:
+        self.uids = dict.fromkeys(names, 0)
+        self.events: dict[str, dict[str, Any]] = {}
+
+    def pods(self) -> list[dict[str, Any]]:
+        labels = {"training.kubeflow.org/job-name": "j-train"}
+        return [
+            {"metadata": {"name": n, "uid": f"{n}-{i}", "labels": labels}, "status": {"phase": "Running"}}
+            for n, i in self.uids.items()
+        ]
+
+    def restart(self, name: str) -> None:
+        self.uids[name] += 1
+        replica = name.split("-")[-2].capitalize()
+        for message in (
+            f"job j-train is restarting because {replica} replica(s) failed.",
+            f"PyTorchJob j-train is restarting because 1 {replica} replica(s) failed.",
+        ):
+            event = self.events.setdefault(
+                message, {"reason": "PyTorchJobRestarting", "message": message, "count": 0}
+            )
+            event["count"] += 1
 
 
-def test_restart_events_are_counted_from_the_pytorchjobs_own_events() -> None:
-    from kubetune_operator.training_failures import restart_events
-
-    events = [_restarting_event(5), _restarting_event(2), _restarting_event(9, uid="other"), {"reason": "X"}]
-    assert restart_events(events, "ptj") == 7
+RESTARTING = TrainingObservation(True, "Restarting", "PyTorchJobRestarting", "restarting")
 
 
-def test_restarts_in_a_row_without_a_new_checkpoint_fail_the_job_with_the_last_reason() -> None:
+def _pass(status: FineTuneJobStatus, to: TrainingOperator, **kw: Any) -> state.Transition:
+    """One pass of the operator over what the Training Operator wrote: its list of the pods."""
+    seen = RestartEvidence(pods=incarnations(to.pods()))
+    return state.transition(status, obs(**{"training": RESTARTING, "restart_evidence": seen, **kw}))
+
+
+def _next(t: state.Transition) -> FineTuneJobStatus:
+    return FineTuneJobStatus.model_validate({**t.status, "phase": t.status["phase"]})
+
+
+def test_two_restarting_events_per_restart_count_once_and_the_limit_is_the_one_allowed() -> None:
+    """The Training Operator's two events per restart made the operator count each restart twice: a
+    limit of 6 failed the job after 3 restarts. Counted from the recreated pods, 6 restarts are
+    allowed and the 7th fails the job, with the last attempt's reason."""
     oom = training_failure(FAILED, [pod("m", {"exitCode": 137, "reason": "OOMKilled"})], "pytorch")
-    restarting = TrainingObservation(True, "Restarting", "PyTorchJobRestarting", "restarting")
-    status = FineTuneJobStatus(phase=Phase.TRAINING)
-    # six restarts, the last seen OOMKilled: still training (the limit is 6)
-    t = state.transition(
-        status, obs(training=restarting, restart_events=6, attempt_failure=oom, restart_limit=6)
-    )
-    assert t.phase == Phase.TRAINING
-    assert t.status["trainingRestarts"]["sinceProgress"] == 6
+    to = TrainingOperator("j-train-master-0")
+    t = _pass(FineTuneJobStatus(phase=Phase.TRAINING), to, restart_limit=6)  # the first pod
+    for n in range(1, 7):
+        to.restart("j-train-master-0")
+        t = _pass(_next(t), to, restart_limit=6, attempt_failure=oom)
+        assert t.phase == Phase.TRAINING, (n, t.status["conditions"])
+        # a pass that sees the same pods again counts nothing more
+        t = _pass(_next(t), to, restart_limit=6)
+        assert t.status["trainingRestarts"]["sinceProgress"] == n
+    assert sum(e["count"] for e in to.events.values()) == 12  # what the events said: twice as many
     assert t.status["trainingRestarts"]["lastReason"] == Failure.HOST_OUT_OF_MEMORY
-    # the seventh, with no failed pod left to read: Failed, with the reason remembered
-    status = FineTuneJobStatus.model_validate({**t.status, "phase": "Training"})
-    t = state.transition(status, obs(training=restarting, restart_events=7, restart_limit=6))
+    to.restart("j-train-master-0")
+    t = _pass(_next(t), to, restart_limit=6)
     assert t.phase == Phase.FAILED
     ready = next(c for c in t.status["conditions"] if c["type"] == ConditionType.READY)
     assert ready["reason"] == Failure.HOST_OUT_OF_MEMORY
@@ -253,28 +286,105 @@ def test_restarts_in_a_row_without_a_new_checkpoint_fail_the_job_with_the_last_r
     assert "memory limit 2Gi" in ready["message"]
 
 
-def test_a_new_checkpoint_starts_the_count_over() -> None:
-    restarting = TrainingObservation(True, "Restarting", "PyTorchJobRestarting", "restarting")
-    status = FineTuneJobStatus.model_validate(
-        {
-            "phase": "Training",
-            "trainingRestarts": {"total": 6, "sinceProgress": 6, "checkpointStep": 100, "events": 6},
-        }
-    )
-    # preempted again and again, but each attempt saved a newer checkpoint: never the limit
-    t = state.transition(
-        status, obs(training=restarting, restart_events=8, checkpoint_step=200, restart_limit=6)
-    )
-    assert t.phase == Phase.TRAINING
-    assert t.status["trainingRestarts"] == {
-        "total": 8, "sinceProgress": 2, "checkpointStep": 200, "events": 8
+def test_each_recreated_pod_of_a_two_node_job_is_one_restart() -> None:
+    to = TrainingOperator("j-train-master-0", "j-train-worker-0")
+    t = _pass(FineTuneJobStatus(phase=Phase.TRAINING), to)
+    to.restart("j-train-worker-0")
+    t = _pass(_next(t), to)
+    assert t.status["trainingRestarts"]["total"] == 1
+    to.restart("j-train-worker-0")
+    to.restart("j-train-master-0")
+    t = _pass(_next(t), to)
+    assert t.status["trainingRestarts"]["total"] == 3
+
+
+def test_an_operator_restarted_mid_job_neither_loses_nor_doubles_the_count() -> None:
+    """The count and the incarnations seen live in the status: a new operator process (no pod watch
+    notes, the old events still there) reads the same pods and counts nothing again; a restart
+    during its absence counts once; one after it, once more."""
+    to = TrainingOperator("j-train-master-0")
+    t = _pass(FineTuneJobStatus(phase=Phase.TRAINING), to)
+    for _ in range(3):
+        to.restart("j-train-master-0")
+        t = _pass(_next(t), to)
+    stored = json.loads(json.dumps(t.status))  # what the API server keeps of the status
+    # the new process: only the status and the cluster's objects
+    t = _pass(FineTuneJobStatus.model_validate(stored), to)
+    assert t.status["trainingRestarts"]["total"] == 3
+    to.restart("j-train-master-0")  # while no operator ran
+    t = _pass(FineTuneJobStatus.model_validate(stored), to)
+    assert t.status["trainingRestarts"]["total"] == 4
+    to.restart("j-train-master-0")
+    t = _pass(_next(t), to)
+    assert t.status["trainingRestarts"] | {"pods": None} == {
+        "total": 5, "sinceProgress": 5, "pods": None
     }  # fmt: skip
-    # without a new checkpoint the count goes on, and old events that expired are not restarts
-    status = FineTuneJobStatus.model_validate({**t.status, "phase": "Training"})
-    t = state.transition(
-        status, obs(training=restarting, restart_events=3, checkpoint_step=200, restart_limit=6)
+
+
+def test_the_pod_watchs_incarnations_between_two_passes_each_count() -> None:
+    """A pod that failed and was recreated twice between two passes: the pod watch saw each
+    incarnation (older first), the pass's list the newest; a pod being deleted is none."""
+    to = TrainingOperator("j-train-master-0")
+    t = _pass(FineTuneJobStatus(phase=Phase.TRAINING), to)
+    to.restart("j-train-master-0")
+    watched = incarnations(to.pods())
+    to.restart("j-train-master-0")
+    listed = incarnations(to.pods())
+    deleting = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": T0}} for p in to.pods()]
+    assert incarnations(deleting) == ()
+    seen = RestartEvidence(pods=watched + listed + listed)
+    t = state.transition(_next(t), obs(training=RESTARTING, restart_evidence=seen))
+    assert t.status["trainingRestarts"]["total"] == 2
+
+
+def test_a_suspended_pytorchjobs_resume_is_no_restart() -> None:
+    """Suspended (Kueue, spec.suspend), the Training Operator deletes the pods; those of the resume
+    are new incarnations, not restarts."""
+    to = TrainingOperator("j-train-master-0")
+    t = _pass(FineTuneJobStatus(phase=Phase.TRAINING), to)
+    to.restart("j-train-master-0")
+    t = _pass(_next(t), to)
+    suspended = TrainingObservation(True, "Suspended", "PyTorchJobSuspended", "suspended")
+    t = state.transition(_next(t), obs(training=suspended))
+    assert t.status["trainingRestarts"]["pods"] == []
+    to.uids["j-train-master-0"] += 1  # the resume's pod
+    t = _pass(_next(t), to)
+    assert t.status["trainingRestarts"]["total"] == 1
+
+
+def test_a_new_checkpoint_starts_the_count_over() -> None:
+    to = TrainingOperator("j-train-master-0")
+    status = FineTuneJobStatus.model_validate(
+        {"phase": "Training", "trainingRestarts": {"total": 6, "sinceProgress": 6, "checkpointStep": 100}}
     )
-    assert t.status["trainingRestarts"]["total"] == 8 and t.status["trainingRestarts"]["events"] == 3
+    t = _pass(status, to, checkpoint_step=100)
+    # preempted again and again, but each attempt saved a newer checkpoint: never the limit
+    for _ in range(2):
+        to.restart("j-train-master-0")
+    t = _pass(_next(t), to, checkpoint_step=200, restart_limit=6)
+    assert t.phase == Phase.TRAINING
+    assert (t.status["trainingRestarts"]["total"], t.status["trainingRestarts"]["sinceProgress"]) == (7, 1)
+    assert t.status["trainingRestarts"]["checkpointStep"] == 200
+    # without a new checkpoint the count goes on
+    to.restart("j-train-master-0")
+    t = _pass(_next(t), to, checkpoint_step=200, restart_limit=6)
+    assert (t.status["trainingRestarts"]["total"], t.status["trainingRestarts"]["sinceProgress"]) == (8, 2)
+
+
+def test_a_trainjobs_restarts_are_its_jobsets_count_and_an_older_operators_is_kept() -> None:
+    """JobSet ``status.restarts``: one per restart of the gang; the count an older operator kept in
+    ``trainingRestarts.events`` is the one already counted."""
+    status = FineTuneJobStatus.model_validate(
+        {"phase": "Training", "trainingRestarts": {"total": 2, "sinceProgress": 2, "events": 2}}
+    )
+    t = state.transition(
+        status, obs(training=RESTARTING, restart_evidence=RestartEvidence(jobset_restarts=3))
+    )
+    assert t.status["trainingRestarts"]["total"] == 3 and t.status["trainingRestarts"]["jobSetRestarts"] == 3
+    t = state.transition(
+        _next(t), obs(training=RESTARTING, restart_evidence=RestartEvidence(jobset_restarts=3))
+    )
+    assert t.status["trainingRestarts"]["total"] == 3
 
 
 def test_a_preparation_pod_that_cannot_pull_its_image_shows_while_the_job_prepares() -> None:

@@ -312,7 +312,7 @@ def test_a_trainjobs_restarts_are_its_jobsets() -> None:
     ctx = reconcile.Context(kube=kube, settings=Settings.from_env({}), emit=lambda *_: None)  # type: ignore[arg-type]
     counted = reconcile._restarts(ctx, "j", live)
     assert kube.asked == [("jobset.x-k8s.io/v1alpha2", "JobSet")]
-    assert counted is not None and counted[0] == 2
+    assert counted is not None and counted[0].jobset_restarts == 2 and counted[0].pods == ()
     assert counted[1] is not None and counted[1].reason == Failure.CUDA_OUT_OF_MEMORY
     none_yet = reconcile.Context(kube=Kube(None), settings=Settings.from_env({}), emit=lambda *_: None)  # type: ignore[arg-type]
     assert reconcile._restarts(none_yet, "j", live) is None

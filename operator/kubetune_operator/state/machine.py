@@ -168,9 +168,14 @@ def transition(previous: FineTuneJobStatus | None, obs: Observation) -> Transiti
 
 
 def _with_restarts(prev: FineTuneJobStatus, obs: Observation) -> Observation:
-    """``obs`` with the restarts counted so far (this pass's look at the restart events added)."""
+    """``obs`` with the restarts counted so far (this pass's evidence of them added; a suspended
+    training's pods are gone, and its resume is no restart)."""
     counted = count_restarts(
-        prev.training_restarts, obs.restart_events, obs.checkpoint_step, obs.attempt_failure
+        prev.training_restarts,
+        obs.restart_evidence,
+        obs.checkpoint_step,
+        obs.attempt_failure,
+        suspended=obs.training.condition == "Suspended",
     )
     return replace(obs, restarts=counted) if counted is not None else obs
 

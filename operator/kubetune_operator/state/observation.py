@@ -29,6 +29,7 @@ from ..observations import (
     RegistrationObservation,
     TrainingObservation,
 )
+from ..training_failures import RestartEvidence
 from .chaining import ParentObservation
 from .status_view import Reregister
 
@@ -93,10 +94,10 @@ class Observation:
     budget: BudgetStatus | None = None
     # why the PyTorchJob failed (its pods say), when it did
     failure: TrainingFailure | None = None
-    # while training: the Training Operator's restart events counted this pass (None: not looked),
-    # why the last attempt ended (a failed pod still there), and the limit on restarts in a row
-    # without progress (the operator's trainBackoffLimit)
-    restart_events: int | None = None
+    # while training: what this pass saw of the restarts (the PyTorchJob's pod incarnations, the
+    # JobSet's count; None: nothing), why the last attempt ended (a failed pod still there), and the
+    # limit on restarts in a row without progress (the operator's trainBackoffLimit)
+    restart_evidence: RestartEvidence | None = None
     attempt_failure: TrainingFailure | None = None
     restart_limit: int = 6
     checkpoint_step: int | None = None  # the trainer's newest complete checkpoint (status.checkpoints)
