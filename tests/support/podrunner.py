@@ -648,10 +648,7 @@ class PodRunner:
         from kubernetes.client.rest import ApiException
 
         released: set[str] = set()  # volumes deleted (the cache may still show them a moment)
-        changes = [self._informers[k].changed for k in ("claims", "volumes", "classes")]
         while not self._stop.is_set():
-            for changed in changes:
-                changed.clear()
             ours = {
                 sc.metadata.name: (sc.parameters or {}).get(CAPACITY_PARAMETER) == "enforced"
                 for sc in self._informers["classes"].items()
