@@ -1,7 +1,8 @@
 """Fixtures for end-to-end tests through the real controllers (see tests/support/cluster.py).
 
-One cluster and one MLflow server per test session; a namespace and a kubetune operator process
-per test. The pod runner runs pods only in the namespaces of running tests.
+One cluster (both engines' controllers) and one MLflow server per test session (a parallel run's
+cluster lane); a namespace and a kubetune operator process per test. The pod runner runs pods only
+in the namespaces of running tests.
 """
 
 from __future__ import annotations
@@ -96,8 +97,11 @@ def cluster_for_tests(tiny_image: Path, **options: bool) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="session")
 def cluster(tiny_image: Path) -> Iterator[Cluster]:
-    """The Training Operator's cluster (PyTorchJob); a test module of another engine's overrides it."""
-    with cluster_for_tests(tiny_image) as c:
+    """The cluster of both engines: the Training Operator (PyTorchJob) and Trainer v2 with JobSet
+    (TrainJob), Kueue integrating both. One per cluster lane (tests/support/lanes.py), so a scenario
+    on each engine runs in whichever lane is free; a module of another kind of cluster (one engine
+    only) overrides it."""
+    with cluster_for_tests(tiny_image, trainer_v2=True) as c:
         yield c
 
 

@@ -2,19 +2,24 @@
 LoRA adapter. B waits while A trains, then its preparation and training pods read A's checkpoint
 volume (mounted read-only), and B registers a model whose lineage names A.
 
-The tiny model on CPU, as test_real_controllers.py runs it.
+The tiny model on CPU, as test_real_controllers.py runs it, on both engines.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.cluster.conftest import tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
+    ENGINES,
     TRAIN_TIMEOUT,
     apply_job,
+    explained,
     get,
     job_status,
+    on,
     versions,
     wait_phase,
 )
@@ -27,11 +32,28 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
 
 
+def pod_volumes(cluster: Cluster, ns: str, name: str, engine: str) -> list[dict[str, Any]]:
+    """The volumes of the job's training pods, as its engine's object holds them (a TrainJob's in
+    the job's own TrainingRuntime)."""
+    if engine == "PyTorchJob":
+        ptj = get(cluster, "pytorchjob", ns, f"{name}-train")
+        return list(ptj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"])
+    runtime = get(cluster, "trainingruntime", ns, f"{name}-train")
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return list(node["template"]["spec"]["template"]["spec"]["volumes"])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_b_waits_for_a_then_trains_from_its_adapter(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
-    apply_job(cluster, tiny_job("chain-b", ns, model={"fromJob": {"name": "chain-a"}}))
-    apply_job(cluster, tiny_job("chain-a", ns))
+    with explained(cluster, ns, engine):
+        chained(cluster, mlflow_server, ns, engine)
+
+
+def chained(cluster: Cluster, mlflow_server: MlflowServer, ns: str, engine: str) -> None:
+    apply_job(cluster, tiny_job("chain-b", ns, **on(engine), model={"fromJob": {"name": "chain-a"}}))
+    apply_job(cluster, tiny_job("chain-a", ns, **on(engine)))
 
     def waiting() -> dict[str, Any] | None:
         status = job_status(cluster, ns, "chain-b")
@@ -46,8 +68,7 @@ def test_b_waits_for_a_then_trains_from_its_adapter(
     assert _condition(b, "ParentReady")["status"] == "True"
     assert b["parent"]["job"] == "chain-a" and b["parent"]["runId"] == a["mlflow"]["runId"]
     assert b["parent"]["modelUri"] == a["registeredModel"]["uri"]
-    ptj = get(cluster, "pytorchjob", ns, "chain-b-train")
-    volumes = ptj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+    volumes = pod_volumes(cluster, ns, "chain-b", engine)
     assert {
         "name": "parent",
         "persistentVolumeClaim": {"claimName": "chain-a-ckpt", "readOnly": True},

@@ -5,7 +5,8 @@ in a memory cgroup and reports the kernel's OOM kill as the kubelet does (``OOMK
 checkpoint volume of the sized StorageClass is a file system of the claim's size, so a save past it
 fails with ENOSPC; a learning rate of 1.0 makes the tiny model's loss diverge. Each job must end
 ``Failed`` with the failure's reason on its ``Training`` and ``Ready`` conditions, a message with what
-happened and what to do, a Warning event, no registration, and Argo CD's health check Degraded.
+happened and what to do, a Warning event, no registration, and Argo CD's health check Degraded. Each training scenario runs on
+both engines (``engine``): the Training Operator's PyTorchJob, and Trainer v2's TrainJob on JobSet.
 
 The first two tests check the pod runner's part alone (a bare pod, no kubetune): the memory limit and
 the volume's size are enforced.
@@ -23,9 +24,16 @@ import pytest
 from kubetune_api.failures import HINTS, Failure
 from tests.cluster.conftest import tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
+    CHILD_KINDS,
+    ENGINES,
     apply_job,
     checkpoint_folder,
+    child_suspended,
+    explained,
     get,
+    on,
+    training_child,
+    training_pods,
     versions,
     wait_phase,
     warnings,
@@ -246,11 +254,7 @@ def assert_failed_with(cluster: Cluster, ns: str, name: str, failure: Failure) -
     try:
         status = wait_phase(cluster, ns, name, "Failed", timeout=FAIL_TIMEOUT)
     except AssertionError as e:
-        ptj = (get(cluster, "pytorchjob", ns, f"{name}-train") or {}).get("status") or {}
-        conditions = [(c["type"], c["status"], c.get("reason")) for c in ptj.get("conditions") or []]
-        raise AssertionError(
-            f"{e}\nPyTorchJob conditions: {conditions}\n{recent_logs(cluster, ns)}"
-        ) from None
+        raise AssertionError(f"{e}\n{recent_logs(cluster, ns)}") from None
     training, ready = condition(status, "Training"), condition(status, "Ready")
     seen = {c: (x.get("status"), x.get("reason")) for c, x in (("Training", training), ("Ready", ready))}
     assert seen == dict.fromkeys(seen, ("False", failure.value)), (status, recent_logs(cluster, ns))
@@ -265,8 +269,9 @@ def assert_failed_with(cluster: Cluster, ns: str, name: str, failure: Failure) -
     return ready
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
-    cluster: Cluster, ns: str, operator: OperatorProcess
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """spec.resources.memory too small for the trainer: the kernel kills it (OOMKilled, 137) in every
     attempt; once the operator's restart limit is used up the job fails HostOutOfMemory and says to raise
@@ -276,50 +281,68 @@ def test_a_trainer_over_its_memory_limit_fails_with_host_out_of_memory(
     if cluster.runner.memory_cgroups is None:
         pytest.skip("no writable memory cgroup on this machine: the pod runner does not enforce limits")
     name, limit = "oom", "400Mi"
-    apply_job(cluster, tiny_job(name, ns, **{"resources.memory": limit}))
-    ready = assert_failed_with(cluster, ns, name, Failure.HOST_OUT_OF_MEMORY)
+    apply_job(cluster, tiny_job(name, ns, **on(engine), **{"resources.memory": limit}))
+    with explained(cluster, ns, engine):
+        ready = assert_failed_with(cluster, ns, name, Failure.HOST_OUT_OF_MEMORY)
     assert "memory" in ready["message"] and "spec.resources.memory" in ready["message"], ready
-    ptj = get(cluster, "pytorchjob", ns, f"{name}-train")
-    # the Training Operator never fails a job for exit 137 (kubeflow/trainer#2045): the operator
-    # counted the restarts, failed the job and suspended the PyTorchJob so its pods stop
-    assert ptj["spec"]["runPolicy"]["suspend"] is True
+    # neither engine fails a job for exit 137 (the Training Operator restarts by exit code,
+    # kubeflow/trainer#2045; kubetune's JobSet failure policy restarts the JobSet with no limit of its
+    # own): the operator counted the restarts, failed the job and suspended the child so its pods stop
+    assert child_suspended(training_child(cluster, ns, name, engine), engine) is True
     restarts = get(cluster, "finetunejobs", ns, name)["status"]["trainingRestarts"]
     assert restarts["sinceProgress"] > 6 and restarts["lastReason"] == "HostOutOfMemory", restarts
     # each restart counted once (the Training Operator writes two Restarting events for each): the
     # first attempt and the six restarts the limit allows ran and were killed; the seventh restart's
     # pod failed the job, and the suspension may stop it before it runs
     assert "restarted 7 times without a new checkpoint (limit 6" in ready["message"], ready
-    attempts = list((cluster.runner.workdir / "pods").glob(f"{ns}_{name}-train-master-0_*"))
+    # the pods the runner ran: the Training Operator's under one name, the JobSet's each its own
+    attempts = [
+        f for f in (cluster.runner.workdir / "pods").glob(f"{ns}_{name}-train-*") if (f / "started").exists()
+    ]
     assert len(attempts) >= 7, recent_logs(cluster, ns)
-    wait_for(
-        lambda: get(cluster, "pod", ns, f"{name}-train-master-0") is None, 60, "the pods to stop", cluster
-    )
-    template = ptj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    wait_for(lambda: not training_pods(cluster, ns, name), 60, "the pods to stop", cluster)
+    if engine == "PyTorchJob":
+        child = training_child(cluster, ns, name, engine)
+        template = child["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+        # the kubelet's (here the pod runner's) verdict, as the Training Operator saw it
+        events = (get(cluster, "events", ns) or {}).get("items") or []
+        assert any("exited with code 137" in e.get("message", "") for e in events), [
+            e["message"] for e in events
+        ]
+    else:
+        runtime = get(cluster, "trainingruntime", ns, f"{name}-train")
+        (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        template = node["template"]["spec"]["template"]["spec"]["containers"][0]
+        # JobSet restarted its Jobs for each attempt the kernel killed, none counted against a limit
+        jobset = get(cluster, "jobset", ns, f"{name}-train")
+        assert jobset["status"]["restarts"] >= 6, jobset["status"]
     assert template["resources"]["limits"]["memory"] == limit
     prep = get(cluster, "job", ns, f"{name}-prepare")
     assert prep["status"].get("succeeded") == 1
     prep_limit = prep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
     assert prep_limit != limit
-    # the kubelet's (here the pod runner's) verdict, as the Training Operator saw it
-    events = (get(cluster, "events", ns) or {}).get("items") or []
-    assert any("exited with code 137" in e.get("message", "") for e in events), [e["message"] for e in events]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_checkpoint_volume_that_fills_up_fails_with_disk_full(
-    cluster: Cluster, ns: str, operator: OperatorProcess
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """A 6 MiB checkpoint disk: the preparation's data and the first full checkpoint (about 2.5 MB)
     fit, the second does not. The job fails DiskFull, the message says No space left (or the
     volume's bytes), and the first checkpoint stays complete on the volume."""
     name = "disk"
     doc = tiny_job(
-        name, ns, **{"storage.storageClassName": SIZED_STORAGE_CLASS, "storage.size": "6Mi", "method": "full"}
+        name,
+        ns,
+        **on(engine),
+        **{"storage.storageClassName": SIZED_STORAGE_CLASS, "storage.size": "6Mi", "method": "full"},
     )
     doc["spec"].pop("lora", None)
     doc["spec"]["registration"].pop("mergeLora", None)
     doc["spec"]["training"].update(maxSteps=12, saveSteps=2, evalSteps=2, saveTotalLimit=2)
     apply_job(cluster, doc)
-    ready = assert_failed_with(cluster, ns, name, Failure.DISK_FULL)
+    with explained(cluster, ns, engine):
+        ready = assert_failed_with(cluster, ns, name, Failure.DISK_FULL)
     message = ready["message"]
     assert "No space left" in message or ("free" in message and "used" in message), message
     folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
@@ -328,40 +351,46 @@ def test_a_checkpoint_volume_that_fills_up_fails_with_disk_full(
     assert complete, sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_diverging_loss_fails_with_loss_diverged(
-    cluster: Cluster, ns: str, operator: OperatorProcess
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """learningRate 1.0 (the most the spec allows), a full fine-tune of the tiny model, a loss logged
     every step: the loss jumps from ~7 to 18, 31, 49, 59 from step 4 on (checked with kubetune run
     --local); the watchdog stops the run and the job fails LossDiverged. (LoRA at this rate only
     sometimes diverges on the CPU: CI saw it train smoothly once.)"""
     name = "diverge"
-    doc = tiny_job(name, ns, method="full")
+    doc = tiny_job(name, ns, method="full", **on(engine))
     doc["spec"].pop("lora", None)
     doc["spec"]["training"].update(learningRate=1.0, loggingSteps=1, maxSteps=30, saveSteps=10, evalSteps=10)
     apply_job(cluster, doc)
-    ready = assert_failed_with(cluster, ns, name, Failure.LOSS_DIVERGED)
+    with explained(cluster, ns, engine):
+        ready = assert_failed_with(cluster, ns, name, Failure.LOSS_DIVERGED)
     assert "loss" in ready["message"].lower(), ready
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_budget_of_seconds_ends_succeeded_registered_with_its_checkpoint(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """spec.budget.maxDuration 25s on a run planned for thousands of steps: the trainer saves and
     stops at the budget, the job Succeeds with BudgetReached, the model of the step it reached is
     registered (one version, tagged with the step, its checkpoint and the limit), the hard deadline
-    sits on the running PyTorchJob, and the trainer's goodput is in the status."""
+    sits on the running PyTorchJob (a TrainJob has none: Trainer v2 makes it immutable once set), and
+    the trainer's goodput is in the status."""
     name = "budget"
-    doc = tiny_job(name, ns, **{"budget.maxDuration": "25s"})
+    doc = tiny_job(name, ns, **on(engine), **{"budget.maxDuration": "25s"})
     doc["spec"]["training"].update(maxSteps=100000, saveSteps=100000, evalSteps=100000)
     apply_job(cluster, doc)
-    ptj = wait_for(
-        lambda: ((o := get(cluster, "pytorchjob", ns, f"{name}-train")) or {})
-        .get("spec", {}).get("runPolicy", {}).get("activeDeadlineSeconds") and o,
-        300, "the hard deadline on the running PyTorchJob", cluster,
-    )  # fmt: skip
-    assert ptj["spec"]["runPolicy"]["activeDeadlineSeconds"] >= 25 + 900
-    status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
+    if engine == "PyTorchJob":
+        ptj = wait_for(
+            lambda: ((o := get(cluster, "pytorchjob", ns, f"{name}-train")) or {})
+            .get("spec", {}).get("runPolicy", {}).get("activeDeadlineSeconds") and o,
+            300, "the hard deadline on the running PyTorchJob", cluster,
+        )  # fmt: skip
+        assert ptj["spec"]["runPolicy"]["activeDeadlineSeconds"] >= 25 + 900
+    with explained(cluster, ns, engine):
+        status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
     budget = condition(status, "BudgetReached")
     assert (budget.get("status"), budget.get("reason")) == ("True", "BudgetReached"), status
     reached = status["budget"]
@@ -381,17 +410,20 @@ def test_a_budget_of_seconds_ends_succeeded_registered_with_its_checkpoint(
     assert run_health(ARGOCD_HEALTH, get(cluster, "finetunejobs", ns, name))["status"] == "Healthy"
 
 
-def test_cuda_out_of_memory_is_retried_by_the_training_operator_with_a_leaner_layout(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+@pytest.mark.parametrize("engine", ENGINES)
+def test_cuda_out_of_memory_is_retried_by_the_engine_with_a_leaner_layout(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """The CUDA out-of-memory error is the trainer's test hook (no GPU here); the rest is real: the
-    trainer exits 142, the Training Operator deletes and recreates the pod (restartPolicy ExitCode),
-    the new attempt plans 4 rows x 2 micro-steps and resumes from the checkpoint, and the job
-    Succeeds; status.memoryRetries shows the retry, status.trainingRestarts the restart."""
+    trainer exits 142, the engine makes a new pod (the Training Operator by restartPolicy ExitCode;
+    JobSet restarts its Jobs by kubetune's failure policy), the new attempt plans 4 rows x 2
+    micro-steps and resumes from the checkpoint, and the job Succeeds; status.memoryRetries shows the
+    retry, status.trainingRestarts the restart."""
     name = "oom-retry"
-    doc = tiny_job(name, ns, env=[{"name": "KUBETUNE_FAULT_INJECT", "value": "cuda-oom:6:4"}])
+    doc = tiny_job(name, ns, **on(engine), env=[{"name": "KUBETUNE_FAULT_INJECT", "value": "cuda-oom:6:4"}])
     apply_job(cluster, doc)
-    status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
+    with explained(cluster, ns, engine):
+        status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
     retries = status.get("memoryRetries")
     assert retries == [
         {
@@ -404,19 +436,23 @@ def test_cuda_out_of_memory_is_retried_by_the_training_operator_with_a_leaner_la
     assert status["goodput"]["restarts"] == 1
     assert status["trainingRestarts"]["total"] == 1, status["trainingRestarts"]
     assert status["progress"]["step"] == 12
-    events = (get(cluster, "events", ns) or {}).get("items") or []
-    assert any("exited with code 142" in e.get("message", "") for e in events)
+    if engine == "PyTorchJob":
+        events = (get(cluster, "events", ns) or {}).get("items") or []
+        assert any("exited with code 142" in e.get("message", "") for e in events)
+    else:
+        assert get(cluster, "jobset", ns, f"{name}-train")["status"]["restarts"] == 1
     assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_an_image_no_node_can_pull_shows_while_the_job_waits(
-    cluster: Cluster, ns: str, operator: OperatorProcess
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """spec.image on a registry that does not resolve: the first pod (the preparation's) waits in
     ErrImagePull, as KWOK reports it for the kubelet; the job shows ImagePullFailed with the
     kubelet's words while it waits (Argo CD Degraded), and nothing GPU-sized is created."""
     name = "pull"
-    apply_job(cluster, tiny_job(name, ns, image=UNPULLABLE_IMAGE))
+    apply_job(cluster, tiny_job(name, ns, **on(engine), image=UNPULLABLE_IMAGE))
     status = wait_for(
         lambda: (
             (s := (get(cluster, "finetunejobs", ns, name) or {}).get("status") or {})
@@ -432,6 +468,6 @@ def test_an_image_no_node_can_pull_shows_while_the_job_waits(
     assert (prepared["status"], prepared["reason"]) == ("False", "ImagePullFailed")
     assert "lookup registry.invalid: no such host" in prepared["message"]
     assert f"{name}-prepare" in prepared["message"]
-    assert get(cluster, "pytorchjob", ns, f"{name}-train") is None
+    assert get(cluster, CHILD_KINDS[engine], ns, f"{name}-train") is None
     verdict = run_health(ARGOCD_HEALTH, get(cluster, "finetunejobs", ns, name))
     assert verdict["status"] == "Degraded" and "no such host" in verdict["message"], verdict

@@ -1,6 +1,7 @@
 """The preparation step through the real controllers: the Job controller runs the preparation Job
 (its pod run by the pod runner, the real ``kubetune_trainer.prepare``), the operator reads its
-report or refusal, and only then creates the PyTorchJob.
+report or refusal, and only then creates the training child (a PyTorchJob or a TrainJob: each test
+runs on both engines).
 
 The Hugging Face Hub is the one thing stood in for here: :mod:`tests.support.hub` serves the tiny
 model and data through the Hub's download protocol on 127.0.0.1 (``KUBETUNE_HF_ENDPOINT``), and
@@ -20,11 +21,16 @@ import pytest
 from kubetune_api.preparation import HINTS, Refusal
 from tests.cluster.conftest import TESTDATA_DIR, operator_env, tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
+    CHILD_KINDS,
+    ENGINES,
     TRAIN_TIMEOUT,
     apply_job,
     checkpoint_folder,
+    explained,
+    first_node_pod,
     get,
     job_status,
+    on,
     versions,
     wait_phase,
 )
@@ -77,14 +83,27 @@ def condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == ctype), {})
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_hub_model_is_prepared_once_and_training_never_reaches_the_hub(
-    cluster: Cluster, mlflow_server: MlflowServer, hub: HubStandIn, ns: str, hub_operator: OperatorProcess
+    cluster: Cluster,
+    mlflow_server: MlflowServer,
+    hub: HubStandIn,
+    ns: str,
+    hub_operator: OperatorProcess,
+    engine: str,
 ) -> None:
     """Download, check, tokenize and estimate once, on CPU, before any GPU pod; the report in the
     status; the trainer (first start, and its restart after the pod was deleted) and the
     registration read from the volume offline: not one request to the Hub after preparation."""
+    with explained(cluster, ns, engine):
+        prepared_once(cluster, mlflow_server, hub, ns, engine)
+
+
+def prepared_once(
+    cluster: Cluster, mlflow_server: MlflowServer, hub: HubStandIn, ns: str, engine: str
+) -> None:
     name = "hub"
-    doc = hub_job(name, ns, **{"storage.keepOnDelete": True})
+    doc = hub_job(name, ns, **on(engine), **{"storage.keepOnDelete": True})
     doc["spec"]["training"].update(maxSteps=30, saveSteps=5, evalSteps=10)
     apply_job(cluster, doc)
 
@@ -93,9 +112,11 @@ def test_a_hub_model_is_prepared_once_and_training_never_reaches_the_hub(
         get(cluster, "job", ns, f"{name}-prepare"), 300, "the preparation Job to succeed", cluster)  # fmt: skip
     after_preparation = hub.request_count()
     assert after_preparation > 0, "preparation downloaded nothing from the Hub stand-in"
-    ptj = wait_for(lambda: get(cluster, "pytorchjob", ns, f"{name}-train"), 120, "the PyTorchJob", cluster)
+    child = wait_for(
+        lambda: get(cluster, CHILD_KINDS[engine], ns, f"{name}-train"), 120, f"the {engine}", cluster
+    )
     # nothing GPU-sized before the preparation finished
-    assert ptj["metadata"]["creationTimestamp"] >= prep["status"]["completionTime"]
+    assert child["metadata"]["creationTimestamp"] >= prep["status"]["completionTime"]
     status = job_status(cluster, ns, name)
     report = status["preparation"]
     assert report["modelRevision"] == hub.sha(MODEL_REPO)
@@ -105,19 +126,20 @@ def test_a_hub_model_is_prepared_once_and_training_never_reaches_the_hub(
     assert report["data"]["tokens"] > 0
     assert condition(status, "Prepared")["status"] == "True"
 
-    # a restart of the training pod: deleted once its first checkpoint exists, recreated by the
-    # Training Operator, resumed from the checkpoint, with the model and data from the volume
+    # a restart of the training pod: deleted once its first checkpoint exists, made again by the
+    # engine, resumed from the checkpoint, with the model and data from the volume
     folder = checkpoint_folder(cluster, ns, f"{name}-ckpt")
     wait_for(lambda: list((folder / "checkpoints").glob("checkpoint-*/COMPLETE")), TRAIN_TIMEOUT,
              "a first checkpoint", cluster)  # fmt: skip
-    pod = f"{name}-train-master-0"
-    first_uid = get(cluster, "pod", ns, pod)["metadata"]["uid"]
-    cluster.kubectl("-n", ns, "delete", "pod", pod, "--wait=false")
-    wait_for(lambda: (get(cluster, "pod", ns, pod) or {}).get("metadata", {}).get("uid") not in (None, first_uid),
-             180, "the Training Operator's new pod", cluster)  # fmt: skip
+    first = first_node_pod(cluster, ns, name, engine)
+    assert first is not None
+    first_uid = first["metadata"]["uid"]
+    cluster.kubectl("-n", ns, "delete", "pod", first["metadata"]["name"], "--wait=false")
+    new = wait_for(lambda: (p := first_node_pod(cluster, ns, name, engine)) and p["metadata"]["uid"] != first_uid and p,
+                   180, f"the {engine}'s new pod", cluster)  # fmt: skip
     status = wait_phase(cluster, ns, name, "Succeeded")
     assert cluster.runner is not None
-    assert "resuming from" in cluster.runner.log_of(ns, pod, last=True)
+    assert "resuming from" in cluster.runner.log_of(ns, new["metadata"]["name"], last=True)
     assert hub.request_count() == after_preparation, hub.requests_since(after_preparation)
     # lineage: the resolved revisions on the registered version
     model = f"{ns}-{name}"
@@ -161,11 +183,13 @@ def bad_inputs(cluster: Cluster, tiny_image: Path) -> Path:
     return root
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_bad_inputs_are_refused_by_name_before_any_gpu_pod(
-    cluster: Cluster, hub: HubStandIn, bad_inputs: Path, ns: str, hub_operator: OperatorProcess
+    cluster: Cluster, hub: HubStandIn, bad_inputs: Path, ns: str, hub_operator: OperatorProcess, engine: str
 ) -> None:
     """Each refusal from a real bad data set or model, through the real Job controller: the job ends
-    Failed with the reason and its remedy, and no PyTorchJob was ever created."""
+    Failed with the reason and its remedy, and no training child (PyTorchJob, or TrainJob and its
+    TrainingRuntime) was ever created."""
     data = f"{TESTDATA_DIR}"
     cases: dict[str, tuple[dict[str, Any], Refusal]] = {
         "empty": ({"dataset.path": f"{data}/empty.jsonl"}, Refusal.DATASET_EMPTY),
@@ -180,7 +204,7 @@ def test_bad_inputs_are_refused_by_name_before_any_gpu_pod(
         "missing": ({}, Refusal.MODEL_NOT_FOUND),
     }  # fmt: skip
     for case, (spec, _) in cases.items():
-        doc = tiny_job(case, ns, **spec)
+        doc = tiny_job(case, ns, **on(engine), **spec)
         doc["spec"]["dataset"].pop("evalFraction", None)
         doc["spec"]["training"].pop("evalSteps", None)
         if case == "gated":
@@ -193,7 +217,8 @@ def test_bad_inputs_are_refused_by_name_before_any_gpu_pod(
         ready, prepared = condition(status, "Ready"), condition(status, "Prepared")
         assert ready["reason"] == prepared["reason"] == reason.value, (case, status)
         assert HINTS[reason] in ready["message"], (case, ready["message"])
-        assert get(cluster, "pytorchjob", ns, f"{case}-train") is None, case
+        assert get(cluster, CHILD_KINDS[engine], ns, f"{case}-train") is None, case
+        assert get(cluster, "trainingruntime", ns, f"{case}-train") is None, case
     gated = condition(job_status(cluster, ns, "gated"), "Ready")["message"]
     assert "spec.secrets.huggingFaceToken" in gated and GATED_TOKEN not in gated
     # the refusal failed the Job at once (pod failure policy): one pod, no retries

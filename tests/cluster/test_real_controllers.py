@@ -25,6 +25,7 @@ from tests.support.mlflow_server import MlflowServer
 from tests.support.operator import OperatorProcess
 
 TRAIN_TIMEOUT = 600  # the tiny model's 12 steps take well under a minute on an idle core
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # the Job controller's, on each pod
 
 
 def get(cluster: Cluster, kind: str, namespace: str, name: str | None = None, **flags: str) -> Any:
@@ -66,8 +67,35 @@ def apply_job(cluster: Cluster, doc: dict[str, Any]) -> None:
     cluster.apply(doc)
 
 
+# The engines every scenario of training runs on (issue 31 item 4), each in the same cluster
+ENGINES = ("PyTorchJob", "TrainJob")
 # Each engine's training child, as kubetune names it (``<job>-train``), and where it says suspended
 CHILD_KINDS = {"PyTorchJob": "pytorchjob", "TrainJob": "trainjob"}
+# The controllers that speak for each engine, whose logs a failed scenario shows
+ENGINE_CONTROLLERS = {
+    "PyTorchJob": ("training-operator", "kueue"),
+    "TrainJob": ("trainer", "jobset", "kueue"),
+}
+
+
+def diagnostics(cluster: Cluster, ns: str, engine: str = "TrainJob") -> str:
+    """What the engine's controllers, the events and the engine's objects said (for a failure)."""
+    out = [f"--- {name}.log\n{cluster.log(name, 40)}" for name in ENGINE_CONTROLLERS[engine]]
+    events = cluster.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False)
+    out.append(f"--- events\n{events.stdout}{events.stderr}")
+    for kind in ("trainjob", "jobset") if engine == "TrainJob" else ("pytorchjob",):
+        objs = cluster.kubectl("-n", ns, "get", kind, "-o", "yaml", check=False)
+        out.append(f"--- {kind}\n{objs.stdout[-6000:]}{objs.stderr}")
+    return "\n".join(out)
+
+
+@contextlib.contextmanager
+def explained(cluster: Cluster, ns: str, engine: str) -> Iterator[None]:
+    """A failed assertion of a scenario carries what the engine's controllers said."""
+    try:
+        yield
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnostics(cluster, ns, engine)}") from e
 
 
 def on(engine: str) -> dict[str, str]:
@@ -85,12 +113,31 @@ def child_suspended(child: dict[str, Any], engine: str) -> Any:
     return (spec.get("runPolicy") or {}).get("suspend") if engine == "PyTorchJob" else spec.get("suspend")
 
 
-def training_pods(cluster: Cluster, ns: str, name: str) -> list[str]:
-    """The names of the FineTuneJob ``name``'s training pods, on either engine (kubetune's labels)."""
+def training_pod_objects(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    """The FineTuneJob ``name``'s training pods, on either engine (kubetune's labels), oldest first."""
     selector = f"kubetune.io/job={name},app.kubernetes.io/component=training"
-    return [
-        p["metadata"]["name"] for p in (get(cluster, "pod", ns, selector=selector) or {}).get("items") or []
-    ]
+    pods = (get(cluster, "pod", ns, selector=selector) or {}).get("items") or []
+    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
+
+
+def training_pods(cluster: Cluster, ns: str, name: str) -> list[str]:
+    """The names of the FineTuneJob ``name``'s training pods, on either engine."""
+    return [p["metadata"]["name"] for p in training_pod_objects(cluster, ns, name)]
+
+
+def first_node_pod(cluster: Cluster, ns: str, name: str, engine: str) -> dict[str, Any] | None:
+    """The live pod of the job's first node (rank 0): the Training Operator's ``<job>-train-master-0``,
+    a name each new pod keeps; the JobSet's Job's pod of completion index 0, ``<job>-train-node-0-0-``
+    and a new suffix for each new pod."""
+    for pod in reversed(training_pod_objects(cluster, ns, name)):
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            continue
+        if engine == "PyTorchJob" and meta["name"] == f"{name}-train-master-0":
+            return pod
+        if engine == "TrainJob" and (meta.get("annotations") or {}).get(COMPLETION_INDEX) == "0":
+            return pod
+    return None
 
 
 def versions(mlflow_server: MlflowServer, model: str) -> list[Any]:
@@ -182,20 +229,26 @@ def test_a_tiny_job_trains_and_registers_through_the_real_controllers(
     wait_for(lambda: not folder.exists(), 60, "the released volume to be deleted")
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_preempted_pod_resumes_and_a_killed_one_restarts(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
-    """Deleting the training pod: SIGTERM, a checkpoint, a new pod from the Training Operator that
-    resumes; SIGKILL during a run: exit 137, restarted by exit code, resumed from the newest
-    complete checkpoint. Exactly one model version; keepOnDelete keeps the volume."""
+    """Deleting the training pod: SIGTERM, a checkpoint, a new pod (the Training Operator's under
+    the same name; on TrainJob, JobSet restarts its Jobs, whose pods have new names) that resumes;
+    SIGKILL during a save: exit 137, restarted by exit code, resumed from the newest complete
+    checkpoint. Exactly one model version; keepOnDelete keeps the volume."""
+    with explained(cluster, ns, engine):
+        preempted_pod_and_killed_pod(cluster, mlflow_server, ns, engine)
+
+
+def preempted_pod_and_killed_pod(cluster: Cluster, mlflow_server: MlflowServer, ns: str, engine: str) -> None:
     name = "preempt"
-    doc = tiny_job(name, ns, **{"storage.keepOnDelete": True})
+    doc = tiny_job(name, ns, **on(engine), **{"storage.keepOnDelete": True})
     doc["spec"]["training"].update(maxSteps=40, saveSteps=5, evalSteps=20)
     apply_job(cluster, doc)
     assert cluster.runner is not None
     folder = wait_for(lambda: get(cluster, "pvc", ns, f"{name}-ckpt", ) and (get(cluster, "pvc", ns, f"{name}-ckpt")["spec"].get("volumeName"))
                       and checkpoint_folder(cluster, ns, f"{name}-ckpt"), 60, "the bound volume")  # fmt: skip
-    pod = f"{name}-train-master-0"
 
     def complete_checkpoints() -> list[int]:
         root = folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
@@ -203,21 +256,30 @@ def test_a_preempted_pod_resumes_and_a_killed_one_restarts(
             int(p.name.split("-")[1]) for p in root.glob("checkpoint-*") if (p / "COMPLETE").exists()
         )
 
+    def pod_after(uids: set[str]) -> dict[str, Any] | None:
+        """The first node's pod, once it is not one of ``uids`` and it runs (its process started)."""
+        pod = first_node_pod(cluster, ns, name, engine)
+        if pod is None or pod["metadata"]["uid"] in uids:
+            return None
+        return pod if (pod.get("status") or {}).get("phase") == "Running" else None
+
     wait_for(complete_checkpoints, TRAIN_TIMEOUT, "a first checkpoint", cluster)
-    first_uid = get(cluster, "pod", ns, pod)["metadata"]["uid"]
-    cluster.kubectl("-n", ns, "delete", "pod", pod, "--wait=false")
-    # the Training Operator makes a new pod under the same name
-    wait_for(lambda: (get(cluster, "pod", ns, pod) or {}).get("metadata", {}).get("uid") not in (None, first_uid),
-             180, "the Training Operator's new pod", cluster)  # fmt: skip
+    first = pod_after(set())
+    assert first is not None, training_pods(cluster, ns, name)
+    first_pod, first_uid = first["metadata"]["name"], first["metadata"]["uid"]
+    cluster.kubectl("-n", ns, "delete", "pod", first_pod, "--wait=false")
+    # the engine makes a new pod
+    second = wait_for(lambda: pod_after({first_uid}), 180, f"the {engine}'s new pod", cluster)
+    second_pod, second_uid = second["metadata"]["name"], second["metadata"]["uid"]
+    assert (second_pod == first_pod) == (engine == "PyTorchJob"), (first_pod, second_pod)
     runner = cluster.runner
-    log = runner.log_of(ns, pod)
+    log = runner.log_of(ns, first_pod)
     assert "SIGTERM" in log or "preempt" in log.lower(), log[-3000:]
     # the new attempt resumes from a checkpoint (its own log says from which)
-    wait_for(lambda: "resum" in runner.log_of(ns, pod).lower().split("sigterm")[-1], 300,
+    wait_for(lambda: "resum" in runner.log_of(ns, second_pod).lower().split("sigterm")[-1], 300,
              "the second attempt to resume", cluster)  # fmt: skip
 
     # now a hard kill in the middle of a save: a checkpoint folder written, its COMPLETE marker not yet
-    second_uid = get(cluster, "pod", ns, pod)["metadata"]["uid"]
     root = folder / "checkpoints"
 
     def saving() -> int | None:
@@ -235,68 +297,108 @@ def test_a_preempted_pod_resumes_and_a_killed_one_restarts(
         if cut is None:
             time.sleep(0.01)
     assert cut is not None, "no save of the second attempt was seen in progress"
-    runner.kill(ns, pod, signal.SIGKILL)
-    wait_for(lambda: (get(cluster, "pod", ns, pod) or {}).get("metadata", {}).get("uid") not in (None, second_uid),
-             180, "a pod after the kill (restartPolicy ExitCode, 137)", cluster)  # fmt: skip
+    runner.kill(ns, second_pod, signal.SIGKILL)
+    third = wait_for(lambda: pod_after({first_uid, second_uid}), 180,
+                     "a pod after the kill (restarted by exit code 137)", cluster)  # fmt: skip
 
     status = wait_phase(cluster, ns, name, "Succeeded")
     # the third attempt ignored the cut save and resumed from the newest complete checkpoint
-    resumed = [line for line in runner.log_of(ns, pod, last=True).splitlines() if "resuming from" in line]
+    third_log = runner.log_of(ns, third["metadata"]["name"], last=True)
+    resumed = [line for line in third_log.splitlines() if "resuming from" in line]
     assert len(resumed) == 1, resumed
     assert int(resumed[0].rsplit("(step ", 1)[1].rstrip(")")) < cut, (cut, resumed)
     model = f"{ns}-{name}"
     assert [v.version for v in versions(mlflow_server, model)] == ["1"]
     assert status["registeredModel"]["version"] == "1"
-    ptj_events = cluster.kubectl("-n", ns, "get", "events", "-o", "json").stdout
-    assert "PyTorchJobRestarting" in ptj_events or "ExitedWithCode" in ptj_events
+    events = cluster.kubectl("-n", ns, "get", "events", "-o", "json").stdout
+    if engine == "PyTorchJob":
+        assert "PyTorchJobRestarting" in events or "ExitedWithCode" in events
+    else:  # JobSet restarted its Jobs twice, by kubetune's failure policy (no limit of its own)
+        jobset = get(cluster, "jobset", ns, f"{name}-train")
+        assert jobset["status"]["restarts"] == 2, jobset["status"]
+        assert jobset["status"].get("restartsCountTowardsMax", 0) == 0, jobset["status"]
     # two restarts (the deleted pod, the killed one), each counted once
-    assert status["trainingRestarts"]["total"] == 2, (status["trainingRestarts"], ptj_events)
+    assert status["trainingRestarts"]["total"] == 2, (status["trainingRestarts"], events[-4000:])
 
     cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
     wait_for(
-        lambda: not (get(cluster, "pytorchjob", ns) or {}).get("items"), 120, "the PyTorchJob to go", cluster
+        lambda: not (get(cluster, CHILD_KINDS[engine], ns) or {}).get("items"),
+        120,
+        f"the {engine} to go",
+        cluster,
     )
     # keepOnDelete: no owner reference on the claim, so the checkpoints stay
     assert get(cluster, "pvc", ns, f"{name}-ckpt") is not None
     assert complete_checkpoints()
 
 
-def test_two_nodes_rendezvous_with_the_ranks_the_training_operator_gave(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+@pytest.mark.parametrize("engine", ENGINES)
+def test_two_nodes_rendezvous_with_the_ranks_their_engine_gave(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
+    """Two pods of one GPU each: the Training Operator's Master and Worker (``WORLD_SIZE``, ranks in
+    the env), or the two pods of the JobSet's Indexed Job (Trainer v2's torch env, the rank from the
+    completion index); both processes join one rendezvous and train to the end together."""
+    with explained(cluster, ns, engine):
+        two_nodes(cluster, ns, engine)
+
+
+def two_nodes(cluster: Cluster, ns: str, engine: str) -> None:
     name = "two"
     # one "GPU" a node (the fake nodes have them; the trainer finds no CUDA and uses gloo on the CPU)
     doc = tiny_job(
-        name, ns, **{"resources.nodes": 2, "resources.gpusPerNode": 1, "storage.accessMode": "ReadWriteMany"}
+        name,
+        ns,
+        **on(engine),
+        **{"resources.nodes": 2, "resources.gpusPerNode": 1, "storage.accessMode": "ReadWriteMany"},
     )
     doc["spec"]["training"].update(maxSteps=6, saveSteps=3, evalSteps=3)
     apply_job(cluster, doc)
-    worker = wait_for(
-        lambda: get(cluster, "pod", ns, f"{name}-train-worker-0"), 60, "the Worker pod", cluster
-    )
-    env = env_of(worker)
-    assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2" and env["PET_NODE_RANK"] == "1"
-    assert env["MASTER_ADDR"] == f"{name}-train-master-0"
-    assert [c["name"] for c in worker["spec"].get("initContainers", [])] == ["init-pytorch"]
+    tj = f"{name}-train"
+    if engine == "PyTorchJob":
+        worker = wait_for(lambda: get(cluster, "pod", ns, f"{tj}-worker-0"), 60, "the Worker pod", cluster)
+        env = env_of(worker)
+        assert env["WORLD_SIZE"] == "2" and env["PET_NNODES"] == "2" and env["PET_NODE_RANK"] == "1"
+        assert env["MASTER_ADDR"] == f"{tj}-master-0"
+        assert [c["name"] for c in worker["spec"].get("initContainers", [])] == ["init-pytorch"]
+    else:
+
+        def second_node() -> dict[str, Any] | None:
+            pods = training_pod_objects(cluster, ns, name)
+            return next(
+                (p for p in pods if (p["metadata"].get("annotations") or {}).get(COMPLETION_INDEX) == "1"),
+                None,
+            )
+
+        worker = wait_for(second_node, 60, "the pod of completion index 1", cluster)
+        assert worker["metadata"]["name"].startswith(f"{tj}-node-0-1-"), worker["metadata"]["name"]
+        env = env_of(worker)
+        # the torch plugin's rendezvous: the node rank is the pod's completion index (a fieldRef)
+        assert env["PET_NNODES"] == "2" and env["PET_MASTER_ADDR"] == f"{tj}-node-0-0.{tj}", env
+        rank = next(e for e in worker["spec"]["containers"][0]["env"] if e["name"] == "PET_NODE_RANK")
+        assert COMPLETION_INDEX in json.dumps(rank["valueFrom"]), rank
+        assert len(training_pods(cluster, ns, name)) == 2
     wait_phase(cluster, ns, name, "Succeeded")
     # both processes trained together: rank 0 wrote the run's result with the world size it joined
     result = json.loads((checkpoint_folder(cluster, ns, f"{name}-ckpt") / "train-result.json").read_text())
     assert result["world_size"] == 2, result
     assert cluster.runner is not None
-    worker_log = cluster.runner.log_of(ns, f"{name}-train-worker-0")
+    worker_log = cluster.runner.log_of(ns, worker["metadata"]["name"])
     assert "train_runtime" in worker_log, worker_log[-2000:]  # the Worker ran to the end, not just started
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_queued_job_waits_for_quota_and_runs_when_it_frees(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
-    """Kueue, with its webhooks called by the API server: the second job beyond the quota is
-    suspended by Kueue, the FineTuneJob says it is queued, and it runs once the first ends."""
-    queued_until_quota_frees(cluster, ns, "PyTorchJob")
+    """Kueue, with its webhooks called by the API server and its integration of each engine: the
+    second job beyond the quota is suspended by Kueue, the FineTuneJob says it is queued, and it
+    runs once the first ends."""
+    with explained(cluster, ns, engine):
+        queued_until_quota_frees(cluster, ns, engine)
 
 
 def queued_until_quota_frees(cluster: Cluster, ns: str, engine: str) -> None:
-    """The quota scenario on ``engine`` (tests/cluster/test_trainjob_engine.py runs it on TrainJob)."""
     assert cluster.has_kueue, f"no kueue binary in {cluster.assets}"
     queue = cluster.local_queue(ns)
     first = tiny_job("first", ns, **on(engine), **{"resources.queueName": queue, "resources.cpu": "60"})
@@ -321,16 +423,19 @@ def queued_until_quota_frees(cluster: Cluster, ns: str, engine: str) -> None:
     wait_phase(cluster, ns, "second", "Succeeded")
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_job_kueue_preempts_says_so_and_resumes_from_its_checkpoint(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """Kueue preempts a low-priority job for a high-priority one (a ClusterQueue that preempts within
     itself, by the pods' PriorityClass): Kueue evicts the low job's Workload and suspends its
-    PyTorchJob, the Training Operator deletes the pod (SIGTERM: a checkpoint). The low job says it
-    was preempted by Kueue, with Kueue's reason and the checkpoint it resumes from; admitted again
-    once the high one ends, it resumes from it and succeeds, the preemption counted."""
-    with preempting_queue(cluster, ns) as queue:
-        preempted_and_resumed(cluster, ns, queue, "PyTorchJob")
+    training object (the PyTorchJob, whose Training Operator deletes the pod; the TrainJob, whose
+    Trainer v2 suspends the JobSet, whose Job controller deletes the pod: SIGTERM, a checkpoint).
+    The low job says it was preempted by Kueue, with Kueue's reason and the checkpoint it resumes
+    from; admitted again once the high one ends, it resumes from it and succeeds, the preemption
+    counted."""
+    with explained(cluster, ns, engine), preempting_queue(cluster, ns) as queue:
+        preempted_and_resumed(cluster, ns, queue, engine)
 
 
 @contextlib.contextmanager
@@ -471,17 +576,24 @@ def warnings(cluster: Cluster, ns: str, name: str, reason: str) -> list[dict[str
     ]
 
 
-@pytest.mark.parametrize("product", ["NVIDIA-B300-SXM6-AC"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_gpu_product_no_node_has_keeps_the_job_pending_with_the_schedulers_reason(
-    cluster: Cluster, ns: str, operator: OperatorProcess, product: str
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     """kube-scheduler cannot place the pod: after the operator's 30 s the FineTuneJob stays Pending
     with Training=False reason Unschedulable, the pod's name and the scheduler's own message, one
     Warning event; a node with that product appears (a fake node relabelled): scheduled, cleared."""
+    with explained(cluster, ns, engine):
+        unschedulable_until_a_node_fits(cluster, ns, engine, "NVIDIA-B300-SXM6-AC")
+
+
+def unschedulable_until_a_node_fits(cluster: Cluster, ns: str, engine: str, product: str) -> None:
     assert product != GPU_PRODUCT
     name = "nogpu"
-    pod = f"{name}-train-master-0"
-    apply_job(cluster, tiny_job(name, ns, **{"resources.gpuProduct": product, "resources.gpusPerNode": 1}))
+    apply_job(
+        cluster,
+        tiny_job(name, ns, **on(engine), **{"resources.gpuProduct": product, "resources.gpusPerNode": 1}),
+    )
 
     status = wait_for(
         lambda: training_condition(cluster, ns, name, "Unschedulable"),
@@ -493,6 +605,11 @@ def test_a_gpu_product_no_node_has_keeps_the_job_pending_with_the_schedulers_rea
     conds = {c["type"]: c for c in status["conditions"]}
     message = conds["Training"]["message"]
     # the scheduler's own words, as the pod carries them
+    (pod,) = training_pods(cluster, ns, name)
+    if engine == "PyTorchJob":
+        assert pod == f"{name}-train-master-0"
+    else:
+        assert pod.startswith(f"{name}-train-node-0-0-"), pod
     scheduled = next(
         c for c in get(cluster, "pod", ns, pod)["status"]["conditions"] if c["type"] == "PodScheduled"
     )
@@ -532,16 +649,24 @@ def test_a_gpu_product_no_node_has_keeps_the_job_pending_with_the_schedulers_rea
         cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
 
 
-def test_a_missing_priority_class_shows_the_training_operators_message_until_it_exists(
-    cluster: Cluster, ns: str, operator: OperatorProcess
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_missing_priority_class_shows_why_no_pod_is_created_until_it_exists(
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
-    """The Training Operator cannot create the pod (the API server's Priority admission refuses it):
-    the FineTuneJob shows PodsNotCreated with the Training Operator's FailedCreatePod message; once
-    the PriorityClass exists, the Training Operator's next try creates the pod and the job trains."""
+    """The engine cannot create the pod (the API server's Priority admission refuses it): the
+    FineTuneJob shows PodsNotCreated with the creator's message (the Training Operator's
+    FailedCreatePod on the PyTorchJob; the Job controller's FailedCreate on the JobSet's Job); once
+    the PriorityClass exists, the creator's next try makes the pod and the job trains."""
+    with explained(cluster, ns, engine):
+        no_pod_until_the_priority_class_exists(cluster, ns, engine)
+
+
+def no_pod_until_the_priority_class_exists(cluster: Cluster, ns: str, engine: str) -> None:
     name = "prio"
-    priority_class = "does-not-exist"
-    pod = f"{name}-train-master-0"
-    apply_job(cluster, tiny_job(name, ns, **{"resources.priorityClassName": priority_class}))
+    # one name per engine: the scenario's PriorityClass (cluster-wide) is made and deleted by it
+    priority_class = f"does-not-exist-{engine.lower()}"
+    tj = f"{name}-train"
+    apply_job(cluster, tiny_job(name, ns, **on(engine), **{"resources.priorityClassName": priority_class}))
     try:
         status = wait_for(
             lambda: training_condition(cluster, ns, name, "PodsNotCreated"),
@@ -552,19 +677,28 @@ def test_a_missing_priority_class_shows_the_training_operators_message_until_it_
         assert status["phase"] == "Pending", status
         conds = {c["type"]: c for c in status["conditions"]}
         message = conds["Training"]["message"]
-        refused = f'pods "{pod}" is forbidden: no PriorityClass with name {priority_class} was found'
-        assert message.startswith(
-            f"the Training Operator cannot create pod {pod} of PyTorchJob {name}-train: Error creating: {refused}"
-        ), message
-        assert conds["Ready"]["reason"] == "PodsNotCreated"
-        # the Training Operator's own event on the PyTorchJob says the same
-        ptj_events = [
+        forbidden = f"is forbidden: no PriorityClass with name {priority_class} was found"
+        # the creator's own event says the same: on the PyTorchJob, or on the JobSet's Job
+        kind, reason = (
+            ("PyTorchJob", "FailedCreatePod") if engine == "PyTorchJob" else ("Job", "FailedCreate")
+        )
+        creator_events = [
             e
             for e in (get(cluster, "events", ns) or {}).get("items") or []
-            if e["involvedObject"].get("kind") == "PyTorchJob" and e["reason"] == "FailedCreatePod"
+            if e["involvedObject"].get("kind") == kind and e["reason"] == reason
         ]
-        assert ptj_events and refused in ptj_events[0]["message"], ptj_events
-        assert get(cluster, "pod", ns, pod) is None
+        assert creator_events and forbidden in creator_events[0]["message"], creator_events
+        if engine == "PyTorchJob":
+            pod = f"{tj}-master-0"
+            refused = f'pods "{pod}" {forbidden}'
+            assert message.startswith(
+                f"the Training Operator cannot create pod {pod} of PyTorchJob {tj}: Error creating: {refused}"
+            ), message
+        else:
+            assert message.startswith("the Job controller cannot create pod"), message
+            assert f"of TrainJob {tj}: Error creating: pods " in message and forbidden in message, message
+        assert conds["Ready"]["reason"] == "PodsNotCreated"
+        assert training_pods(cluster, ns, name) == []
         assert len(warnings(cluster, ns, name, "PodsNotCreated")) == 1
 
         cluster.apply(
@@ -576,12 +710,13 @@ def test_a_missing_priority_class_shows_the_training_operators_message_until_it_
                 "preemptionPolicy": "Never",
             }
         )
-        # the Training Operator retries with a growing backoff: its next try creates the pod
+        # the creator retries with a growing backoff: its next try creates the pod
         status = wait_phase(cluster, ns, name, "Training", timeout=300)
         conds = {c["type"]: c for c in status["conditions"]}
         assert (conds["Training"]["status"], conds["Training"]["reason"]) == ("True", "TrainingRunning"), (
             conds
         )
+        (pod,) = training_pods(cluster, ns, name)
         assert get(cluster, "pod", ns, pod)["spec"]["priorityClassName"] == priority_class
         assert len(warnings(cluster, ns, name, "PodsNotCreated")) == 1
     finally:
@@ -589,34 +724,39 @@ def test_a_missing_priority_class_shows_the_training_operators_message_until_it_
         cluster.kubectl("delete", "priorityclass", priority_class, "--ignore-not-found")
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_the_operator_restarted_mid_training_duplicates_nothing(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
     name = "restart"
-    doc = tiny_job(name, ns)
+    doc = tiny_job(name, ns, **on(engine))
     doc["spec"]["training"].update(maxSteps=20)
-    apply_job(cluster, doc)
-    wait_for(lambda: job_status(cluster, ns, name).get("phase") == "Training", 180, "Training", cluster)
-    operator.kill()
-    operator.start()
-    wait_phase(cluster, ns, name, "Succeeded")
-    assert len((get(cluster, "pytorchjob", ns) or {}).get("items", [])) == 1
+    with explained(cluster, ns, engine):
+        apply_job(cluster, doc)
+        wait_for(lambda: job_status(cluster, ns, name).get("phase") == "Training", 180, "Training", cluster)
+        operator.kill()
+        operator.start()
+        wait_phase(cluster, ns, name, "Succeeded")
+    assert len((get(cluster, CHILD_KINDS[engine], ns) or {}).get("items", [])) == 1
     jobs = sorted(j["metadata"]["name"] for j in (get(cluster, "job", ns) or {}).get("items", []))
-    assert jobs == [f"{name}-prepare", f"{name}-register"]
+    # a TrainJob's pods are the Job's of its JobSet (one Job per replicated job)
+    engines_job = [f"{name}-train-node-0"] if engine == "TrainJob" else []
+    assert jobs == sorted([f"{name}-prepare", f"{name}-register", *engines_job])
     assert [v.version for v in versions(mlflow_server, f"{ns}-{name}")] == ["1"]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 def test_spec_suspend_holds_the_pods_until_it_is_turned_off(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
 ) -> None:
-    """spec.suspend through the real Training Operator: a suspended PyTorchJob gets no pods; set to
-    false, the Training Operator makes them and the job trains to the end."""
-    suspended_until_resumed(cluster, mlflow_server, ns, "PyTorchJob")
+    """spec.suspend through the real engine: a suspended PyTorchJob (or TrainJob: Trainer v2
+    suspends the JobSet, and JobSet its Jobs) gets no pods; set to false, the engine makes them and
+    the job trains to the end."""
+    with explained(cluster, ns, engine):
+        suspended_until_resumed(cluster, mlflow_server, ns, engine)
 
 
 def suspended_until_resumed(cluster: Cluster, mlflow_server: MlflowServer, ns: str, engine: str) -> None:
-    """The spec.suspend scenario on ``engine`` (tests/cluster/test_trainjob_engine.py runs it on
-    TrainJob: Trainer v2 suspends the JobSet, and JobSet its Jobs)."""
     name = "held"
     doc = tiny_job(name, ns, suspend=True, **on(engine))
     doc["spec"]["training"].update(maxSteps=4, saveSteps=2, evalSteps=2)

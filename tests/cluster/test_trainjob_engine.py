@@ -1,59 +1,44 @@
 """A FineTuneJob on Kubeflow Trainer v2 (``spec.engine: TrainJob``) through the real controllers
 (issue 31 item 4).
 
-The cluster of tests/support/cluster.py with Trainer v2.2.0's controller manager and the JobSet
-v0.11.1 controller running too (``trainer_v2=True``), their real CRDs installed and their webhooks
+The session's cluster (tests/cluster/conftest.py) runs Trainer v2.2.0's controller manager and the
+JobSet v0.11.1 controller beside the Training Operator, their real CRDs installed and their webhooks
 called by the API server, and Kueue's TrainJob integration on. Nothing here plays a controller:
 kubetune makes the job's TrainingRuntime and TrainJob, Trainer v2 makes the JobSet (and the torch
 environment), JobSet makes the Job and the headless Service, the Job controller the pod, the
 scheduler places it, and the pod runner runs the trainer's own command: it trains the tiny model,
 the registration Job registers it in MLflow, and the job succeeds.
+
+
+The scenarios of tests/cluster/test_real_controllers.py (and the other modules of this folder) run on
+both engines, parametrized by ``engine``; this module holds what only a TrainJob has: the objects
+Trainer v2 and JobSet make of kubetune's TrainJob, and the render checked by their webhooks.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.cluster.conftest import cluster_for_tests, tiny_job, wait_for
+from tests.cluster.conftest import tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
+    diagnostics,
     env_of,
     get,
-    preempted_and_resumed,
-    preempting_queue,
-    queued_until_quota_frees,
     registered_once_with_its_final_checkpoint,
-    suspended_until_resumed,
     wait_phase,
 )
+from tests.support import docs_samples
 from tests.support.cluster import Cluster
 from tests.support.mlflow_server import MlflowServer
 from tests.support.operator import OperatorProcess
 from tests.support.render_check import dry_run, not_kept, render_example
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-
-
-@pytest.fixture(scope="module")
-def cluster(tiny_image: Path) -> Iterator[Cluster]:
-    """This module's cluster: both engines' controllers (the Training Operator and Trainer v2)."""
-    with cluster_for_tests(tiny_image, trainer_v2=True) as c:
-        yield c
-
-
-def diagnostics(cluster: Cluster, ns: str) -> str:
-    out = [f"--- {name}.log\n{cluster.log(name, 40)}" for name in ("trainer", "jobset", "kueue")]
-    events = cluster.kubectl("-n", ns, "get", "events", "--sort-by=.lastTimestamp", check=False)
-    out.append(f"--- events\n{events.stdout}{events.stderr}")
-    for kind in ("trainjob", "jobset"):
-        objs = cluster.kubectl("-n", ns, "get", kind, "-o", "yaml", check=False)
-        out.append(f"--- {kind}\n{objs.stdout[-6000:]}{objs.stderr}")
-    return "\n".join(out)
 
 
 def owner_kind(obj: dict[str, Any]) -> str:
@@ -67,13 +52,56 @@ def true_condition(obj: dict[str, Any] | None, kind: str) -> bool:
     )
 
 
-def test_a_tiny_job_on_trainjob_trains_and_registers_through_the_real_controllers(
+def test_a_tiny_job_on_trainjob_trains_registers_and_reads_as_on_pytorchjob(
     cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
 ) -> None:
+    """The tiny job on TrainJob, and beside it the same manifest on PyTorchJob (only the name and
+    ``spec.engine`` differ): each succeeds, and their statuses, conditions, events and ``kubectl get
+    ftj`` rows read the same but for the engine's own names (the README's table of differences)."""
+    twin = tiny_job("twin", ns, engine="PyTorchJob")
+    cluster.apply(twin)
     try:
         train_and_register(cluster, mlflow_server, ns)
+        wait_phase(cluster, ns, "twin", "Succeeded")
     except AssertionError as e:  # what the controllers said (the cluster's folder goes at the end)
         raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
+    _, printed = docs_samples.table(cluster.kubectl("-n", ns, "get", "ftj", "tiny", "twin").stdout)
+    rows = {row["NAME"]: row for row in printed}
+    on_trainjob, on_pytorchjob = (
+        what_a_user_reads(cluster, ns, name, rows[name]) for name in ("tiny", "twin")
+    )
+    assert on_trainjob == on_pytorchjob
+    deleted_with_all_they_made(cluster, ns, "tiny", "twin")
+
+
+def what_a_user_reads(cluster: Cluster, ns: str, name: str, printed: dict[str, str]) -> dict[str, Any]:
+    """A succeeded job as its user sees it, with what names its engine's objects left out: the status's
+    fields, each condition's status and reason, the job's events by type and reason (how many of
+    each), and its row of ``kubectl get ftj`` but the columns that differ by name or by run (name,
+    model, loss, age)."""
+    status = get(cluster, "finetunejobs", ns, name)["status"]
+    events: dict[str, int] = {}
+    created: list[str] = []  # the kinds of the "created <kind> <name>" events
+    for e in (get(cluster, "events", ns) or {}).get("items") or []:
+        if e["involvedObject"].get("kind") == "FineTuneJob" and e["involvedObject"].get("name") == name:
+            key = f"{e['type']} {e['reason']}"
+            events[key] = events.get(key, 0) + int(e.get("count") or 1)
+            if e["reason"] == "Created":
+                created.append(e["message"].split()[1])
+    # the engine's objects: the PyTorchJob; the TrainJob and its TrainingRuntime (one event more)
+    engine_objects = {"PyTorchJob": ["training"], "TrainJob": ["training"], "TrainingRuntime": []}
+    events.pop("Normal Created", None)
+    return {
+        "fields": sorted(set(status) - {"engine"}),
+        # the training object under its engine's key (pytorchJob, trainJob)
+        "children": sorted(set(status.get("children") or {}) - {"pytorchJob", "trainJob"}),
+        "conditions": sorted((c["type"], c["status"], c.get("reason")) for c in status["conditions"]),
+        "events": events,
+        "created": sorted(k for kind in created for k in engine_objects.get(kind, [kind])),
+        "printed": {k: v for k, v in printed.items() if k not in ("NAME", "MODEL", "LOSS", "AGE")},
+        "restarts": (status.get("trainingRestarts") or {}).get("total", 0),
+        "progress": {k: v for k, v in (status.get("progress") or {}).items() if k in ("step", "totalSteps")},
+    }
 
 
 def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -> None:
@@ -136,43 +164,29 @@ def train_and_register(cluster: Cluster, mlflow_server: MlflowServer, ns: str) -
     assert true_condition(get(cluster, "trainjob", ns, tj), "Complete")
     registered_once_with_its_final_checkpoint(cluster, mlflow_server, ns, name, status)
 
-    # deleting the FineTuneJob: the garbage collector removes the TrainJob and all it made
-    cluster.kubectl("-n", ns, "delete", "finetunejob", name, "--wait=false")
+
+def deleted_with_all_they_made(cluster: Cluster, ns: str, *names: str) -> None:
+    """Deleting the FineTuneJobs: the garbage collector removes the TrainJob and all it made (and
+    the PyTorchJob's), nothing of them left in the namespace."""
+    cluster.kubectl("-n", ns, "delete", "finetunejob", *names, "--wait=false")
 
     def gone() -> list[str]:
         return [
             kind
-            for kind in ("trainjob", "trainingruntime", "jobset", "job", "pod", "service", "pvc")
+            for kind in (
+                "trainjob",
+                "trainingruntime",
+                "jobset",
+                "pytorchjob",
+                "job",
+                "pod",
+                "service",
+                "pvc",
+            )
             if (get(cluster, kind, ns) or {}).get("items")
         ]
 
     wait_for(lambda: not gone(), 120, "the garbage collector to remove the children", cluster)
-
-
-# The scenarios of tests/cluster/test_real_controllers.py on TrainJob (issue 31 item 4): the same
-# steps and assertions, the engine's child and its suspend field read where Trainer v2 keeps them
-
-
-def test_a_queued_trainjob_waits_for_quota_and_runs_when_it_frees(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
-) -> None:
-    """Kueue's TrainJob integration: the second job beyond the quota is suspended by Kueue, the
-    FineTuneJob says it is queued, and it runs once the first ends."""
-    try:
-        queued_until_quota_frees(cluster, ns, "TrainJob")
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
-
-
-def test_spec_suspend_holds_a_trainjobs_pods_until_it_is_turned_off(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
-) -> None:
-    """spec.suspend through Trainer v2 and JobSet: a suspended TrainJob gets no pods; set to false,
-    the JobSet's Job makes them and the job trains to the end."""
-    try:
-        suspended_until_resumed(cluster, mlflow_server, ns, "TrainJob")
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
 
 
 @pytest.mark.parametrize("example", ["qwen3-4b-full.yaml", "multinode-lora.yaml"])
@@ -233,16 +247,3 @@ def test_render_on_trainjob_passes_trainer_v2s_and_jobsets_webhooks(
     node = next(r for r in jobset["spec"]["replicatedJobs"] if r["name"] == "node")
     assert node["template"]["spec"]["parallelism"] == nodes
     assert not (get(cluster, "pod", ns) or {}).get("items"), "a suspended TrainJob made a pod"
-
-
-def test_a_trainjob_kueue_preempts_says_so_and_resumes_from_its_checkpoint(
-    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess
-) -> None:
-    """The preemption scenario of tests/cluster/test_real_controllers.py on the TrainJob engine:
-    Kueue sets the TrainJob's ``spec.suspend``, Trainer v2 suspends the JobSet, the Job controller
-    deletes the pod; the same state machine says PreemptedByKueue, then the job resumes and succeeds."""
-    try:
-        with preempting_queue(cluster, ns) as queue:
-            preempted_and_resumed(cluster, ns, queue, "TrainJob")
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{diagnostics(cluster, ns)}") from e
