@@ -36,6 +36,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 VERSION = "0.13.8"  # hack/setup.sh's UV_VERSION (asserted below)
+# hack/setup.sh's sync: the lock exactly, compiled to bytecode (tests/unit/test_step_startup.py says why)
+SYNC = "sync --frozen --all-extras --quiet --compile-bytecode"
 ARCH = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
 FAMILY = "manylinux" if platform.libc_ver()[0] == "glibc" else "musllinux"
 # the right wheel for this machine, named as on PyPI
@@ -235,13 +237,13 @@ def test_setup_fetches_uv_into_the_cache_without_pip_then_syncs(machine: Machine
     assert machine.index.requests == ["/simple/uv/", f"/files/{RIGHT}"]
     calls = machine.python3_log.read_text().splitlines()
     assert calls == [f"hack/bootstrap_uv.py {VERSION}"]  # python3 ran the bootstrap, never pip
-    assert machine.uv_log.read_text().splitlines() == ["sync --frozen --all-extras --quiet"]
+    assert machine.uv_log.read_text().splitlines() == [SYNC]
 
     # the second time, the uv in the cache: no request to the index
     result = machine.run("bash", "hack/setup.sh")
     assert result.returncode == 0, result.stderr
     assert machine.index.requests == ["/simple/uv/", f"/files/{RIGHT}"]
-    assert machine.uv_log.read_text().splitlines() == ["sync --frozen --all-extras --quiet"] * 2
+    assert machine.uv_log.read_text().splitlines() == [SYNC] * 2
 
 
 def test_a_wheel_whose_sha256_is_not_the_index_s_is_refused_and_nothing_is_kept(machine: Machine) -> None:

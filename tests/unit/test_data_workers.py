@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kubetune_trainer.training.callbacks import workers_ignore_sigterm  # noqa: E402
+from kubetune_trainer.training.preemption import workers_ignore_sigterm  # noqa: E402
 
 
 def _loader() -> object:

@@ -237,7 +237,8 @@ def trainer_class() -> Any:
     """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
     from trl import SFTTrainer
 
-    from .callbacks import ScheduledCollection, paused_gc, workers_ignore_sigterm
+    from .callbacks import ScheduledCollection, paused_gc
+    from .preemption import workers_ignore_sigterm
 
     class KubetuneSFTTrainer(SFTTrainer):
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -61,6 +61,7 @@ from .build import (
     model_shape,
 )
 from .ledger import Ledger, process_start_time
+from .preemption import PreemptionGuard, barrier
 from .progress import ProgressReporter, in_cluster_patcher
 from .result import TrainResult, earlier_history, finished_earlier, mean_loss
 from .watchdog import LossWatchdog
@@ -116,8 +117,6 @@ def write_final(trainer: Any, tokenizer: Any, final_dir: Path, dist: Dist, info:
     """Write the trained model + tokenizer to ``final/``, then (rank 0) its COMPLETE marker."""
     import shutil
 
-    from .callbacks import barrier
-
     # Training ran without a KV cache (it also keeps the packed-sequence mask on); generation wants it.
     trainer.model.config.use_cache = True
     if dist.is_rank0 and final_dir.exists():
@@ -171,8 +170,6 @@ def _run(  # noqa: PLR0911  one return per refusal or end, in the order they hap
 ) -> Outcome:
     """Check the data, decide the attempt (:func:`checkpoints.decide_attempt`), load the data, then
     build and train once (:func:`_train_once`) with the job's MLflow run open on rank 0."""
-    from .callbacks import PreemptionGuard
-
     dist = Dist.from_env()
     setup_logging(dist)
     install_log_redaction()
@@ -667,7 +664,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def close_process_group() -> None:
     """Leave the process group (NCCL/gloo) cleanly when torchrun started one."""
-    import torch.distributed as dist
-
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:  # never imported, so never joined (a refusal before training): torch not loaded for it
+        return
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
