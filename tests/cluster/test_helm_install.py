@@ -86,6 +86,9 @@ class Release:
         self.job_ns = job_ns
         self.workdir = workdir
         self.mlflow_port = free_port()
+        # operator containers whose refused requests are expected: those stopping while Helm
+        # removes their RBAC (uninstall)
+        self.stopped: set[str] = set()
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         home = self.workdir / "helm-home"
@@ -135,14 +138,20 @@ class Release:
         assert self.cluster.runner is not None
         return self.cluster.runner.log_of(self.ns, pod)
 
-    def operator_logs(self) -> str:
-        """Every operator container's log the runner kept (every pod, every start)."""
+    def operator_runs(self) -> set[str]:
+        """The runner's folder of every operator container it started (one per pod)."""
         assert self.cluster.runner is not None
-        folders = sorted((self.cluster.runner.workdir / "pods").glob(f"{self.ns}_{RELEASE}-*"))
+        folders = (self.cluster.runner.workdir / "pods").glob(f"{self.ns}_{RELEASE}-*")
+        return {f.name for f in folders if not f.name.startswith(f"{self.ns}_{MLFLOW}-")}
+
+    def operator_logs(self) -> str:
+        """The logs of the operator containers the runner started (but the ``stopped`` ones)."""
+        assert self.cluster.runner is not None
+        pods = self.cluster.runner.workdir / "pods"
         return "\n".join(
-            (f / "container.log").read_text(errors="replace")
-            for f in folders
-            if not f.name.startswith(f"{self.ns}_{MLFLOW}-") and (f / "container.log").exists()
+            (pods / name / "container.log").read_text(errors="replace")
+            for name in sorted(self.operator_runs() - self.stopped)
+            if (pods / name / "container.log").exists()
         )
 
     def forbidden(self) -> list[str]:
@@ -180,8 +189,15 @@ class Release:
         return self.wait(leader, 180, "an operator pod holding the Lease")
 
     def wait(self, check: Any, timeout: float, what: str) -> Any:
+        """``wait_for``, failing at once when the operator is refused a request (the chart lacks a
+        permission), and saying why in a timeout's message."""
+
+        def checked() -> Any:
+            self.assert_nothing_forbidden()
+            return check()
+
         try:
-            return wait_for(check, timeout, what, self.cluster)
+            return wait_for(checked, timeout, what, self.cluster)
         except AssertionError as e:
             raise AssertionError(
                 f"{e}\n{self.trouble()}\n{pod_logs(self.cluster, self.ns)[-3000:]}"
@@ -341,6 +357,9 @@ def _install_upgrade_uninstall(cluster: Cluster, release: Release) -> None:
     # --- helm uninstall while a job trains ------------------------------------------------------------
     apply_job(cluster, job("orphan", job_ns))
     release.job_phase("orphan", "Training")
+    release.assert_nothing_forbidden()
+    # the stopping operator's last requests may be refused: Helm removes its RBAC meanwhile
+    release.stopped = release.operator_runs()
     out = release.helm("uninstall", RELEASE, "--namespace", rel_ns).stdout
     print(f"helm uninstall:\n{out}")
     release.wait(lambda: not release.operator_pods(), 120, "the operator pods gone")
@@ -367,11 +386,19 @@ def _install_upgrade_uninstall(cluster: Cluster, release: Release) -> None:
     assert get(cluster, "pvc", rel_ns, MLFLOW)["status"]["phase"] == "Bound"
     # the job's own objects are not the release's
     orphan = get(cluster, "finetunejobs", job_ns, "orphan")
-    print(f"the orphaned FineTuneJob's finalizers: {orphan['metadata'].get('finalizers')}")
+    # kopf's finalizer stays: deleting the job now would wait for an operator to come back
+    assert orphan["metadata"].get("finalizers") == ["kubetune.io/finalizer"], orphan["metadata"]
     assert get(cluster, "pvc", job_ns, "orphan-ckpt")["status"]["phase"] == "Bound"
-    # the Lease, the operator's and not Helm's, stays: released by the leader as it stopped
+    # The Lease, the operator's and not Helm's, stays. Helm deletes the operator's ServiceAccount
+    # and RBAC along with its Deployment, before the pod has stopped: the leader's release of the
+    # Lease is then refused, and the Lease names it until it expires (leaseDurationSeconds).
     lease = get(cluster, "lease", rel_ns, RELEASE)
-    assert lease is not None and not lease["spec"].get("holderIdentity"), lease
+    assert lease is not None
+    holder = lease["spec"].get("holderIdentity")
+    print(f"the Lease after helm uninstall: holder {holder!r}, renewed {lease['spec'].get('renewTime')}")
+    if holder:
+        assert holder == second_holder, (holder, second_holder)
+        assert "not released" in release.log(second_pod), release.log(second_pod)[-2000:]
     # the Training Operator trains on; nothing advances the FineTuneJob
     release.wait(
         lambda: any(

@@ -47,7 +47,11 @@ containers (KWOK reports them completed), CPU limits, ephemeral-storage limits (
 ``sizeLimit`` included), memory-backed ``emptyDir`` (a folder on disk, not charged to the cgroup),
 node-pressure eviction, probes, container restarts (a Deployment's pod whose process ends is
 reported terminated, not restarted), and pod networking: every pod shares this machine's network
-(two pods that listen on one port, two replicas of one Deployment, cannot run at once). What a pod network gives a job, its own address for its rendezvous, the runner
+(two pods that listen on one port, two replicas of one Deployment, cannot run at once), its host name
+(no UTS namespace: ``HOSTNAME`` is the pod's, ``gethostname()`` the machine's), and no Service proxy
+(a Service's name leads to 127.0.0.1 at the port the client names: right where the Service's port
+is its pods' port, never for ``kubernetes.default.svc:443``; in-cluster clients use
+``KUBERNETES_SERVICE_HOST``/``PORT``, which name the API server). What a pod network gives a job, its own address for its rendezvous, the runner
 gives it as a port: the rendezvous port an engine sets for every job alike (``MASTER_PORT``, the
 Training Operator's 23456; ``PET_MASTER_PORT``, the torch runtime's 29400) is replaced, in the
 process's environment only (the pod object keeps the engine's value), by a free port of that job's
