@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import logging
 import os
@@ -113,8 +114,22 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     # The same credentials as the operator's own client (kube.load_api_client): the pod's
     # ServiceAccount in a cluster, $KUBECONFIG (read at start, not at import) elsewhere.
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return kopf.login_with_service_account(**kwargs)
+        return in_cluster(kopf.login_with_service_account(**kwargs))
     return kopf.login_with_kubeconfig(**kwargs)
+
+
+def in_cluster(info: kopf.ConnectionInfo | None) -> kopf.ConnectionInfo | None:
+    """The pod's ServiceAccount credentials at the API server's address that the kubelet puts in the
+    environment (``KUBERNETES_SERVICE_HOST``/``PORT``), as the operator's own client and client-go
+    use it. kopf's ``login_with_service_account`` names ``https://kubernetes.default.svc`` instead,
+    which only the cluster's DNS resolves: with DNS down, or where a pod cannot use it, kopf would
+    lose the API server that the Lease's and the reconcile passes' client still reach."""
+    if info is None:
+        return None
+    host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return dataclasses.replace(info, server=f"https://{host}:{port}")
 
 
 def _context(memo: kopf.Memo, logger: kopf.Logger, *, fresh: bool = False) -> Context:

@@ -49,7 +49,7 @@ import yaml
 
 from tests.support import proc_account
 from tests.support.controlplane import REPO, ControlPlane, _issue, free_port, running_control_plane
-from tests.support.podrunner import CAPACITY_PARAMETER, PROVISIONER, PodRunner
+from tests.support.podrunner import CAPACITY_PARAMETER, PROVISIONER, PodRunner, dockerfile_command
 
 NODES = 4
 GPUS_PER_NODE = 8
@@ -58,6 +58,9 @@ STORAGE_CLASS = "kubetune-test"
 # An image no node can pull: the registry's name is under .invalid (RFC 2606), which never resolves.
 # KWOK reports its pods as the kubelet does (ErrImagePull), through a Stage of ours.
 UNPULLABLE_IMAGE = "registry.invalid/kubetune/trainer:0"
+# Where the release workflow pushes images/<name>: the chart's default repositories (the pod runner
+# runs what images/<name>/Dockerfile's ENTRYPOINT and CMD say for a container without a command).
+IMAGE_REGISTRY = "ghcr.io/kubetune"
 SIZED_STORAGE_CLASS = "kubetune-test-sized"  # spec.storage.size is the disk's size: writing past it fails
 FLAVOR = "h100"
 CLUSTER_QUEUE = "gpu-cluster"
@@ -588,6 +591,7 @@ class Cluster:
             python_bin=Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "python",
             keep_visible=(REPO, Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")).resolve()),
             namespaces=set(),
+            entrypoints=image_entrypoints(),
         )
         del client
         self.runner.start()
@@ -623,6 +627,16 @@ class Cluster:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def image_entrypoints() -> dict[str, tuple[list[str], list[str]]]:
+    """Each of this repository's images (``IMAGE_REGISTRY/<name>`` for ``images/<name>/Dockerfile``)
+    -> its ENTRYPOINT and CMD, read from the Dockerfile: what the pod runner runs for a container of
+    that image without a command (the chart's operator Deployment sets only ``args``)."""
+    return {
+        f"{IMAGE_REGISTRY}/{d.parent.name}": dockerfile_command(d)
+        for d in sorted((REPO / "images").glob("*/Dockerfile"))
+    }
 
 
 @contextlib.contextmanager

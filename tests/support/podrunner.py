@@ -5,8 +5,11 @@ scheduler, KWOK, Training Operator, Kueue). KWOK keeps the fake nodes alive and 
 the scheduler bound to them ``Running``. This module then does, for those pods, the part of a
 kubelet that needs a container runtime:
 
-* **runs the pod's container** as a local process: the container's ``command``/``args`` with the
-  pod's own environment (what the Training Operator injected included, ``valueFrom`` resolved as
+* **runs the pod's container** as a local process: the container's ``command``/``args`` (where the
+  container names no ``command``, its image's ENTRYPOINT, and CMD unless it has ``args``, as the
+  kubelet takes them from the image: ``entrypoints``, image repository -> the exec-form ENTRYPOINT
+  and CMD of its Dockerfile, read by :func:`dockerfile_command`; the image's ENV, WORKDIR and USER
+  are not applied) with the pod's own environment (what the Training Operator injected included, ``valueFrom`` resolved as
   the kubelet does, plus ``KUBERNETES_SERVICE_HOST``/``PORT``), in its ``workingDir``, as the pod's
   ``runAsUser``/``runAsGroup`` with ``fsGroup`` as a supplementary group;
 * **gives it its volumes at their mount paths**, in a private mount namespace (``unshare``; root
@@ -36,13 +39,19 @@ kubelet that needs a container runtime:
   block volume, ``mkfs.ext4 -F -m0 -O ^has_journal``, loop-mounted at the volume's folder; a tmpfs of that size
   where loop devices are missing), unmounted when the volume is deleted or the runner stops.
 
-What it does not do: images (the command runs from this machine's Python environment), the pod's
+What it does not do: images (the command runs from this machine's Python environment; of an image,
+only the command in ``entrypoints``), the pod's
 user (processes run as the test's own user, root: the interpreter of this machine lives under
 /root, which other users cannot read; so ``runAsUser``/``fsGroup`` are not exercised), init
 containers (KWOK reports them completed), CPU limits, ephemeral-storage limits (``emptyDir``
 ``sizeLimit`` included), memory-backed ``emptyDir`` (a folder on disk, not charged to the cgroup),
-node-pressure eviction, probes, container restarts, and pod networking: every pod shares this
-machine's network. What a pod network gives a job, its own address for its rendezvous, the runner
+node-pressure eviction, probes, container restarts (a Deployment's pod whose process ends is
+reported terminated, not restarted), and pod networking: every pod shares this machine's network
+(two pods that listen on one port, two replicas of one Deployment, cannot run at once), its host name
+(no UTS namespace: ``HOSTNAME`` is the pod's, ``gethostname()`` the machine's), and no Service proxy
+(a Service's name leads to 127.0.0.1 at the port the client names: right where the Service's port
+is its pods' port, never for ``kubernetes.default.svc:443``; in-cluster clients use
+``KUBERNETES_SERVICE_HOST``/``PORT``, which name the API server). What a pod network gives a job, its own address for its rendezvous, the runner
 gives it as a port: the rendezvous port an engine sets for every job alike (``MASTER_PORT``, the
 Training Operator's 23456; ``PET_MASTER_PORT``, the torch runtime's 29400) is replaced, in the
 process's environment only (the pod object keeps the engine's value), by a free port of that job's
@@ -135,6 +144,8 @@ class PodRunner:
     python_bin: Path | None = None  # put first on PATH: what `python` in a command runs
     namespaces: set[str] | None = None  # run pods only in these (None: all but kube-*)
     keep_visible: tuple[Path, ...] = ()  # folders the commands run from: never hidden by a volume
+    # image repository (no tag, no digest) -> (ENTRYPOINT, CMD): what runs where a container names no command
+    entrypoints: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
     _pods: dict[str, RunningPod] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -287,7 +298,7 @@ class PodRunner:
         # volume is left out, and the container uses the machine's folder there.
         mounts = [(t, src) for t, src in mounts if not any(k.is_relative_to(t) for k in self.keep_visible)]
         env = self._env(pod, container)
-        command = [*(container.command or []), *(container.args or [])]
+        command = self._command(container)
         # mount points that do not exist here are made inside the pod's mount namespace, never on
         # this machine (the module's docstring)
         binds = self._mount_point_layers(root, [(Path(t), src.is_dir()) for t, src in mounts])
@@ -329,6 +340,17 @@ class PodRunner:
                 cgroup=cgroup,
             )
             self._ran.add(meta.uid)
+
+    def _command(self, container: Any) -> list[str]:
+        """What the container runs, as the kubelet decides it: its ``command`` (the image's ENTRYPOINT
+        where it has none) and its ``args`` (the image's CMD where it has neither)."""
+        if container.command:
+            return [*container.command, *(container.args or [])]
+        image = self.entrypoints.get(image_repository(container.image or ""))
+        if image is None:  # an image this runner does not stand in for: its args alone
+            return [*(container.args or [])]
+        entrypoint, cmd = image
+        return [*entrypoint, *(container.args or cmd)]
 
     def _mount_point_layers(self, root: Path, targets: list[tuple[Path, bool]]) -> list[str]:
         """Shell commands, run first in the pod's mount namespace, after which every mount target can
@@ -850,6 +872,34 @@ def _unmount(folder: Path) -> None:
 
 
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+def image_repository(image: str) -> str:
+    """An image reference without its tag or digest: ``ghcr.io/kubetune/operator:0.1.0`` ->
+    ``ghcr.io/kubetune/operator`` (a registry's port stays: ``host:5000/x``)."""
+    name = image.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+
+
+def dockerfile_command(dockerfile: Path) -> tuple[list[str], list[str]]:
+    """The ENTRYPOINT and CMD of a Dockerfile's last stage, in their exec (JSON) form: what a
+    container of its image runs when the pod names no command."""
+    import json
+
+    entrypoint: list[str] = []
+    cmd: list[str] = []
+    for line in dockerfile.read_text().splitlines():
+        word, _, rest = line.strip().partition(" ")
+        if word.upper() == "FROM":  # a new stage: what an earlier one set does not carry over
+            entrypoint, cmd = [], []
+        elif word.upper() in ("ENTRYPOINT", "CMD"):
+            value = json.loads(rest)  # the shell form would run under /bin/sh -c: not used here
+            if word.upper() == "ENTRYPOINT":
+                entrypoint, cmd = value, []  # as Docker does: an ENTRYPOINT drops the CMD before it
+            else:
+                cmd = value
+    return entrypoint, cmd
 
 
 def _job_of(pod: Any) -> str | None:
