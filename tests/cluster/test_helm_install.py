@@ -40,7 +40,8 @@ Uninstall with a job training: Helm removes the operator and MLflow Deployments,
 the RBAC; it keeps the CRD and the MLflow volume (their ``helm.sh/resource-policy: keep``), and so
 the FineTuneJob, its checkpoint volume and its PyTorchJob, which are not the release's. The
 Training Operator finishes the training, but nothing advances the FineTuneJob (no registration, its
-phase stays Training); the Lease stays, released. Installing again with the same release name and
+phase stays Training); the Lease stays, naming the last leader until it expires (Helm deletes
+the RBAC before the pod stops, so the pod's release of it is refused). Installing again with the same release name and
 namespace adopts what was kept: the job registers, and MLflow still holds the versions registered
 before (docs/install.md "Uninstall").
 """
@@ -48,7 +49,6 @@ before (docs/install.md "Uninstall").
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -91,24 +91,7 @@ class Release:
         self.stopped: set[str] = set()
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        home = self.workdir / "helm-home"
-        env = {
-            **os.environ,
-            "HELM_CACHE_HOME": str(home / "cache"),
-            "HELM_CONFIG_HOME": str(home / "config"),
-            "HELM_DATA_HOME": str(home / "data"),
-        }
-        result = subprocess.run(
-            [str(self.cluster.cp.assets / "helm"), "--kubeconfig", str(self.cluster.kubeconfig), *args],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result
+        return self.cluster.cp.helm(*args, home=self.workdir / "helm-home", check=check)
 
     def values(self, retry_seconds: int) -> Path:
         """A values file: the ports free now (see the module's docstring), the images' test tag."""

@@ -61,7 +61,6 @@ RESULT = QWEN3_REGISTRATION_RESULT
 class Cluster:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
-        self.helm_bin = str(cp.assets / "helm")
         self.home = cp.workdir / "helm-home"
 
     def kubectl(
@@ -70,23 +69,7 @@ class Cluster:
         return self.cp.kubectl(*args, input=input, check=check)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "HELM_CACHE_HOME": str(self.home / "cache"),
-            "HELM_CONFIG_HOME": str(self.home / "config"),
-            "HELM_DATA_HOME": str(self.home / "data"),
-        }
-        result = subprocess.run(
-            [self.helm_bin, "--kubeconfig", str(self.cp.kubeconfig), *args],
-            check=False,
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=180,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result
+        return self.cp.helm(*args, home=self.home, check=check, timeout=180)
 
     def get(self, *args: str) -> dict[str, Any] | None:
         result = self.kubectl("get", *args, "-o", "json", check=False)

@@ -109,6 +109,29 @@ class ControlPlane:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({out.returncode}):\n{out.stderr}")
         return out
 
+    def helm(
+        self, *args: str, home: Path, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        """The real helm of the assets against this API server, its cache, config and data (repos,
+        plugins) in ``home``: nothing of the machine's own helm set-up is read or written."""
+        env = {
+            **os.environ,
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+        result = subprocess.run(
+            [str(self.assets / "helm"), "--kubeconfig", str(self.kubeconfig), *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
     def start(self) -> None:
         d = self.workdir
         make_pki(d)
