@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if settings.leader_election:
         from .leader import run_elected
 
-        return run_elected(settings, args.liveness, lambda memo: run(memo=memo))
+        return run_elected(
+            settings, args.liveness, lambda memo, loop, stop: run(memo=memo, loop=loop, stop_flag=stop)
+        )
     run()
     return 0
 

@@ -37,6 +37,7 @@ every FineTuneJob from what the objects say: :data:`Timing.takeover_bound`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.server
 import logging
@@ -294,9 +295,20 @@ def exit_now(reason: str) -> None:
 # --- the process: wait as a candidate, then run kopf as the leader ---------------------------------
 
 
-def run_elected(settings: Settings, liveness: str | None, run_kopf: Callable[[Any], None]) -> int:
+def run_elected(
+    settings: Settings,
+    liveness: str | None,
+    run_kopf: Callable[[Any, asyncio.AbstractEventLoop, asyncio.Future[None]], None],
+) -> int:
     """Wait for the Lease (serving the liveness probe and /metrics meanwhile), then run kopf
-    (``run_kopf(memo)``) while the Lease is renewed; release it after kopf stops on a signal."""
+    (``run_kopf(memo, loop, stop_flag)``: kopf in ``loop``, stopping when ``stop_flag`` is done) while
+    the Lease is renewed; release it after kopf stops on a signal.
+
+    SIGTERM and SIGINT stop the replica from its start to its end: while it waits, and in the moment
+    between winning the Lease and kopf's own signal handlers, where the default action once killed
+    the leader, leaving its Lease to expire instead of handing it over. The stop flag is an asyncio
+    future of kopf's loop (a threading flag would keep a thread of kopf's executor waiting on it, and
+    kopf's shutdown waiting on that thread, when a signal stopped kopf instead)."""
     timing = Timing(
         settings.lease_duration_seconds, settings.renew_deadline_seconds, settings.retry_period_seconds
     )
@@ -314,22 +326,32 @@ def run_elected(settings: Settings, liveness: str | None, run_kopf: Callable[[An
     if settings.metrics_port:
         metrics.serve(settings.metrics_port, settings.metrics_address)
     stop = threading.Event()
-    with _stopped_by_signals(stop), _standby_liveness(liveness):
-        if not elector.acquire(stop):
-            logger.info(f"{elector.holder}: stopped while waiting to lead")
-            return 0
-    logger.info(f"{elector.holder}: leading; starting the operator")
-    metrics.leading(True)
-    elector.keep_leading(exit_now)
-    memo = kopf.Memo()
-    try:
-        run_kopf(memo)
-    finally:
-        drained = _drain(memo, timing.renew_deadline)
-        elector.stop_renewing()
-        if drained:
-            elector.release()
-        metrics.leading(False)
+    loop = asyncio.new_event_loop()
+    stop_flag: asyncio.Future[None] = loop.create_future()
+
+    def stopped() -> None:
+        if not stop_flag.done():
+            stop_flag.set_result(None)
+
+    with _stopped_by_signals(stop, lambda: loop.call_soon_threadsafe(stopped)):
+        with _standby_liveness(liveness):
+            if not elector.acquire(stop):
+                logger.info(f"{elector.holder}: stopped while waiting to lead")
+                loop.close()
+                return 0
+        logger.info(f"{elector.holder}: leading; starting the operator")
+        metrics.leading(True)
+        elector.keep_leading(exit_now)
+        memo = kopf.Memo()
+        try:
+            run_kopf(memo, loop, stop_flag)
+        finally:
+            loop.close()
+            drained = _drain(memo, timing.renew_deadline)
+            elector.stop_renewing()
+            if drained:
+                elector.release()
+            metrics.leading(False)
     return 0
 
 
@@ -348,10 +370,16 @@ def _drain(memo: Any, timeout: float) -> bool:
 
 
 @contextlib.contextmanager
-def _stopped_by_signals(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM and SIGINT set ``stop`` while a candidate waits (kopf handles them once it runs)."""
+def _stopped_by_signals(stop: threading.Event, also: Callable[[], Any]) -> Iterator[None]:
+    """SIGTERM and SIGINT set ``stop`` and call ``also`` (kopf's own handlers take over while its
+    loop runs)."""
     signals = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in signals}
+
+    def handle(*_: Any) -> None:
+        stop.set()
+        also()
+
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
     try:
         yield
     finally:

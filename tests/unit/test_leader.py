@@ -58,7 +58,7 @@ def test_outside_a_pod_the_lease_namespace_must_be_given() -> None:
     if leader.namespace_of_this_pod() is not None:
         pytest.skip("runs in a pod: its namespace is the default")
     with pytest.raises(ValueError, match="needs KUBETUNE_LEADER_ELECTION_NAMESPACE"):
-        leader.run_elected(Settings(leader_election=True), None, lambda memo: None)
+        leader.run_elected(Settings(leader_election=True), None, lambda memo, loop, stop: None)
 
 
 def _get(url: str) -> int:
