@@ -333,7 +333,13 @@ def run_elected(
         if not stop_flag.done():
             stop_flag.set_result(None)
 
-    with _stopped_by_signals(stop, lambda: loop.call_soon_threadsafe(stopped)):
+    def stop_kopf() -> (
+        None
+    ):  # a signal after kopf's loop closed (a second one, while draining) only sets stop
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(stopped)
+
+    with _stopped_by_signals(stop, stop_kopf):
         with _standby_liveness(liveness):
             if not elector.acquire(stop):
                 logger.info(f"{elector.holder}: stopped while waiting to lead")
