@@ -166,6 +166,8 @@ class Release:
                 found = LEADING.search(self.log(name))
                 lease = get(self.cluster, "lease", self.ns, RELEASE) or {}
                 if found and (lease.get("spec") or {}).get("holderIdentity") == found.group(1):
+                    # the identity names the pod: its host name, as in any pod (its own UTS namespace)
+                    assert found.group(1).startswith(f"{name}_"), (found.group(1), name)
                     return name, found.group(1)
             return None
 

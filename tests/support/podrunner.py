@@ -12,6 +12,8 @@ kubelet that needs a container runtime:
   are not applied) with the pod's own environment (what the Training Operator injected included, ``valueFrom`` resolved as
   the kubelet does, plus ``KUBERNETES_SERVICE_HOST``/``PORT``), in its ``workingDir``, as the pod's
   ``runAsUser``/``runAsGroup`` with ``fsGroup`` as a supplementary group;
+* **gives it its host name** (the pod's ``spec.hostname``, else its name cut to 63 characters) in a
+  UTS namespace of its own, so ``gethostname()`` in the container answers it as in a pod;
 * **gives it its volumes at their mount paths**, in a private mount namespace (``unshare``; root
   only): ConfigMap and Secret keys as files, a projected service-account token from the real
   TokenRequest API, a folder per PersistentVolume, a folder per emptyDir, and the "image"'s own
@@ -47,8 +49,7 @@ containers (KWOK reports them completed), CPU limits, ephemeral-storage limits (
 ``sizeLimit`` included), memory-backed ``emptyDir`` (a folder on disk, not charged to the cgroup),
 node-pressure eviction, probes, container restarts (a Deployment's pod whose process ends is
 reported terminated, not restarted), and pod networking: every pod shares this machine's network
-(two pods that listen on one port, two replicas of one Deployment, cannot run at once), its host name
-(no UTS namespace: ``HOSTNAME`` is the pod's, ``gethostname()`` the machine's), and no Service proxy
+(two pods that listen on one port, two replicas of one Deployment, cannot run at once), and no Service proxy
 (a Service's name leads to 127.0.0.1 at the port the client names: right where the Service's port
 is its pods' port, never for ``kubernetes.default.svc:443``; in-cluster clients use
 ``KUBERNETES_SERVICE_HOST``/``PORT``, which name the API server). What a pod network gives a job, its own address for its rendezvous, the runner
@@ -314,11 +315,14 @@ class PodRunner:
         cgroup = self._memory_cgroup(pod, container)
         # the shell joins the cgroup before anything else runs: every process of the container is in it
         join = f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))}; " if cgroup is not None else ""
-        inner = "set -e; " + join + "; ".join(binds) + f" && {cd}exec " + shlex.join(command)
+        # the pod's own host name, in its own UTS namespace (``gethostname()`` in the container, as
+        # the kubelet gives it: the Lease holder of an operator pod is named after the pod)
+        name = f"hostname {shlex.quote(pod_hostname(pod))}; "
+        inner = "set -e; " + join + name + "; ".join(binds) + f" && {cd}exec " + shlex.join(command)
         log = root / "container.log"
         out = log.open("ab")
         proc = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", inner],
+            ["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", inner],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -537,7 +541,7 @@ class PodRunner:
         lines = ["127.0.0.1 localhost"]
         names: set[str] = set()
         for pod in self._informers["pods"].items():
-            host = pod.spec.hostname or pod.metadata.name
+            host = pod_hostname(pod)
             names.update({host, pod.metadata.name})
             if pod.spec.subdomain:  # a headless Service's pod (a JobSet's): <host>.<subdomain>[.<ns>[.svc]]
                 fqdn = f"{host}.{pod.spec.subdomain}"
@@ -556,7 +560,7 @@ class PodRunner:
             path = f"{self.python_bin.parent}:{path}"
         env: dict[str, str] = {
             "PATH": path,
-            "HOSTNAME": pod.spec.hostname or pod.metadata.name,
+            "HOSTNAME": pod_hostname(pod),
             "KUBERNETES_SERVICE_HOST": self.api_host,
             "KUBERNETES_SERVICE_PORT": str(self.api_port),
             # every process of the container inherits it: the stand-in for its cgroup (_container_pids)
@@ -872,6 +876,12 @@ def _unmount(folder: Path) -> None:
 
 
 # --- helpers ----------------------------------------------------------------------------------------
+
+
+def pod_hostname(pod: Any) -> str:
+    """A pod's host name as the kubelet sets it: ``spec.hostname``, else the pod's name (its first
+    63 characters, the limit of a host name's label, without a trailing ``-`` or ``.``)."""
+    return str(pod.spec.hostname or pod.metadata.name[:63].rstrip("-."))
 
 
 def image_repository(image: str) -> str:

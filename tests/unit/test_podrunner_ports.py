@@ -77,3 +77,15 @@ def test_a_port_something_listens_on_is_passed_over(tmp_path: Path) -> None:
         busy.listen()
         assert podrunner._free_port(seed, set()) != first
     assert podrunner._free_port(seed, {first}) != first  # nor one given to another job already
+
+
+def test_a_pods_host_name_is_the_kubelets() -> None:
+    def pod(name: str, hostname: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(name=name), spec=SimpleNamespace(hostname=hostname))
+
+    assert podrunner.pod_hostname(pod("kubetune-operator-7d9f-abcde")) == "kubetune-operator-7d9f-abcde"
+    assert podrunner.pod_hostname(pod("job-node-0-0-x", hostname="job-node-0-0")) == "job-node-0-0"
+    # cut to a label's 63 characters, and a name cut at a hyphen loses it
+    long = "a" * 62 + "-b" + "c" * 10
+    assert podrunner.pod_hostname(pod(long)) == "a" * 62
+    assert podrunner.pod_hostname(pod("x" * 80)) == "x" * 63
