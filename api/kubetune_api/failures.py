@@ -81,8 +81,9 @@ MEANINGS: dict[Failure, str] = {
     "(the loss watchdog)",
     Failure.PREEMPTED: "the pod was stopped (SIGTERM: preemption, a drained node) after saving a checkpoint",
     Failure.EVICTED: "the kubelet evicted the pod (node pressure: memory, disk)",
-    Failure.DEADLINE_EXCEEDED: "the PyTorchJob ran past its hard deadline (activeDeadlineSeconds, a margin "
-    "above spec.budget): the trainer did not stop at the budget, it hung",
+    Failure.DEADLINE_EXCEEDED: "the training (the PyTorchJob, or the TrainJob's training Job) ran past its "
+    "hard deadline (activeDeadlineSeconds, a margin above spec.budget): the trainer did not stop at the "
+    "budget, it hung",
     Failure.QUANTIZATION_NOT_SUPPORTED: "QLoRA was asked on a machine without a GPU it runs on (no GPU, a "
     "GPU older than compute capability 8.0, or no bitsandbytes): refused before the model was loaded",
     Failure.UNKNOWN: "an error kubetune does not recognise: the message holds the last log lines",

@@ -675,7 +675,8 @@ class BudgetSpec(ApiModel):
     max_duration: Annotated[str, Field(max_length=24, pattern=DURATION_PATTERN, min_length=2)] | None = Field(
         default=None,
         description="Wall time of training (e.g. 90m, 2h30m): each attempt from its trainer's start, summed "
-        "over attempts. Once the pods run, the PyTorchJob's activeDeadlineSeconds is set a margin above it.",
+        "over attempts. Once the pods run, the training's activeDeadlineSeconds (the PyTorchJob's, or the "
+        "TrainJob's training Job's) is set a margin above it, for each attempt.",
     )
     max_gpu_hours: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
         default=None, description="GPU-hours of training (wall time x GPUs) across attempts."
@@ -690,8 +691,9 @@ class BudgetSpec(ApiModel):
         return duration_seconds(self.max_duration) if self.max_duration else None
 
     def deadline_seconds(self, gpus: int) -> int | None:
-        """The PyTorchJob's hard deadline (``activeDeadlineSeconds``): the tighter limit (GPU-hours
-        over the job's GPUs) plus a margin, so only a job that hung reaches it.
+        """The training's hard deadline (``activeDeadlineSeconds`` of the PyTorchJob, or of the
+        TrainJob's training Job): the tighter limit (GPU-hours over the job's GPUs) plus a margin,
+        so only a job that hung reaches it.
 
         >>> BudgetSpec(maxDuration="2h").deadline_seconds(8), BudgetSpec(maxGpuHours=4).deadline_seconds(8)
         (9000, 2700)

@@ -65,7 +65,8 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 ANNOTATION_CONFIG_HASH = f"{api.GROUP}/config-hash"
 # Set while the PyTorchJob is suspended because spec.suspend says so. The operator only ever
 # un-suspends what it suspended itself: Kueue suspends jobs waiting for quota, and those are Kueue's.
-# on the PyTorchJob: the status.startTime its budget deadline was set for (children.sync_deadline)
+# on the PyTorchJob (and a TrainJob's training Job): the status.startTime its budget deadline was set
+# for; on a TrainJob: the attempt (JobSet restarts, last resume) it was set for (children.sync_deadline)
 ANNOTATION_DEADLINE_FOR = "kubetune.io/deadline-for-start"
 ANNOTATION_SUSPENDED_BY_US = f"{api.GROUP}/suspended-by-kubetune"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -487,6 +488,17 @@ TRAINJOB_API_VERSION = Engine.TRAINJOB.api_version
 TRAINJOB_CONTAINER = "node"  # Trainer v2 applies `trainer` and the torch env to the container of this name
 TRAINJOB_STEP = "node"  # the replicated job of the training pods (Trainer v2's name for it)
 TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+# The JobSet a TrainJob runs on (Trainer v2 names it as the TrainJob)
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+# The Job controller's reason on a Job that ran past its activeDeadlineSeconds (batch/v1
+# JobReasonDeadlineExceeded): the hard deadline of a TrainJob's training Job (children.sync_deadline)
+JOB_DEADLINE_REASON = "DeadlineExceeded"
+# The JobSet failure policy rule that fails the JobSet on it, instead of restarting (below)
+DEADLINE_RULE = {
+    "name": "deadlineExceeded",
+    "action": "FailJobSet",
+    "onJobFailureReasons": [JOB_DEADLINE_REASON],
+}
 # Exit codes that end training for good (the trainer's refusals, bad data, a bug), as the PyTorchJob's
 # ExitCode restart policy has it; 128-255 (143 saved on SIGTERM, 137 killed) restart
 PERMANENT_EXIT_CODES = tuple(range(1, 128))
@@ -502,6 +514,11 @@ def _training_metadata(job: api.FineTuneJob, settings: Settings) -> dict[str, An
     if job.spec.resources.queue_name:
         meta["labels"][KUEUE_QUEUE_LABEL] = job.spec.resources.queue_name
     return meta
+
+
+def step_job_name(trainjob_name: str) -> str:
+    """The Job of a TrainJob's training pods: ``<name>-node-0`` (JobSet's ``<jobset>-<step>-<index>``)."""
+    return f"{trainjob_name}-{TRAINJOB_STEP}-0"
 
 
 def trainjob_name(job: api.FineTuneJob) -> str:
@@ -522,6 +539,10 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
     (``trainBackoffLimit`` restarts without a new checkpoint, counted from the JobSet's
     ``status.restarts``; then it fails the job and suspends the TrainJob). A JobSet limit would end
     a long run after that many restarts in all, however far each got, where the PyTorchJob goes on.
+    A training Job past its hard deadline (``activeDeadlineSeconds``, which the operator sets on the
+    running Job a margin above ``spec.budget``: ``children.sync_deadline``) fails the JobSet at once
+    (:data:`DEADLINE_RULE`, before the catch-all, which would restart it), as the Training Operator
+    fails a PyTorchJob past its deadline.
     The JobSet webhook's defaults are set here, not left to it.
     """
     template = build_train_pod_template(job, settings, container_name=TRAINJOB_CONTAINER)
@@ -542,6 +563,7 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
     # rule names as JobSet's webhook takes them: a letter, then letters, digits, '_', ',' or ':'
     failure_policy = {
         "rules": [
+            dict(DEADLINE_RULE),
             {
                 "name": "permanentExitCode",
                 "action": "FailJobSet",
@@ -549,7 +571,7 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
                 "onJobFailureMessagePatterns": ["failed with exit code"],
             },
             # any other failure: a disruption (PodFailurePolicy), a retryable exit code (the Job's
-            # backoffLimit 0 exceeded)
+            # backoffLimit 0 exceeded); JobSet tries the rules in order, so this one comes last
             {"name": "retryable", "action": "RestartJobSetAndIgnoreMaxRestarts"},
         ],
     }
@@ -583,6 +605,23 @@ def build_training_runtime(job: api.FineTuneJob, settings: Settings) -> dict[str
             },
         },
     }
+
+
+def fails_on_deadline(jobset: dict[str, Any]) -> bool:
+    """Whether a JobSet (a TrainJob's, as its Trainer built it from the runtime) fails at once on a
+    Job past its deadline (:data:`DEADLINE_RULE` before any rule that would restart it). A runtime
+    an older operator made has no such rule: JobSet's catch-all would restart the Job past its
+    deadline again and again, so no deadline is set on it."""
+    for rule in ((jobset.get("spec") or {}).get("failurePolicy") or {}).get("rules") or []:
+        reasons = rule.get("onJobFailureReasons") or []
+        patterns = rule.get("onJobFailureMessagePatterns") or []
+        targets = rule.get("targetReplicatedJobs") or []
+        if (reasons and JOB_DEADLINE_REASON not in reasons) or (targets and TRAINJOB_STEP not in targets):
+            continue  # not about the training Job past its deadline
+        if patterns and rule.get("action") == "FailJobSet":
+            continue  # may not match the Job controller's message: a later rule may restart
+        return rule.get("action") == "FailJobSet"
+    return False
 
 
 def build_trainjob(job: api.FineTuneJob, settings: Settings) -> dict[str, Any]:

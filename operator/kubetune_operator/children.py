@@ -145,40 +145,144 @@ def sync_suspend(kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob) -
 def sync_deadline(
     kube: Kube, pytorchjob: dict[str, Any], job: api.FineTuneJob, now: datetime
 ) -> dict[str, Any]:
-    """Once the PyTorchJob runs, set its hard deadline (``runPolicy.activeDeadlineSeconds``) a margin
-    above ``spec.budget``, counted from when it started running.
+    """Once the training runs, set its hard deadline (``activeDeadlineSeconds``) a margin above
+    ``spec.budget``, counted from when it started running; return the (possibly patched) object.
 
-    The Training Operator counts the deadline from the PyTorchJob's ``status.startTime`` (its first
-    look, or its last resume), waiting for GPUs included, while the budget counts the trainer's own
-    time: so the deadline is set only when the pods run, as the time waited plus the budget's
-    deadline, and again after a resume (a new ``startTime``) and after each restart of its pods (the
-    Training Operator keeps ``startTime`` across restarts, while the time a restarted pod waits for
-    its GPUs again is not the trainer's either): a hung job still ends within the budget's deadline
-    of its last start. The annotation records the start (and restarts) it was set for.
+    A PyTorchJob's is its ``runPolicy.activeDeadlineSeconds``. The Training Operator counts it from
+    the PyTorchJob's ``status.startTime`` (its first look, or its last resume), waiting for GPUs
+    included, while the budget counts the trainer's own time: so the deadline is set only when the
+    pods run, as the time waited plus the budget's deadline, and again after a resume (a new
+    ``startTime``) and after each restart of its pods (the Training Operator keeps ``startTime``
+    across restarts, while the time a restarted pod waits for its GPUs again is not the trainer's
+    either): a hung job still ends within the budget's deadline of its last start. The annotation
+    records the start (and restarts) it was set for.
 
-    A TrainJob is left as it is: Trainer v2.2 makes ``spec.activeDeadlineSeconds`` immutable, so it
-    cannot be set once the pods run (the trainer's own budget still stops training).
+    A TrainJob's is its training Job's (:func:`_sync_trainjob_deadline`): the same deadline of each
+    attempt, counted the same way.
     """
-    if pytorchjob.get("kind") == "TrainJob":
-        return pytorchjob
     budget = job.spec.budget
     res = job.spec.resources
     deadline = budget.deadline_seconds(max(1, res.gpus_per_node) * res.nodes) if budget else None
+    if deadline is None:
+        return pytorchjob
+    if pytorchjob.get("kind") == "TrainJob":
+        return _sync_trainjob_deadline(kube, pytorchjob, job, deadline, now)
     meta = pytorchjob.get("metadata") or {}
     started = (pytorchjob.get("status") or {}).get("startTime")
     restarts = job.status.training_restarts.total if job.status and job.status.training_restarts else 0
     arm_for = f"{started} after {restarts} restarts" if restarts else started
     done_for = (meta.get("annotations") or {}).get(builders.ANNOTATION_DEADLINE_FOR)
-    if deadline is None or not started or done_for == arm_for:
+    if not started or done_for == arm_for:
         return pytorchjob
-    start = datetime.fromisoformat(str(started).replace("Z", "+00:00"))
-    waited = max(0, int((now - start).total_seconds()))
     patch = {
         "metadata": {"annotations": {builders.ANNOTATION_DEADLINE_FOR: arm_for}},
-        "spec": {"runPolicy": {"activeDeadlineSeconds": waited + deadline}},
+        "spec": {"runPolicy": {"activeDeadlineSeconds": _waited(started, now) + deadline}},
     }
     with about_child("update", "PyTorchJob", meta["name"]):
         return kube.patch(pytorchjob["apiVersion"], "PyTorchJob", meta["namespace"], meta["name"], patch)
+
+
+def _waited(started: str, now: datetime) -> int:
+    """Seconds from an object's ``status.startTime`` to ``now``."""
+    start = datetime.fromisoformat(str(started).replace("Z", "+00:00"))
+    return max(0, int((now - start).total_seconds()))
+
+
+# The annotation's value on a TrainJob whose JobSet would restart a Job past its deadline (its
+# runtime made by a kubetune without the deadline rule): no deadline is set on it
+NO_DEADLINE_RULE = "unset: its JobSet has no rule failing it on a deadline"
+
+
+def trainjob_attempt(trainjob: dict[str, Any], job: api.FineTuneJob) -> str:
+    """A TrainJob's attempt, as the deadline is set once per attempt: its JobSet's restarts (each
+    one makes new Jobs) and its last resume (which resets its Jobs' ``startTime``: the TrainJob's
+    ``Suspended`` condition turned False)."""
+    restarts = job.status.training_restarts if job.status else None
+    count = (restarts.job_set_restarts or 0) if restarts else 0
+    resumed = next(
+        (
+            c.get("lastTransitionTime")
+            for c in (trainjob.get("status") or {}).get("conditions") or []
+            if c.get("type") == "Suspended" and c.get("status") == "False"
+        ),
+        None,
+    )
+    return f"attempt {count} resumed {resumed or 'never'}"
+
+
+def _sync_trainjob_deadline(
+    kube: Kube, trainjob: dict[str, Any], job: api.FineTuneJob, deadline: int, now: datetime
+) -> dict[str, Any]:
+    """A TrainJob's hard deadline: ``activeDeadlineSeconds`` on its training Job (``<tj>-node-0``,
+    made by its JobSet), set as on a PyTorchJob once the pods run: the time waited since the Job's
+    ``status.startTime`` plus the budget's deadline. The Job controller then fails the Job with
+    reason ``DeadlineExceeded`` and JobSet fails the JobSet on it (``builders.DEADLINE_RULE``), so
+    the TrainJob fails and the status says ``DeadlineExceeded`` (``training_failures``).
+
+    Per attempt, as on a PyTorchJob: a JobSet restart makes new Jobs and a resume resets the Job's
+    ``startTime`` (both the Job controller and JobSet do), so each attempt is set anew; the Job
+    records the start it was set for, the TrainJob the attempt (:func:`trainjob_attempt`), so a
+    pass of an attempt already set reads nothing. Not the TrainJob's own ``spec.activeDeadlineSeconds``
+    (Trainer v2.2): immutable, so it cannot wait until the pods run, and counted from the TrainJob's
+    creation or resume, time waiting for GPUs included; and expired, Trainer deletes the JobSet.
+
+    Set only where the JobSet fails on it (``builders.fails_on_deadline``): on a JobSet from a
+    runtime of an older kubetune, a Job past its deadline would restart without end."""
+    meta = trainjob.get("metadata") or {}
+    ns, name = meta["namespace"], meta["name"]
+    attempt = trainjob_attempt(trainjob, job)
+    done_for = str((meta.get("annotations") or {}).get(builders.ANNOTATION_DEADLINE_FOR) or "")
+    if done_for in (attempt, f"{attempt} {NO_DEADLINE_RULE}"):
+        return trainjob
+    with about_child("get", "JobSet", name):
+        jobset = kube.get(builders.JOBSET_API_VERSION, "JobSet", ns, name)
+    if jobset is None:
+        return trainjob
+    if builders.fails_on_deadline(jobset):
+        step_name = builders.step_job_name(name)
+        with about_child("get", "Job", step_name):
+            step = kube.get("batch/v1", "Job", ns, step_name)
+        if not _step_running(step):
+            return trainjob  # not made yet, or the attempt's Job is going: the next pass sets it
+        assert step is not None
+        started = step["status"]["startTime"]
+        step_meta = step["metadata"]
+        if (step_meta.get("annotations") or {}).get(builders.ANNOTATION_DEADLINE_FOR) != started:
+            patch = {
+                # the uid: a precondition, so a Job made anew since it was read is not set for this one
+                "metadata": {
+                    "uid": step_meta["uid"],
+                    "annotations": {builders.ANNOTATION_DEADLINE_FOR: started},
+                },
+                "spec": {"activeDeadlineSeconds": _waited(started, now) + deadline},
+            }
+            with about_child("update", "Job", step_name):
+                kube.patch("batch/v1", "Job", ns, step_name, patch)
+        mark = attempt
+    else:
+        log.warning("%s: TrainJob %s gets no hard deadline (%s)", job.metadata.name, name, NO_DEADLINE_RULE)
+        mark = f"{attempt} {NO_DEADLINE_RULE}"
+    with about_child("update", "TrainJob", name):
+        return kube.patch(
+            trainjob["apiVersion"],
+            "TrainJob",
+            ns,
+            name,
+            {"metadata": {"annotations": {builders.ANNOTATION_DEADLINE_FOR: mark}}},
+        )
+
+
+def _step_running(step: dict[str, Any] | None) -> bool:
+    """Whether a TrainJob's training Job runs: started, not suspended, not being deleted, not over."""
+    if step is None or (step.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    status = step.get("status") or {}
+    over = any(
+        c.get("type") in ("Failed", "Complete", "FailureTarget", "SuccessCriteriaMet")
+        and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    return bool(status.get("startTime")) and not (step.get("spec") or {}).get("suspend") and not over
 
 
 def sync_config(kube: Kube, live: dict[str, Any], manifest: dict[str, Any]) -> dict[str, Any]:

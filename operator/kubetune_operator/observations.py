@@ -18,7 +18,7 @@ from kubetune_api.preparation import PreparationRefusal, PreparationReport, pars
 from kubetune_api.registration import GATE_NOT_MET
 from kubetune_api.status import ConditionType, Phase, Reason
 
-from .builders import TRAIN_CONTAINER, TRAINJOB_CONTAINER, TRAINJOB_STEP
+from .builders import TRAIN_CONTAINER, TRAINJOB_CONTAINER, TRAINJOB_STEP, step_job_name
 
 # the training pods cannot start (Training, and Ready while not trained): most decisive first
 POD_TROUBLE = (Reason.PODS_NOT_CREATED, Reason.UNSCHEDULABLE, Reason.MOUNT_FAILED, Reason.IMAGE_PULL_FAILED)
@@ -115,9 +115,8 @@ TRAINING_POD_LABEL = {Engine.PYTORCHJOB: TRAINING_OPERATOR_JOB_LABEL, Engine.TRA
 TRAINING_CONTAINER = {Engine.PYTORCHJOB: TRAIN_CONTAINER, Engine.TRAINJOB: TRAINJOB_CONTAINER}
 
 
-# The JobSet a TrainJob runs on (Trainer v2 names it as the TrainJob): its ``status.restarts`` counts
-# every restart of the whole gang (a TrainJob's status does not say it restarted).
-JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+# The JobSet a TrainJob runs on (Trainer v2 names it as the TrainJob, ``JOBSET_API_VERSION``): its
+# ``status.restarts`` counts every restart of the whole gang (a TrainJob's status does not say it restarted).
 
 
 def jobset_restarts(jobset: dict[str, Any]) -> int:
@@ -257,8 +256,8 @@ def pods_observation(
 
 
 def trainjob_step_job(trainjob: dict[str, Any]) -> str:
-    """The Job of a TrainJob's training pods: ``<name>-node-0`` (JobSet's ``<jobset>-<step>-<index>``)."""
-    return f"{(trainjob.get('metadata') or {}).get('name')}-{TRAINJOB_STEP}-0"
+    """The Job of a TrainJob's training pods (``builders.step_job_name``)."""
+    return step_job_name(str((trainjob.get("metadata") or {}).get("name")))
 
 
 def trainjob_pods_missing(trainjob: dict[str, Any], pods: list[dict[str, Any]]) -> bool:

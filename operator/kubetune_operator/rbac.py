@@ -19,9 +19,12 @@ Why each rule:
 - workloads (list): Kueue's Workload of a queued job's training object (by Kueue's job-uid label),
   listed while Kueue holds the object suspended: its ``Evicted``/``Preempted`` conditions say whether
   Kueue preempted training that had run, and why (best effort: without it the job says less).
-- jobs (get/list/watch/create/delete): the registration Job; a failed one is deleted when the user
-  asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by its
-  uid). pods (list/watch): its termination message; the training pods, watched, and listed while
+- jobs (get/list/watch/create/patch/delete): the registration Job; a failed one is deleted when the
+  user asks for a retry (the ``kubetune.io/retry-registration`` annotation), and only that Job (by
+  its uid). A TrainJob's training Job (its JobSet's, ``<tj>-node-0``): read when the TrainJob failed
+  (past its deadline?), and patched once per attempt with the hard deadline of ``spec.budget``
+  (``activeDeadlineSeconds``, by its uid). jobsets (get) also: whether its failure policy fails on
+  that deadline. pods (list/watch): its termination message; the training pods, watched, and listed while
   they do not all run (scheduled? image pulled?).
 - events (list): the PyTorchJob's, read only while one of its pods is missing (the Training
   Operator's ``FailedCreatePod``: why it cannot create the pod).
@@ -71,7 +74,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     },
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "delete"]},
+    {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get", "create"]},

@@ -557,12 +557,19 @@ def _training_failure(ctx: Context, pytorchjob: dict[str, Any], training: state.
     is not restarted once it failed)."""
     meta = pytorchjob["metadata"]
     engine = observations.engine_of(pytorchjob)
+    step_job = None
     try:
+        if engine == state.Engine.TRAINJOB:  # its training Job may have run past its deadline
+            step_job = ctx.kube.get(
+                "batch/v1", "Job", meta["namespace"], observations.trainjob_step_job(pytorchjob)
+            )
         pods = ctx.kube.list("v1", "Pod", meta["namespace"], observations.training_pod_selector(pytorchjob))
     except ApiError as e:
         ctx.logger.warning("cannot read the pods of %s %s: %s", engine, meta["name"], e)
         pods = []
-    return training_failures.training_failure(training, pods, observations.TRAINING_CONTAINER[engine])
+    return training_failures.training_failure(
+        training, pods, observations.TRAINING_CONTAINER[engine], step_job=step_job
+    )
 
 
 def _restarts(
@@ -595,7 +602,7 @@ def _jobset_restarts(
     meta = trainjob["metadata"]
     ns = meta["namespace"]
     try:
-        jobset = ctx.kube.get(observations.JOBSET_API_VERSION, "JobSet", ns, meta["name"])
+        jobset = ctx.kube.get(builders.JOBSET_API_VERSION, "JobSet", ns, meta["name"])
         pods = ctx.kube.list("v1", "Pod", ns, observations.training_pod_selector(trainjob)) if jobset else []
     except ApiError as e:
         ctx.logger.warning("cannot read the restarts of TrainJob %s/%s (its JobSet): %s", ns, meta["name"], e)

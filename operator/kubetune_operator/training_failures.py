@@ -1,6 +1,6 @@
 """Why training failed or restarted, from the PyTorchJob's pods and events: the failure the trainer
 classified (its termination message), the kubelet's ``OOMKilled``, an eviction, the PyTorchJob's
-deadline; and the restarts the operator counts itself. Pure: the reads are the reconciler's.
+deadline (a TrainJob's: its training Job's); and the restarts the operator counts itself. Pure: the reads are the reconciler's.
 """
 
 from __future__ import annotations
@@ -11,26 +11,37 @@ from typing import Any
 from kubetune_api.failures import Failure, TrainingFailure, parse_failure
 from kubetune_api.status import PodIncarnations, TrainingRestarts
 
-from .observations import TRAINING_OPERATOR_JOB_LABEL, TrainingObservation
+from . import builders
+from .observations import JOBSET_NAME_LABEL, TRAINING_OPERATOR_JOB_LABEL, TrainingObservation
 
 # The Training Operator's words when a job ran past runPolicy.activeDeadlineSeconds (v1.9,
 # pkg/controller.v1/common/job.go: "Job <name> has failed because it was active longer than specified
 # deadline", reason PyTorchJobFailed); the job's own name may say "deadline" too.
 DEADLINE_WORDS = "active longer than specified deadline"
+# Trainer v2.2's reason on a TrainJob past its own spec.activeDeadlineSeconds (kubetune sets the
+# deadline on its training Job instead: children.sync_deadline), and the Job controller's on a Job
+JOB_DEADLINE_REASON = builders.JOB_DEADLINE_REASON
 
 # --- why training failed --------------------------------------------------------------------------------
 
 
 def training_failure(
-    training: TrainingObservation, pods: list[dict[str, Any]], container: str
+    training: TrainingObservation,
+    pods: list[dict[str, Any]],
+    container: str,
+    step_job: dict[str, Any] | None = None,
 ) -> TrainingFailure | None:
     """Why a Failed PyTorchJob failed, from its pods (``training.kubeflow.org/job-name``): the failure
     the trainer classified (its termination message), the kubelet's ``OOMKilled``, an eviction, or
-    the exit code and log tail; the PyTorchJob's own deadline. The first pod to fail tells the cause
-    (the others often only saw it go away); None when no pod says anything.
+    the exit code and log tail; the PyTorchJob's own deadline (a TrainJob's: its training Job's,
+    ``step_job``, or its own). The first pod to fail tells the cause (the others often only saw it
+    go away); None when no pod says anything.
     """
-    if DEADLINE_WORDS in (training.message or "").lower():
+    if DEADLINE_WORDS in (training.message or "").lower() or training.reason == JOB_DEADLINE_REASON:
         return TrainingFailure.of(Failure.DEADLINE_EXCEEDED, training.message or training.reason)
+    past = step_deadline(step_job)
+    if past is not None:
+        return past
     found: list[tuple[str, int, TrainingFailure]] = []
     for pod in pods:
         name = (pod.get("metadata") or {}).get("name") or ""
@@ -55,6 +66,29 @@ def training_failure(
         return None
     found.sort(key=lambda f: (f[1], f[0]))
     return found[0][2]
+
+
+def step_deadline(step_job: dict[str, Any] | None) -> TrainingFailure | None:
+    """A TrainJob's training Job (``<tj>-node-0``) that failed past its hard deadline: the Job
+    controller's ``Failed`` condition with reason ``DeadlineExceeded`` (JobSet then fails the JobSet
+    by ``builders.DEADLINE_RULE``, and the TrainJob's own condition says only ``applying FailJobSet
+    failure policy action``). The message has the PyTorchJob's shape, naming the TrainJob."""
+    if not step_job:
+        return None
+    meta = step_job.get("metadata") or {}
+    status = step_job.get("status") or {}
+    if not any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == JOB_DEADLINE_REASON
+        for c in status.get("conditions") or []
+    ):
+        return None
+    trainjob = (meta.get("labels") or {}).get(JOBSET_NAME_LABEL) or "of this job"
+    seconds = (step_job.get("spec") or {}).get("activeDeadlineSeconds")
+    return TrainingFailure.of(
+        Failure.DEADLINE_EXCEEDED,
+        f"TrainJob {trainjob} has failed because its Job {meta.get('name')} was {DEADLINE_WORDS}"
+        + (f" ({seconds} s from its start)" if seconds else ""),
+    )
 
 
 def _from_terminated(

@@ -376,19 +376,14 @@ def test_a_budget_of_seconds_ends_succeeded_registered_with_its_checkpoint(
     """spec.budget.maxDuration 25s on a run planned for thousands of steps: the trainer saves and
     stops at the budget, the job Succeeds with BudgetReached, the model of the step it reached is
     registered (one version, tagged with the step, its checkpoint and the limit), the hard deadline
-    sits on the running PyTorchJob (a TrainJob has none: Trainer v2 makes it immutable once set), and
-    the trainer's goodput is in the status."""
+    sits on the running PyTorchJob (on a TrainJob: on its training Job), and the trainer's goodput
+    is in the status."""
     name = "budget"
     doc = tiny_job(name, ns, **on(engine), **{"budget.maxDuration": "25s"})
     doc["spec"]["training"].update(maxSteps=100000, saveSteps=100000, evalSteps=100000)
     apply_job(cluster, doc)
-    if engine == "PyTorchJob":
-        ptj = wait_for(
-            lambda: ((o := get(cluster, "pytorchjob", ns, f"{name}-train")) or {})
-            .get("spec", {}).get("runPolicy", {}).get("activeDeadlineSeconds") and o,
-            300, "the hard deadline on the running PyTorchJob", cluster,
-        )  # fmt: skip
-        assert ptj["spec"]["runPolicy"]["activeDeadlineSeconds"] >= 25 + 900
+    with explained(cluster, ns, engine):
+        assert hard_deadline(cluster, ns, name, engine) >= 25 + 900
     with explained(cluster, ns, engine):
         status = wait_phase(cluster, ns, name, "Succeeded", timeout=FAIL_TIMEOUT)
     budget = condition(status, "BudgetReached")
@@ -408,6 +403,62 @@ def test_a_budget_of_seconds_ends_succeeded_registered_with_its_checkpoint(
     assert goodput["heldGpuSeconds"] >= 25 and 0 < goodput["productiveGpuSeconds"] < goodput["heldGpuSeconds"]
     assert goodput["restarts"] == 0
     assert run_health(ARGOCD_HEALTH, get(cluster, "finetunejobs", ns, name))["status"] == "Healthy"
+
+
+def deadline_holder(name: str, engine: str) -> tuple[str, str, tuple[str, ...]]:
+    """Where the operator sets a job's hard deadline: the PyTorchJob's runPolicy, a TrainJob's
+    training Job's spec (made by its JobSet)."""
+    if engine == "PyTorchJob":
+        return "pytorchjob", f"{name}-train", ("spec", "runPolicy", "activeDeadlineSeconds")
+    return "job", f"{name}-train-node-0", ("spec", "activeDeadlineSeconds")
+
+
+def hard_deadline(cluster: Cluster, ns: str, name: str, engine: str) -> int:
+    """The hard deadline the operator set once the pods ran (waited for)."""
+    kind, holder, path = deadline_holder(name, engine)
+
+    def deadline() -> int | None:
+        value: Any = get(cluster, kind, ns, holder) or {}
+        for key in path:
+            value = (value or {}).get(key)
+        return int(value) if value else None
+
+    found: int = wait_for(deadline, 300, f"the hard deadline on {kind} {holder}", cluster)
+    return found
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_training_past_its_hard_deadline_fails_deadline_exceeded(
+    cluster: Cluster, ns: str, operator: OperatorProcess, engine: str
+) -> None:
+    """spec.budget.maxDuration 1h on a run planned for thousands of steps: once the pods run the
+    operator sets the hard deadline (1h + 15 min + the wait). The test then brings it to now, as if
+    the trainer had hung that long, and the engine's real controllers end it: the Training Operator
+    fails the PyTorchJob; on a TrainJob the Job controller fails its training Job (DeadlineExceeded),
+    JobSet fails the JobSet at once by kubetune's rule (no restart: its catch-all would restart it)
+    and Trainer the TrainJob. The job fails DeadlineExceeded, the message in the same shape on both
+    engines, with its hint, a Warning event, no registration, Argo CD Degraded."""
+    name = "deadline"
+    doc = tiny_job(name, ns, **on(engine), **{"budget.maxDuration": "1h"})
+    doc["spec"]["training"].update(maxSteps=100000, saveSteps=100000, evalSteps=100000)
+    apply_job(cluster, doc)
+    with explained(cluster, ns, engine):
+        assert hard_deadline(cluster, ns, name, engine) >= 3600 + 900
+        kind, holder, path = deadline_holder(name, engine)
+        patch: dict[str, Any] = {path[-1]: 1}
+        for key in reversed(path[:-1]):
+            patch = {key: patch}
+        cluster.kubectl("-n", ns, "patch", kind, holder, "--type=merge", "-p", json.dumps(patch))
+        ready = assert_failed_with(cluster, ns, name, Failure.DEADLINE_EXCEEDED)
+    assert "active longer than specified deadline" in ready["message"], ready
+    if engine == "TrainJob":
+        assert f"TrainJob {name}-train has failed because its Job {name}-train-node-0" in ready["message"]
+        jobset = get(cluster, "jobset", ns, f"{name}-train")
+        failed = [c for c in jobset["status"].get("conditions") or [] if c["type"] == "Failed"]
+        assert [c["reason"] for c in failed] == ["FailJobSetFailurePolicyAction"], jobset["status"]
+        assert not jobset["status"].get("restarts"), jobset["status"]
+    else:
+        assert f"Job {name}-train has failed" in ready["message"], ready
 
 
 @pytest.mark.parametrize("engine", ENGINES)

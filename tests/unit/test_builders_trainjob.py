@@ -134,9 +134,15 @@ def test_the_failure_policy_restarts_as_the_exit_code_policy_does() -> None:
     policy = jobset["failurePolicy"]
     # no JobSet limit: the operator's (trainBackoffLimit restarts without progress) applies, as on PyTorchJob
     assert "maxRestarts" not in policy
-    first, second = policy["rules"]
+    deadline, first, second = policy["rules"]
     # JobSet v0.11's webhook refuses any other rule name (a hyphen included)
     assert all(re.fullmatch(r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?", r["name"]) for r in policy["rules"])
+    # the Job controller's reason past activeDeadlineSeconds: the JobSet fails, as a PyTorchJob does
+    assert deadline == {
+        "name": "deadlineExceeded",
+        "action": "FailJobSet",
+        "onJobFailureReasons": ["DeadlineExceeded"],
+    }
     assert first["action"] == "FailJobSet" and first["onJobFailureReasons"] == ["PodFailurePolicy"]
     # the Job controller's message of an exit-code rule: "Container node for pod ns/p failed with exit code 2 ..."
     assert first["onJobFailureMessagePatterns"] == ["failed with exit code"]
@@ -188,3 +194,26 @@ def test_render_renders_the_trainjob_child_when_the_spec_names_that_engine(
     assert main(["render", str(path)]) == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
     assert "PyTorchJob" in kinds and "TrainJob" not in kinds
+
+
+def test_the_deadline_is_set_only_where_the_jobset_fails_on_it() -> None:
+    """JobSet tries its rules in order and restarts on the first that matches (or on none): the
+    deadline goes only on a JobSet whose first rule for a Job past its deadline fails it."""
+    runtime = builders.build_training_runtime(example("qwen3-4b-full.yaml"), SETTINGS)
+    ours = {"spec": runtime["spec"]["template"]["spec"]}
+    assert builders.fails_on_deadline(ours)
+
+    def jobset(*rules: dict[str, Any]) -> dict[str, Any]:
+        return {"spec": {"failurePolicy": {"rules": list(rules)}}}
+
+    permanent, retryable = ours["spec"]["failurePolicy"]["rules"][1:]
+    assert not builders.fails_on_deadline(jobset(permanent, retryable))  # an older kubetune's runtime
+    assert not builders.fails_on_deadline({"spec": {}})  # no policy: fails, but kubetune's always has one
+    assert not builders.fails_on_deadline(
+        jobset(retryable, builders.DEADLINE_RULE)
+    )  # the restart comes first
+    other_step = {**builders.DEADLINE_RULE, "targetReplicatedJobs": ["dataset-initializer"]}
+    assert not builders.fails_on_deadline(jobset(other_step, retryable))
+    maybe = {**builders.DEADLINE_RULE, "onJobFailureMessagePatterns": ["never"]}
+    assert not builders.fails_on_deadline(jobset(maybe, retryable))
+    assert builders.fails_on_deadline(jobset(maybe, builders.DEADLINE_RULE, retryable))

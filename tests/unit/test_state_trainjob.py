@@ -214,16 +214,203 @@ def test_suspend_flips_the_trainjobs_own_field() -> None:
     assert children.sync_suspend(kube, held, parse_job(manifest())) is held and kube.patches == []
 
 
-def test_the_budget_deadline_is_not_set_on_a_trainjob() -> None:
-    """Trainer v2.2 makes ``activeDeadlineSeconds`` immutable: nothing is patched."""
+class DeadlineKube:
+    """The API server of a TrainJob's deadline: its JobSet and training Job as the controllers wrote
+    them; the gets and patches sent."""
+
+    def __init__(self, jobset: dict[str, Any] | None, step: dict[str, Any] | None) -> None:
+        self.objects = {"JobSet": jobset, "Job": step}
+        self.gets: list[str] = []
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    def get(self, _api: str, kind: str, _ns: str, name: str) -> dict[str, Any] | None:
+        self.gets.append(f"{kind} {name}")
+        return self.objects[kind]
+
+    def patch(self, _api: str, kind: str, _ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append((f"{kind} {name}", body))
+        if kind == "TrainJob":
+            live = running_trainjob()
+            live["metadata"]["annotations"] = body["metadata"]["annotations"]
+            return live
+        return {}
+
+
+def running_trainjob() -> dict[str, Any]:
+    live = trainjob(active=1, ready=1)
+    live["metadata"]["namespace"] = "ml"
+    return live
+
+
+def ours_jobset() -> dict[str, Any]:
+    from kubetune_api.spec import parse_job
+
+    runtime = builders.build_training_runtime(parse_job(manifest()), Settings.from_env({}))
+    return {"spec": runtime["spec"]["template"]["spec"]}
+
+
+def step_job(started: str | None, uid: str = "uid-step", **more: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {"active": 1}
+    if started:
+        status["startTime"] = started
+    meta = {"name": "j-train-node-0", "uid": uid, "labels": {"jobset.sigs.k8s.io/jobset-name": "j-train"}}
+    return {
+        "metadata": {**meta, **more.pop("metadata", {})},
+        "spec": {"suspend": False},
+        "status": status,
+        **more,
+    }
+
+
+def job_condition_failed() -> dict[str, Any]:
+    return {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+
+
+def test_the_budget_deadline_goes_on_the_trainjobs_training_job_counting_the_wait() -> None:
+    """The Job controller counts activeDeadlineSeconds from the Job's startTime, waiting for GPUs
+    included: set once the pods run, as the time waited plus the budget's deadline, on that Job (by
+    its uid); the TrainJob records the attempt, so the next pass reads nothing."""
+    from datetime import UTC, datetime, timedelta
+
+    from kubetune_api.spec import parse_job
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    started = (now - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    job = parse_job(manifest(budget={"maxDuration": "1h"}))
+    kube = DeadlineKube(ours_jobset(), step_job(started))
+    live = children.sync_deadline(kube, running_trainjob(), job, now)  # type: ignore[arg-type]
+    (step, body), (tj, mark) = kube.patches
+    assert (step, tj) == ("Job j-train-node-0", "TrainJob j-train")
+    assert body == {
+        "metadata": {"uid": "uid-step", "annotations": {builders.ANNOTATION_DEADLINE_FOR: started}},
+        "spec": {"activeDeadlineSeconds": 600 + 3600 + 900},
+    }
+    assert mark == {
+        "metadata": {"annotations": {builders.ANNOTATION_DEADLINE_FOR: "attempt 0 resumed never"}}
+    }
+    kube.gets.clear()
+    assert children.sync_deadline(kube, live, job, now) is live  # type: ignore[arg-type]
+    assert kube.gets == [] and len(kube.patches) == 2
+
+
+def test_the_trainjob_deadline_is_set_again_for_each_attempt() -> None:
+    """A JobSet restart makes a new Job (the same name, a new uid and startTime), and a resume
+    resets the Job's startTime: each attempt gets the deadline from its own start; a Job already set
+    for its start (the TrainJob's mark lost) is left as it is."""
+    from datetime import UTC, datetime, timedelta
+
+    from kubetune_api.spec import parse_job
+    from kubetune_api.status import FineTuneJobStatus, TrainingRestarts
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    job = parse_job(manifest(budget={"maxDuration": "1h"}))
+    done = running_trainjob()
+    done["metadata"]["annotations"] = {builders.ANNOTATION_DEADLINE_FOR: "attempt 0 resumed never"}
+    # restarted by JobSet: the operator counted it; the new Job started a minute ago
+    job.status = FineTuneJobStatus(trainingRestarts=TrainingRestarts(total=1, jobSetRestarts=1))
+    again = (now - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kube = DeadlineKube(ours_jobset(), step_job(again, uid="uid-step-2"))
+    children.sync_deadline(kube, done, job, now)  # type: ignore[arg-type]
+    assert kube.patches[0][1]["spec"] == {"activeDeadlineSeconds": 60 + 4500}
+    assert kube.patches[0][1]["metadata"]["uid"] == "uid-step-2"
+    assert kube.patches[1][1]["metadata"]["annotations"][builders.ANNOTATION_DEADLINE_FOR] == (
+        "attempt 1 resumed never"
+    )
+    # resumed (Trainer's Suspended condition turned False): a new attempt; this Job was already set
+    resumed = running_trainjob()
+    resumed["status"]["conditions"] = [
+        {
+            "type": "Suspended",
+            "status": "False",
+            "reason": "Resumed",
+            "lastTransitionTime": "2026-12-01T11:59:00Z",
+        }
+    ]
+    resumed["metadata"]["annotations"] = {builders.ANNOTATION_DEADLINE_FOR: "attempt 1 resumed never"}
+    set_for = step_job(again, metadata={"annotations": {builders.ANNOTATION_DEADLINE_FOR: again}})
+    kube = DeadlineKube(ours_jobset(), set_for)
+    children.sync_deadline(kube, resumed, job, now)  # type: ignore[arg-type]
+    assert [(what, body["metadata"]["annotations"]) for what, body in kube.patches] == [
+        ("TrainJob j-train", {builders.ANNOTATION_DEADLINE_FOR: "attempt 1 resumed 2026-12-01T11:59:00Z"})
+    ]
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        None,  # not made yet
+        step_job(None),  # not started (suspended with its JobSet)
+        step_job("2026-12-01T11:00:00Z", metadata={"deletionTimestamp": "2026-12-01T11:59:00Z"}),  # a restart
+        {**step_job("2026-12-01T11:00:00Z"), "status": {"startTime": "x", **job_condition_failed()}},
+    ],
+    ids=["absent", "not-started", "being-deleted", "failed"],
+)
+def test_the_trainjob_deadline_waits_for_its_running_job(step: dict[str, Any] | None) -> None:
     from datetime import UTC, datetime
 
     from kubetune_api.spec import parse_job
 
-    live = {**trainjob(active=1), "metadata": {"name": "j-train", "namespace": "ml"}}
-    live["status"]["startTime"] = "2026-12-01T00:00:00Z"
-    job = parse_job(manifest(budget={"maxGpuHours": 1}))
-    assert children.sync_deadline(None, live, job, datetime.now(UTC)) is live  # type: ignore[arg-type]
+    kube = DeadlineKube(ours_jobset(), step)
+    live = running_trainjob()
+    job = parse_job(manifest(budget={"maxDuration": "1h"}))
+    assert children.sync_deadline(kube, live, job, datetime.now(UTC)) is live  # type: ignore[arg-type]
+    assert kube.patches == []
+
+
+def test_no_deadline_on_a_trainjob_whose_jobset_would_restart_past_it() -> None:
+    """A runtime an older kubetune made has no deadline rule: JobSet's catch-all would restart a Job
+    past its deadline without end, so none is set; the TrainJob is marked, so the next pass reads
+    nothing. No budget: nothing read at all."""
+    from datetime import UTC, datetime
+
+    from kubetune_api.spec import parse_job
+
+    older = ours_jobset()
+    older["spec"]["failurePolicy"]["rules"] = older["spec"]["failurePolicy"]["rules"][1:]
+    kube = DeadlineKube(older, step_job("2026-12-01T11:00:00Z"))
+    job = parse_job(manifest(budget={"maxDuration": "1h"}))
+    now = datetime.now(UTC)
+    live = children.sync_deadline(kube, running_trainjob(), job, now)  # type: ignore[arg-type]
+    assert [what for what, _ in kube.patches] == ["TrainJob j-train"]
+    kube.gets.clear()
+    assert children.sync_deadline(kube, live, job, now) is live  # type: ignore[arg-type]
+    assert kube.gets == []
+    unbudgeted = running_trainjob()
+    assert children.sync_deadline(kube, unbudgeted, parse_job(manifest()), now) is unbudgeted  # type: ignore[arg-type]
+    assert kube.gets == []
+
+
+def test_a_training_job_past_its_deadline_fails_deadline_exceeded() -> None:
+    """What the real controllers write: the Job controller fails the Job (reason DeadlineExceeded),
+    JobSet fails the JobSet by kubetune's rule, and Trainer copies only JobSet's words onto the
+    TrainJob: the reason comes from the Job, the message in the PyTorchJob's shape."""
+    failed = observations.trainjob_observation(
+        trainjob(("Failed", "True", "FailJobSetFailurePolicyAction"), active=0)
+    )
+    past = step_job("2026-12-01T11:00:00Z", spec={"activeDeadlineSeconds": 4560})
+    past["status"]["conditions"] = [
+        {
+            "type": "Failed",
+            "status": "True",
+            "reason": "DeadlineExceeded",
+            "message": "Job was active longer than specified deadline",
+        }
+    ]
+    # the pod the Job controller stopped saved and exited 143 on SIGTERM: not the cause
+    got = training_failures.training_failure(failed, [], builders.TRAINJOB_CONTAINER, step_job=past)
+    assert got is not None and got.reason == Failure.DEADLINE_EXCEEDED
+    assert got.message == (
+        "TrainJob j-train has failed because its Job j-train-node-0 was active longer than specified "
+        "deadline (4560 s from its start)"
+    )
+    # another failure of the Job: the pods say why
+    other = step_job("2026-12-01T11:00:00Z")
+    other["status"].update(job_condition_failed())
+    assert training_failures.training_failure(failed, [], builders.TRAINJOB_CONTAINER, step_job=other) is None
+    # the TrainJob's own spec.activeDeadlineSeconds (kubetune sets none; Trainer v2.2's reason)
+    own = observations.trainjob_observation(trainjob(("Failed", "True", "DeadlineExceeded")))
+    got = training_failures.training_failure(own, [], builders.TRAINJOB_CONTAINER)
+    assert got is not None and got.reason == Failure.DEADLINE_EXCEEDED
 
 
 def test_the_training_child_on_trainjob_is_the_runtime_then_the_trainjob() -> None:
