@@ -142,3 +142,22 @@ def test_the_shipped_pairs_are_prepared_and_reported(tmp_path: Path, tiny_model:
     assert found is not None and found.format == "preference"
     kept = load_from_disk(str(found.train_dir))
     assert kept.column_names == ["prompt", "chosen", "rejected"] and len(kept) == 160
+
+
+def test_the_rewards_reach_status_progress_and_a_non_finite_one_is_removed() -> None:
+    from kubetune_api.status import FineTuneJobStatus
+    from kubetune_trainer.training.progress import ProgressReporter
+
+    sent: list[dict[str, Any]] = []
+    reporter = ProgressReporter(sent.append, total_steps=10)
+    reporter.on_log({"loss": 0.69, "rewards/margins": 0.01234567, "rewards/accuracies": 0.75}, None)
+    reporter.on_log({"eval_loss": 0.5, "eval_rewards/margins": 1.5, "eval_rewards/accuracies": 1.0}, None)
+    reporter.on_step(2, 0.1)
+    progress = sent[-1]["status"]["progress"] if "status" in sent[-1] else sent[-1]["progress"]
+    assert progress["rewardMargin"] == 0.01235 and progress["rewardAccuracy"] == 0.75
+    assert progress["evalRewardMargin"] == 1.5 and progress["evalRewardAccuracy"] == 1.0
+    FineTuneJobStatus.model_validate({"progress": progress})  # the status schema has the fields
+    reporter.on_log({"rewards/margins": float("nan")}, None)
+    reporter.report(force=True)
+    progress = sent[-1]["status"]["progress"] if "status" in sent[-1] else sent[-1]["progress"]
+    assert progress["rewardMargin"] is None
