@@ -75,3 +75,24 @@ def test_the_training_hash_tells_objectives_and_betas_apart(tmp_path: Path) -> N
 def test_a_refusal_names_the_field_and_what_it_needs(extra: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         FineTuneJobSpec.model_validate(_spec(**extra))
+
+
+def test_the_sft_dpo_chain_example_renders_each_job_with_its_objective() -> None:
+    """examples/sft-dpo-chain.yaml (in the admission table's valid cases) rendered as the operator
+    renders it: the DPO job's trainer config holds its objective and beta, the SFT job's the default."""
+    import yaml
+
+    from kubetune_api.spec import parse_job
+    from kubetune_operator import builders
+    from kubetune_operator.settings import Settings
+
+    docs = list(
+        yaml.safe_load_all((Path(__file__).resolve().parents[2] / "examples/sft-dpo-chain.yaml").read_text())
+    )
+    sft, dpo = (parse_job(d) for d in docs)
+    assert dpo.spec.model.from_job is not None and dpo.spec.model.from_job.name == sft.metadata.name
+    for job, objective in ((sft, "sft"), (dpo, "dpo")):
+        config = yaml.safe_load(builders.build_config_map(job, Settings())["data"]["config.yaml"])
+        assert config["spec"]["objective"] == objective
+        assert builders.build_pytorchjob(job, Settings())["metadata"]["name"] == f"{job.metadata.name}-train"
+    assert config["spec"]["preference"] == {"beta": 0.1}
