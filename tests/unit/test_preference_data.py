@@ -161,3 +161,15 @@ def test_the_rewards_reach_status_progress_and_a_non_finite_one_is_removed() -> 
     reporter.report(force=True)
     progress = sent[-1]["status"]["progress"] if "status" in sent[-1] else sent[-1]["progress"]
     assert progress["rewardMargin"] is None
+
+
+def test_the_plan_reads_a_preference_job_without_packing_liger_or_compilation() -> None:
+    from kubetune_api.spec import FineTuneJobSpec, Toggle
+    from kubetune_trainer.plan.plan import training_of
+
+    base = {"model": {"name": "Qwen/Qwen2-0.5B"}, "dataset": {"name": "d"}, "training": {"maxSteps": 5}}
+    sft = FineTuneJobSpec.model_validate(base)
+    assert training_of(sft) is sft.training and sft.training.packing and sft.training.liger
+    for objective in ("dpo", "orpo"):
+        planned = training_of(FineTuneJobSpec.model_validate({**base, "objective": objective}))
+        assert (planned.packing, planned.liger, planned.torch_compile) == (False, False, Toggle.NEVER)

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kubetune_api.rules import ALL_LINEAR
-from kubetune_api.spec import Method, Objective, Toggle
+from kubetune_api.spec import Method, Objective
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_api.tuning import TuningConfig
 
 from .. import settings
-from ..plan.plan import ModelShape, shape_from_config
+from ..plan.plan import ModelShape, shape_from_config, training_of
 from ..sources.data import check_raw_data, raw_datasets
 from ..sources.data_check import DataCheck
 from ..sources.model import model_source
@@ -128,13 +128,8 @@ def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tupl
 
 
 def plan_training(cfg: TrainerConfig) -> Any:
-    """spec.training as the plan reads it: for preference pairs (objective dpo or orpo) without packing,
-    Liger or compiled layers, which are SFT's (TRL's preference trainers pad pairs, and take the logits
-    of both answers from the model's own head)."""
-    t = cfg.spec.training
-    if not cfg.spec.prefers:
-        return t
-    return t.model_copy(update={"packing": False, "liger": False, "torch_compile": Toggle.NEVER})
+    """spec.training as the plan reads it (:func:`..plan.plan.training_of`: no packing for pairs)."""
+    return training_of(cfg.spec)
 
 
 # long: one TRL argument list, each argument beside the reason it has that value
