@@ -54,6 +54,9 @@ class Refusal(StrEnum):
     MODEL_GATED = "ModelGated"
     DOES_NOT_FIT = "DoesNotFit"
     QUANTIZATION_NOT_SUPPORTED = "QuantizationNotSupported"
+    PREFERENCE_COLUMNS = "PreferenceColumns"
+    IDENTICAL_ANSWERS = "IdenticalAnswers"
+    PROMPT_TRUNCATED = "PromptTruncated"
 
 
 # What to do when QLoRA cannot run where the job asks (a preparation refusal, and the trainer's failure).
@@ -84,6 +87,13 @@ HINTS: dict[Refusal, str] = {
     Refusal.DOES_NOT_FIT: "the estimate does not fit the GPU's memory: the message says what would fit "
     "(a smaller spec.training.tokensPerStep, more GPUs, or method: lora instead of full)",
     Refusal.QUANTIZATION_NOT_SUPPORTED: QLORA_HINT,
+    Refusal.PREFERENCE_COLUMNS: "preference tuning (spec.objective dpo or orpo) reads the columns prompt, "
+    "chosen and rejected (strings, or lists of chat messages): rename the data's columns to them, or set "
+    "spec.objective sft for SFT data",
+    Refusal.IDENTICAL_ANSWERS: "a pair whose chosen and rejected answers are the same carries no preference: "
+    "drop such rows, or fix the answer that was meant to differ (the message names the first)",
+    Refusal.PROMPT_TRUNCATED: "prompts that take spec.training.maxLength tokens leave no room for the answers "
+    "(TRL would drop or blank those pairs): raise maxLength, or shorten or drop those prompts",
 }
 
 

@@ -397,6 +397,87 @@ def _lora_rules() -> list[Rule]:
     ]
 
 
+_PREFERS_CEL = "self.objective != 'sft'"
+_PAIRS = "spec.objective dpo and orpo train on preference pairs (the data's prompt, chosen and rejected)"
+
+
+def _prefers(spec: dict[str, Any]) -> bool:
+    return spec.get("objective", "sft") != "sft"
+
+
+def _preference_rules() -> list[Rule]:
+    """spec.objective dpo and orpo: preference pairs as they are named, and no SFT-only setting that
+    would do nothing for them (packing, a default, is documented as SFT's instead)."""
+    data = [
+        (
+            "format",
+            "self.dataset.format == 'auto'",
+            "spec.dataset.format must be auto (pairs are found by their columns)",
+            lambda d: d.get("format", "auto") == "auto",
+        ),
+        (
+            "layout",
+            "self.dataset.layout == 'native'",
+            "spec.dataset.layout must be native (sharegpt and alpaca are SFT conversations)",
+            lambda d: d.get("layout", "native") == "native",
+        ),
+        (
+            "columns",
+            "!has(self.dataset.columns)",
+            "spec.dataset.columns is not used: the columns are prompt, chosen and rejected as named",
+            lambda d: not _has(d, "columns"),
+        ),
+        (
+            "roles",
+            "!has(self.dataset.roles)",
+            "spec.dataset.roles is not used: conversational pairs need "
+            "the chat roles system, user, assistant or tool",
+            lambda d: not _has(d, "roles"),
+        ),
+        (
+            "systemPrompt",
+            "!has(self.dataset.systemPrompt)",
+            "spec.dataset.systemPrompt is not used: put a system turn in the prompt instead",
+            lambda d: not _has(d, "systemPrompt"),
+        ),
+    ]
+    return [
+        Rule(
+            ("spec",),
+            f"!has(self.preference) || {_PREFERS_CEL}",
+            "spec.preference is only used with objective dpo or orpo",
+            lambda s: not _has(s, "preference") or _prefers(s),
+            field=".preference",
+        ),
+        *(
+            Rule(
+                ("spec",),
+                f"!({_PREFERS_CEL}) || {cel}",
+                f"{_PAIRS}: {what}",
+                lambda s, ok=ok: not _prefers(s) or ok(s["dataset"]),
+                field=f".dataset.{name}",
+            )
+            for name, cel, what, ok in data
+        ),
+        Rule(
+            ("spec",),
+            f"!({_PREFERS_CEL}) || !self.training.assistantOnlyLoss",
+            f"spec.training.assistantOnlyLoss is SFT's: {_PAIRS} and score the whole chosen and rejected "
+            "answers",
+            lambda s: not _prefers(s) or not s["training"]["assistantOnlyLoss"],
+            field=".training.assistantOnlyLoss",
+        ),
+        Rule(
+            ("spec",),
+            f"!({_PREFERS_CEL}) || !has(self.training.tokensPerStep)",
+            "spec.training.tokensPerStep is packing's, and preference pairs (objective dpo and orpo) are padded, "
+            "never packed: set batchSize instead",
+            lambda s: not _prefers(s) or not _has(s["training"], "tokensPerStep"),
+            field=".training.tokensPerStep",
+        ),
+    ]
+
+
 def _unchanged_cel(steps: tuple[tuple[str, bool], ...], under: str = "") -> str:
     """CEL: the field at ``steps`` (wire names below spec, each with whether it is required) is the
     same in ``self`` and ``oldSelf``. A transition rule on the field itself would run only when both
@@ -521,6 +602,7 @@ def object_rules() -> tuple[Rule, ...]:
         *credential_shape_rules(),
         *_spec_rules(),
         *_lora_rules(),
+        *_preference_rules(),
         *lineage_rules(),
         *ignored_rules(),
     )

@@ -72,6 +72,16 @@ class Method(StrEnum):
     FULL = "full"
 
 
+class Objective(StrEnum):
+    """What training optimises: the likelihood of example answers (sft), or a preference for one answer
+    over another to the same prompt (dpo: against a reference model; orpo: no reference, an odds-ratio
+    term beside the chosen answer's own loss)."""
+
+    SFT = "sft"
+    DPO = "dpo"
+    ORPO = "orpo"
+
+
 class Quantization(StrEnum):
     """How a LoRA job holds its frozen base weights: as loaded (none), or in 4-bit NormalFloat (QLoRA)."""
 
@@ -324,6 +334,16 @@ class LoraSpec(ApiModel):
     )
 
 
+class PreferenceSpec(ApiModel):
+    """Preference tuning settings (objective: dpo or orpo); the defaults are TRL's."""
+
+    beta: Annotated[float, Field(gt=0, le=100)] = Field(
+        default=0.1,
+        description="dpo: how far the model may move from the reference model (higher: closer to it); orpo: "
+        "the weight of the odds-ratio term beside the chosen answer's loss (the paper's lambda).",
+    )
+
+
 class LossWatchdog(ApiModel):
     """Stop a run whose loss diverged (LossDiverged) instead of letting it burn GPU-hours to the end."""
 
@@ -403,7 +423,8 @@ class TrainingSpec(ApiModel):
     )
     packing: bool = Field(
         default=True,
-        description="Padding-free packing: no pad tokens, no attention across examples (varlen attention).",
+        description="Padding-free packing: no pad tokens, no attention across examples (varlen attention). "
+        "SFT only: preference pairs (objective dpo or orpo) are padded, never packed.",
     )
     torch_compile: Toggle = Field(
         default=Toggle.AUTO,
@@ -723,6 +744,16 @@ class FineTuneJobSpec(ApiModel):
 
     model: ModelSource = Field(description="Base model to fine-tune.")
     dataset: DatasetSource = Field(description="Training (and evaluation) data.")
+    objective: Objective = Field(
+        default=Objective.SFT,
+        description="What training optimises: sft (the data's answers), or preference tuning on pairs of a "
+        "chosen and a rejected answer to one prompt: dpo (Direct Preference Optimization, against a reference "
+        "model: the base with the adapter off under lora, a frozen copy under full) or orpo (Odds-Ratio "
+        "Preference Optimization, no reference model). Independent of method and of QLoRA.",
+    )
+    preference: PreferenceSpec | None = Field(
+        default=None, description="Preference tuning settings; only with objective dpo or orpo."
+    )
     method: Method = Field(default=Method.LORA, description="lora (adapter) or full (all weights).")
     lora: LoraSpec | None = Field(default=None, description="LoRA settings; only with method: lora.")
     training: TrainingSpec = Field(description="Hyperparameters; set exactly one of epochs or maxSteps.")
@@ -775,6 +806,14 @@ class FineTuneJobSpec(ApiModel):
 
     def lora_settings(self) -> LoraSpec:
         return self.lora or LoraSpec()
+
+    def preference_settings(self) -> PreferenceSpec:
+        return self.preference or PreferenceSpec()
+
+    @property
+    def prefers(self) -> bool:
+        """Preference tuning (objective dpo or orpo): the data are pairs of a chosen and a rejected answer."""
+        return self.objective != Objective.SFT
 
 
 # --- the whole object -----------------------------------------------------------------------------

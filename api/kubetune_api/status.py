@@ -159,6 +159,22 @@ class Progress(ApiModel):
         description="The base model's eval loss, measured before the first step (registration.gate "
         "minImprovement); status.evaluation repeats it with the gate's verdict.",
     )
+    reward_margin: float | None = Field(
+        default=None,
+        description="Preference tuning (objective dpo or orpo): the latest logged mean of the chosen answer's "
+        "reward minus the rejected one's, on training pairs (TRL's rewards/margins).",
+    )
+    reward_accuracy: float | None = Field(
+        default=None,
+        description="Preference tuning: the latest logged share of training pairs whose chosen answer has the "
+        "higher reward (TRL's rewards/accuracies; 0.5 is chance).",
+    )
+    eval_reward_margin: float | None = Field(
+        default=None, description="Preference tuning: the reward margin at the latest evaluation."
+    )
+    eval_reward_accuracy: float | None = Field(
+        default=None, description="Preference tuning: the reward accuracy at the latest evaluation."
+    )
     tokens_per_second: float | None = Field(
         default=None, description="Training tokens per second (all GPUs)."
     )

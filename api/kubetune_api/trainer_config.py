@@ -181,6 +181,10 @@ class TrainerConfig(ApiModel):
         }
         if spec.method == "lora":
             parts["lora"] = dump(spec.lora_settings())
+        if spec.prefers:
+            # SFT's hash stays as it was; a preference objective is other weights
+            parts["objective"] = str(spec.objective)
+            parts["preference"] = dump(spec.preference_settings())
         parent = self.parent
         if spec.model.registered:
             # the version the alias resolved to, once, as the volume records it

@@ -2,16 +2,21 @@
 LoRA adapter. B waits while A trains, then its preparation and training pods read A's checkpoint
 volume (mounted read-only), and B registers a model whose lineage names A.
 
+The same chain with preference tuning (issue 34 item 1): DPO with LoRA on the model an SFT job
+trained, its reward margin rising in status.progress and MLflow.
+
 The tiny model on CPU, as test_real_controllers.py runs it, on both engines.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from tests.cluster.conftest import tiny_job, wait_for
+from kubetune_trainer.tiny_data import preference_pairs, write_jsonl
+from tests.cluster.conftest import TESTDATA_DIR, tiny_job, wait_for
 from tests.cluster.test_real_controllers import (
     ENGINES,
     TRAIN_TIMEOUT,
@@ -81,3 +86,45 @@ def chained(cluster: Cluster, mlflow_server: MlflowServer, ns: str, engine: str)
     run = MlflowClient(tracking_uri=mlflow_server.uri).get_run(version.run_id)
     tags = {**run.data.tags, **(version.tags or {})}
     assert tags.get("kubetune.parent.job") == "chain-a", tags
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_dpo_on_the_model_an_sft_job_trained_raises_the_reward_margin(
+    cluster: Cluster, mlflow_server: MlflowServer, ns: str, operator: OperatorProcess, engine: str
+) -> None:
+    """issue 34 item 1: SFT, then DPO with LoRA from its model (fromJob), through the real controllers.
+    The pairs are 16 of the tiny ones, evaluated on themselves (a tiny random model learns the pairs it
+    has seen, not new ones): the reward margin rises from 0 (the policy is its reference at the first
+    step) and reaches status.progress and MLflow."""
+    pairs = cluster.image_files[TESTDATA_DIR] / "pairs16"
+    for split in ("train", "test"):
+        write_jsonl(preference_pairs(16), pairs / f"{split}.jsonl")
+    for p in [pairs, *pairs.rglob("*")]:
+        p.chmod(p.stat().st_mode | 0o055)
+    with explained(cluster, ns, engine):
+        dpo = tiny_job(
+            "pref-dpo",
+            ns,
+            **on(engine),
+            model={"fromJob": {"name": "pref-sft"}},
+            objective="dpo",
+            dataset={"path": f"{TESTDATA_DIR}/pairs16", "evalSplit": "test"},
+        )
+        apply_job(cluster, dpo)
+        apply_job(cluster, tiny_job("pref-sft", ns, **on(engine)))
+        wait_phase(cluster, ns, "pref-sft", "Succeeded")
+        b = wait_phase(cluster, ns, "pref-dpo", "Succeeded", timeout=TRAIN_TIMEOUT)
+        assert b["parent"]["job"] == "pref-sft"
+        progress = b["progress"]
+        assert progress["evalRewardAccuracy"] > 0.5 and progress["evalRewardMargin"] > 0.5, progress
+
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=mlflow_server.uri)
+        run_id = b["mlflow"]["runId"]
+        margins = [
+            m.value
+            for m in sorted(client.get_metric_history(run_id, "rewards_margins"), key=lambda m: m.step)
+        ]
+        assert margins and abs(margins[0]) < 1e-6 and max(margins) > 0.5, json.dumps(margins)
+        assert versions(mlflow_server, f"{ns}-pref-dpo"), "the DPO model is registered"

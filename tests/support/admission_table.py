@@ -61,9 +61,14 @@ def _layout(layout: str, **fields: Any) -> Change:
     return {"spec.dataset.layout": layout, **{f"spec.dataset.{k}": v for k, v in fields.items()}}
 
 
-def _example_spec(name: str) -> Change:
-    """The whole spec of examples/<name> in place of the base's."""
-    return {"spec": yaml.safe_load((EXAMPLES / name).read_text())["spec"]}
+def _example_spec(name: str, document: int = 0) -> Change:
+    """The whole spec of examples/<name> (its document-th job) in place of the base's."""
+    return {"spec": list(yaml.safe_load_all((EXAMPLES / name).read_text()))[document]["spec"]}
+
+
+def _prefer(objective: str = "dpo", **fields: Any) -> Change:
+    """Preference tuning on the base: pairs found by their columns (format auto)."""
+    return {"spec.objective": objective, "spec.dataset.format": "auto", **fields}
 
 
 def _lora(**fields: Any) -> Change:
@@ -826,6 +831,33 @@ INVALID: list[Case] = [
     _C("model-null", {"spec.model": None}, "spec.model"),
     _C("name-too-long", {"metadata.name": "a" * 41}, "metadata.name"),
     _C("name-starts-with-digit", {"metadata.name": "1st-job"}, "metadata.name"),
+    # --- preference tuning (issue 34 item 1): pairs as named, nothing of SFT's that would do nothing ---
+    _C("objective-unknown", _prefer("kto"), "spec.objective"),
+    _C("objective-uppercase", _prefer("DPO"), "spec.objective"),
+    _C("preference-with-sft", {"spec.preference": {"beta": 0.1}}, "spec.preference"),
+    _C("preference-beta-zero", _prefer(**{"spec.preference": {"beta": 0}}), "spec.preference.beta"),
+    _C(
+        "dpo-format-messages",
+        {"spec.objective": "dpo", "spec.dataset.format": "messages"},
+        "spec.dataset.format",
+    ),
+    _C("orpo-format-text", _prefer("orpo", **{"spec.dataset.format": "text"}), "spec.dataset.format"),
+    _C("dpo-layout-sharegpt", _prefer(**{"spec.dataset.layout": "sharegpt"}), "spec.dataset.layout"),
+    _C("dpo-columns", _prefer(**{"spec.dataset.columns": {"prompt": "question"}}), "spec.dataset.columns"),
+    _C("dpo-roles", _prefer(**{"spec.dataset.roles": {"human": "user"}}), "spec.dataset.roles"),
+    _C(
+        "orpo-system-prompt",
+        _prefer("orpo", **{"spec.dataset.systemPrompt": "Be brief."}),
+        "spec.dataset.systemPrompt",
+    ),
+    _C(
+        "dpo-assistant-only-loss",
+        _prefer(**{"spec.training.assistantOnlyLoss": True}),
+        "spec.training.assistantOnlyLoss",
+    ),
+    _C(
+        "dpo-tokens-per-step", _prefer(**{"spec.training.tokensPerStep": 8192}), "spec.training.tokensPerStep"
+    ),
     # the training engine: one kubetune runs on (issue 31), spelt as the kind
     _C("engine-unknown", {"spec.engine": "MPIJob"}, "spec.engine"),
     _C("engine-lowercase", {"spec.engine": "trainjob"}, "spec.engine"),
@@ -838,6 +870,16 @@ VALID: list[Case] = [
     _C("example-qwen3-4b-dora", _example_spec("qwen3-4b-dora.yaml"), ""),
     _C("example-qwen3-4b-qlora-24gb", _example_spec("qwen3-4b-qlora-24gb.yaml"), ""),
     _C("lora-all-linear", _lora(targetModules=["all-linear"]), ""),
+    # preference tuning (issue 34 item 1): the SFT -> DPO chain whole, each objective with each method
+    _C("example-sft-dpo-chain-sft", _example_spec("sft-dpo-chain.yaml", 0), ""),
+    _C("example-sft-dpo-chain-dpo", _example_spec("sft-dpo-chain.yaml", 1), ""),
+    _C("dpo-full", _prefer(), ""),
+    _C("orpo-full-beta", _prefer("orpo", **{"spec.preference": {"beta": 0.25}}), ""),
+    _C("dpo-lora", {**_prefer(), **_lora(r=16)}, ""),
+    _C("dpo-qlora", {**_prefer(), **_lora(quantization="nf4")}, ""),
+    _C("orpo-dora", {**_prefer("orpo"), **_lora(dora=True)}, ""),
+    _C("sft-objective-explicit", {"spec.objective": "sft"}, ""),
+    _C("dpo-packing-default", _prefer(**{"spec.training.packing": True}), ""),
     _C("lora-dora", _lora(dora=True), ""),
     _C("lora-rslora", _lora(rsLora=True, r=256, alpha=16), ""),
     _C("qlora-dora", _lora(quantization="nf4", dora=True), ""),

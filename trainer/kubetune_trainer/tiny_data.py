@@ -7,6 +7,11 @@ and nothing is downloaded. The facts are simple and regular on purpose: a tiny r
 learn them in a few hundred CPU steps, so a falling loss is a real signal.
 
     python -m kubetune_trainer.tiny_data --out examples/data/tiny-chat.jsonl   # regenerate the file
+    python -m kubetune_trainer.tiny_data --preference --out examples/data/tiny-preference.jsonl
+
+The preference pairs (:func:`preference_pairs`, for DPO and ORPO) ask the same questions; the chosen
+answer is the right one, the rejected one a right answer to another question of the same kind ("3 plus
+4 is 9."), so the words are all the tokenizer's and only the preference is new.
 
 >>> rows = conversations(count=3, seed=0)
 >>> [m["role"] for m in rows[0]["messages"]][-2:]
@@ -26,6 +31,8 @@ from typing import Any
 DEFAULT_COUNT = 320
 DEFAULT_SEED = 1234
 FILE_NAME = "tiny-chat.jsonl"
+PREFERENCE_FILE_NAME = "tiny-preference.jsonl"
+PREFERENCE_COUNT = 160
 
 _NUMBER_WORDS = [
     "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
@@ -155,6 +162,35 @@ def conversations(count: int = DEFAULT_COUNT, seed: int = DEFAULT_SEED) -> list[
     return rows
 
 
+def preference_pairs(
+    count: int = PREFERENCE_COUNT, seed: int = DEFAULT_SEED, *, conversational: bool = True
+) -> list[dict[str, Any]]:
+    """``count`` rows ``{"prompt", "chosen", "rejected"}``: chat turns (``conversational``) or strings.
+    Greetings are left out: their few answers make too many pairs with no wrong one."""
+    rng = random.Random(seed)
+    kinds = [k for k in _KINDS if k is not _greeting]
+    rows: list[dict[str, Any]] = []
+    while len(rows) < count:
+        kind = rng.choice(kinds)
+        question, answer = kind(rng)
+        wrong = next((a for _, a in (kind(rng) for _ in range(20)) if a != answer), None)
+        if wrong is None:
+            continue
+        if conversational:
+            rows.append(
+                {
+                    "prompt": [{"role": "user", "content": question}],
+                    "chosen": [{"role": "assistant", "content": answer}],
+                    "rejected": [{"role": "assistant", "content": wrong}],
+                }
+            )
+        else:
+            rows.append(
+                {"prompt": f"Question: {question}\nAnswer:", "chosen": f" {answer}", "rejected": f" {wrong}"}
+            )
+    return rows
+
+
 def write_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -181,11 +217,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     p.add_argument("--count", type=int, default=DEFAULT_COUNT)
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--preference", action="store_true", help="preference pairs (DPO, ORPO) instead of chats")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.preference:
+        count = args.count if args.count != DEFAULT_COUNT else PREFERENCE_COUNT
+        path = write_jsonl(preference_pairs(count, args.seed), args.out)
+        print(f"wrote {count} preference pairs to {path}")
+        return 0
     path = write_jsonl(conversations(args.count, args.seed), args.out)
     print(f"wrote {args.count} conversations to {path}")
     return 0

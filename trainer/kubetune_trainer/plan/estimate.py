@@ -34,6 +34,7 @@ from .plan import (
     method_of,
     peak_bf16_flops,
     qlora_refusal,
+    training_of,
 )
 
 ASSUMED_PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -162,7 +163,7 @@ def _plan(
     (:func:`~.plan.make_plan`'s ``lora``, ``nf4``, ``dora``). QLoRA on a product older than Ampere:
     :class:`~.plan.MethodNotSupported`, as the trainer would raise on it."""
     hw, product, assumed = gpu_hardware(cfg.spec.resources.gpu_product, world)
-    plan = make_plan(cfg.spec.training, hw, shape=shape, **(method or method_of(cfg.spec)))
+    plan = make_plan(training_of(cfg.spec), hw, shape=shape, **(method or method_of(cfg.spec)))
     return plan, hw, product, assumed
 
 

@@ -551,6 +551,17 @@ class MethodArgs(TypedDict, total=False):
     dora: bool
 
 
+def training_of(spec: Any) -> TrainingSpec:
+    """spec.training as the plan reads it: for preference pairs (objective dpo or orpo) without packing,
+    Liger or compiled layers, which are SFT's (TRL's preference trainers pad the pairs and take both
+    answers' logits from the model's own head). The memory of the pair's second sequence and of DPO's
+    frozen reference (full fine-tuning) is not yet counted."""
+    training: TrainingSpec = spec.training
+    if str(getattr(spec, "objective", "sft")) == "sft":
+        return training
+    return training.model_copy(update={"packing": False, "liger": False, "torch_compile": Toggle.NEVER})
+
+
 def method_of(spec: Any) -> MethodArgs:
     """:func:`make_plan`'s method arguments for a FineTuneJob spec: LoRA or full, QLoRA, DoRA."""
     lora = str(spec.method) == "lora"

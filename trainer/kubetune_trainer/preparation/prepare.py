@@ -18,7 +18,9 @@ reports and why it refuses are the contract of :mod:`kubetune_api.preparation`:
    TRL's own dataset preparation (chat template, assistant and completion masks, labels) and saved
    with ``save_to_disk`` under ``prepared/data/<key>/``, ``key`` a hash of everything that changes
    the tokens. The trainer hands these to TRL, which packs or truncates them as it would have
-   done after its own tokenization: the same tokens and labels either way;
+   done after its own tokenization: the same tokens and labels either way. Preference pairs
+   (objective dpo or orpo: :mod:`..sources.preference`) are measured with the tokenizer (a prompt
+   that fills maxLength is refused) and kept as checked: TRL's preference trainers tokenize them;
 3. the statistics and the estimate (:mod:`..plan.estimate`: the trainer's plan for the GPUs the job asks
    for), the manifest (``prepared/manifest.json``) and the report (``prepared/report.json``, and
    the pod's termination message for the operator).
@@ -60,7 +62,7 @@ from .. import settings
 from ..plan import estimate
 from ..plan.plan import shape_from_config
 from ..process import Dist, load_config, setup_logging, share_cpus, skip_unused_libraries
-from ..sources import chain, data_check
+from ..sources import chain, data_check, preference
 from ..sources.chat import ensure_chat_format
 from ..sources.data import check_raw_data, raw_datasets
 from ..sources.data_check import BadInputError, DataCheck, DataError
@@ -101,6 +103,8 @@ class Refused(Exception):  # noqa: N818  a refusal, not an error of kubetune's
 
 # What a DataError's message says, as a refusal reason (the first that matches; else DatasetSchema).
 _DATA_REFUSALS = (
+    (preference.MISSING_COLUMNS, Refusal.PREFERENCE_COLUMNS),
+    (preference.SAME_ANSWERS, Refusal.IDENTICAL_ANSWERS),
     ("the file has no rows", Refusal.DATASET_EMPTY),
     ("no .jsonl, .json or .parquet files", Refusal.DATASET_EMPTY),
     ("has no 'assistant' message", Refusal.NO_ASSISTANT_TURNS),
@@ -416,6 +420,45 @@ def tokenize(cfg: TrainerConfig, tokenizer: Any, dataset: Any, name: str) -> Any
         ) from e
 
 
+def pair_stats(cfg: TrainerConfig, tokenizer: Any, train: Any, evaluation: Any) -> DataStats:
+    """What preference training sees of the pairs: a pair is as long as its prompt and its longer
+    answer; its tokens are both sequences (prompt + chosen, prompt + rejected) up to maxLength, of which
+    the answers' count in the loss. A prompt that fills maxLength is refused (:data:`Refusal.PROMPT_TRUNCATED`)."""
+    limit = cfg.spec.training.max_length
+    lengths: list[int] = []
+    tokens = loss_tokens = truncated = 0
+    filled: list[int] = []
+    for n, row in enumerate(train, 1):
+        prompt, chosen, rejected = preference.pair_lengths(tokenizer, row)
+        if prompt >= limit:
+            filled.append(n)
+        lengths.append(prompt + max(chosen, rejected))
+        truncated += prompt + max(chosen, rejected) > limit
+        for answer in (chosen, rejected):
+            tokens += min(limit, prompt + answer)
+            loss_tokens += max(0, min(limit, prompt + answer) - prompt)
+    if filled:
+        first = ", ".join(str(n) for n in filled[:5])
+        raise Refused(
+            Refusal.PROMPT_TRUNCATED,
+            f"{len(filled)} of {len(lengths)} training pairs have a prompt of spec.training.maxLength {limit} "
+            f"tokens or more (row(s) {first}{', ...' if len(filled) > 5 else ''} of split "
+            f"{cfg.spec.dataset.split!r}): neither answer would be seen",
+        )
+    lengths.sort()
+    count = len(lengths)
+    return DataStats(
+        train_examples=count,
+        eval_examples=len(evaluation) if evaluation is not None else 0,
+        tokens=tokens,
+        length_p50=_percentile(lengths, 0.5),
+        length_p95=_percentile(lengths, 0.95),
+        length_max=lengths[-1] if lengths else 0,
+        truncated_fraction=truncated / count if count else 0.0,
+        loss_token_fraction=round(loss_tokens / tokens, 4) if tokens else 0.0,
+    )
+
+
 def _percentile(sorted_values: list[int], q: float) -> int:
     if not sorted_values:
         return 0
@@ -462,9 +505,15 @@ def check_truncation(cfg: TrainerConfig, data: DataStats) -> None:
         )
 
 
-def check_template(cfg: TrainerConfig, has_template: bool, fmt: str) -> None:
+def check_template(cfg: TrainerConfig, has_template: bool, fmt: str, train: Any = None) -> None:
 
-    if fmt == DatasetFormat.MESSAGES and not has_template:
+    chat = fmt == DatasetFormat.MESSAGES or (
+        fmt == preference.PAIR_FORMAT
+        and train is not None
+        and len(train)
+        and preference.is_conversational(train[0])
+    )
+    if chat and not has_template:
         where = cfg.spec.model.name or cfg.spec.model.path
         raise Refused(
             Refusal.CHAT_TEMPLATE_MISSING,
@@ -498,6 +547,9 @@ def _tokenized(
         log.info("tokenized data %s: already on the volume", key)
         evaluation_tok = load_from_disk(str(folder / "eval")) if (folder / "eval").is_dir() else None
         return load_from_disk(str(folder / "train")), evaluation_tok, True
+    if cfg.spec.prefers:
+        # pairs are kept as checked: TRL's preference trainers tokenize them (prompt and each answer)
+        return train, evaluation, False
     train_tok = tokenize(cfg, tokenizer, train, "train")
     eval_tok = tokenize(cfg, tokenizer, evaluation, "eval") if evaluation is not None else None
     return train_tok, eval_tok, False
@@ -543,11 +595,13 @@ def prepare(cfg: TrainerConfig, *, root: Path | None = None) -> PreparationRepor
     model_dir, model_entry = _model(cfg, root, previous)
     tokenizer, has_template = _tokenizer(cfg, model_dir)
     checked, train, evaluation, fmt = load(cfg, root)
-    check_template(cfg, has_template, fmt)
+    check_template(cfg, has_template, fmt, train)
     tok_hash = tokenizer_hash(model_dir)
     key = tokenization_key(cfg, tok_hash, checked.data_hash, fmt)
     train_tok, eval_tok, reused = _tokenized(cfg, root, key, tokenizer, train, evaluation)
-    data = stats(cfg, train_tok, eval_tok)
+    data = (
+        pair_stats(cfg, tokenizer, train, evaluation) if cfg.spec.prefers else stats(cfg, train_tok, eval_tok)
+    )
     check_truncation(cfg, data)
     est = _estimate(cfg, model_dir, data)
     if not reused:  # only what passed every check is kept

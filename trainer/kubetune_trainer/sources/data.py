@@ -17,7 +17,7 @@ from kubetune_api.spec import DatasetFormat, DatasetSource
 from kubetune_api.trainer_config import TrainerConfig
 
 from .. import settings
-from . import data_check
+from . import data_check, preference
 from .data_check import COLUMNS, DataCheck, DataError
 from .data_check import data_files as _data_files
 from .layout import LayoutError, convert_dataset, layout_of
@@ -69,7 +69,10 @@ def keep_columns(dataset: Any, fmt: str) -> Any:
 
 
 def check_raw_data(cfg: TrainerConfig) -> DataCheck:
-    """The data pre-check of the data as it is now (never what a preparation recorded)."""
+    """The data pre-check of the data as it is now (never what a preparation recorded): preference
+    pairs (:mod:`.preference`) for objective dpo or orpo, else SFT rows (:mod:`.data_check`)."""
+    if cfg.spec.prefers and cfg.spec.dataset.path:
+        return preference.check_files(cfg.spec.dataset)
     return data_check.check(
         cfg.spec.dataset,
         assistant_only_loss=cfg.spec.training.assistant_only_loss,
@@ -95,6 +98,12 @@ def raw_datasets(cfg: TrainerConfig, checked: DataCheck) -> tuple[Any, Any, str]
     """The splits as the spec's source holds them now, in kubetune's own columns (what preparation
     tokenizes)."""
     src = cfg.spec.dataset
+    if cfg.spec.prefers:  # pairs as named (the API refuses layouts and renamed columns for them)
+        train, evaluation = load_splits(src, revision=checked.revision)
+        if checked.format is None:
+            preference.check_loaded(train, evaluation, src)
+        keep = preference.keep_pair_columns
+        return keep(train), keep(evaluation), preference.PAIR_FORMAT
     train, evaluation = converted(src, *load_splits(src, revision=checked.revision))
     if checked.format is not None:
         fmt = checked.format  # every row was read and checked already

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from kubetune_api.rules import ALL_LINEAR
-from kubetune_api.spec import Method
+from kubetune_api.spec import Method, Objective
 from kubetune_api.trainer_config import TrainerConfig
 from kubetune_api.tuning import TuningConfig
 
 from .. import settings
-from ..plan.plan import ModelShape, shape_from_config
+from ..plan.plan import ModelShape, shape_from_config, training_of
 from ..sources.data import check_raw_data, raw_datasets
 from ..sources.data_check import DataCheck
 from ..sources.model import model_source
@@ -127,16 +127,20 @@ def build_datasets(cfg: TrainerConfig, checked: DataCheck | None = None) -> tupl
 # --- trainer ---------------------------------------------------------------------------------------
 
 
-# long: one TRL argument list, each argument beside the reason it has that value
-def build_sft_config(
-    cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool, tuning: TuningConfig | None = None
-) -> Any:
-    """TRL's arguments for ``plan``. ``tuning`` (default: none set) may size DDP's all-reduce buckets
-    (MB; PyTorch's 25 otherwise) and keep FSDP2's gathered weights from the forward for the backward
-    (``fsdp_reshard`` off: one all-gather a step instead of two, the memory of a replica's weights).
-    For measuring on a given machine; the plan does not set them."""
-    from trl import SFTConfig
+def plan_training(cfg: TrainerConfig) -> Any:
+    """spec.training as the plan reads it (:func:`..plan.plan.training_of`: no packing for pairs)."""
+    return training_of(cfg.spec)
 
+
+# long: one TRL argument list, each argument beside the reason it has that value
+def training_arguments(
+    cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool, tuning: TuningConfig | None = None
+) -> dict[str, Any]:
+    """The arguments every TRL trainer of a job takes for ``plan`` (transformers' own: steps, batches,
+    schedule, precision, saving, logging, DDP or FSDP). ``tuning`` (default: none set) may size DDP's
+    all-reduce buckets (MB; PyTorch's 25 otherwise) and keep FSDP2's gathered weights from the forward
+    for the backward (``fsdp_reshard`` off: one all-gather a step instead of two, the memory of a
+    replica's weights). For measuring on a given machine; the plan does not set them."""
     tuning = tuning or TuningConfig()
     bucket_mb, reshard = tuning.ddp_bucket_mb, tuning.fsdp_reshard
 
@@ -176,7 +180,7 @@ def build_sft_config(
             "state_dict_type": "FULL_STATE_DICT",
             "activation_checkpointing": plan.gradient_checkpointing,
         }
-    return SFTConfig(
+    return dict(
         output_dir=str(root),
         **steps_or_epochs,
         per_device_train_batch_size=plan.per_device_batch_size,
@@ -199,16 +203,6 @@ def build_sft_config(
         # kubetune compiles the decoder layers itself (fast.compile_layers), not the whole model
         torch_compile=False,
         max_length=t.max_length,
-        packing=plan.packing,
-        packing_strategy="bfd",
-        padding_free=plan.padding_free,
-        # float8 products need every dimension a multiple of 16, the micro-step's token count too (the
-        # inner dimension of the weight gradient's product): up to 15 padding tokens, each its own
-        # one-token sequence with no label
-        pad_to_multiple_of=16 if plan.fp8 != "off" else None,
-        # prepared data carries its labels (the assistant mask applied): TRL must not look for chat rows
-        assistant_only_loss=t.assistant_only_loss and prepared(cfg) is None,
-        dataset_text_field="text",
         logging_steps=t.logging_steps,
         logging_first_step=True,
         save_strategy="steps",
@@ -233,14 +227,72 @@ def build_sft_config(
     )
 
 
-def trainer_class() -> Any:
-    """TRL's SFTTrainer with kubetune's fixes; the place for the performance work to hook in."""
+def build_sft_config(
+    cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool, tuning: TuningConfig | None = None
+) -> Any:
+    """TRL's SFTConfig for ``plan``: :func:`training_arguments` and SFT's packing and masks."""
+    from trl import SFTConfig
+
+    t = cfg.spec.training
+    return SFTConfig(
+        **training_arguments(cfg, plan, has_eval=has_eval, progress_bar=progress_bar, tuning=tuning),
+        packing=plan.packing,
+        packing_strategy="bfd",
+        padding_free=plan.padding_free,
+        # float8 products need every dimension a multiple of 16, the micro-step's token count too (the
+        # inner dimension of the weight gradient's product): up to 15 padding tokens, each its own
+        # one-token sequence with no label
+        pad_to_multiple_of=16 if plan.fp8 != "off" else None,
+        # prepared data carries its labels (the assistant mask applied): TRL must not look for chat rows
+        assistant_only_loss=t.assistant_only_loss and prepared(cfg) is None,
+        dataset_text_field="text",
+    )
+
+
+def build_preference_config(
+    cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool, tuning: TuningConfig | None = None
+) -> Any:
+    """TRL's DPOConfig or ORPOConfig (spec.objective) for ``plan``: :func:`training_arguments` and beta.
+    Dropout stays as the spec sets it (TRL turns it off by default; spec.lora.dropout is the user's)."""
+    common = training_arguments(cfg, plan, has_eval=has_eval, progress_bar=progress_bar, tuning=tuning)
+    beta = cfg.spec.preference_settings().beta
+    if cfg.spec.objective == Objective.ORPO:
+        from trl.experimental.orpo import ORPOConfig
+
+        return ORPOConfig(**common, beta=beta, disable_dropout=False)
+    from trl import DPOConfig
+
+    return DPOConfig(**common, beta=beta, disable_dropout=False)
+
+
+def build_config(
+    cfg: TrainerConfig, plan: Any, *, has_eval: bool, progress_bar: bool, tuning: TuningConfig | None = None
+) -> Any:
+    """TRL's arguments for the job's objective."""
+    build = build_preference_config if cfg.spec.prefers else build_sft_config
+    return build(cfg, plan, has_eval=has_eval, progress_bar=progress_bar, tuning=tuning)
+
+
+def preference_trainer(cfg: TrainerConfig) -> Any:
+    """TRL's trainer for spec.objective dpo (DPOTrainer) or orpo (ORPOTrainer, in trl.experimental)."""
+    if cfg.spec.objective == Objective.ORPO:
+        from trl.experimental.orpo import ORPOTrainer
+
+        return ORPOTrainer
+    from trl import DPOTrainer
+
+    return DPOTrainer
+
+
+def trainer_class(base: Any = None) -> Any:
+    """TRL's trainer (SFTTrainer, or ``base``: a preference trainer) with kubetune's fixes; the place
+    for the performance work to hook in."""
     from trl import SFTTrainer
 
     from .callbacks import ScheduledCollection, paused_gc
     from .preemption import workers_ignore_sigterm
 
-    class KubetuneSFTTrainer(SFTTrainer):
+    class KubetuneTrainer(base or SFTTrainer):  # type: ignore[misc]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             # Python's garbage collector at fixed steps on every rank, not at random (callbacks.paused_gc)
@@ -300,7 +352,7 @@ def trainer_class() -> Any:
             )
             self.lr_scheduler.load_state_dict(torch.load(folder / SCHEDULER_NAME, weights_only=True))
 
-    return KubetuneSFTTrainer
+    return KubetuneTrainer
 
 
 def build_trainer(
@@ -313,7 +365,21 @@ def build_trainer(
     peft: Any,
     callbacks: list[Any],
     plan: Any = None,
+    cfg: TrainerConfig | None = None,
 ) -> Any:
+    if cfg is not None and cfg.spec.prefers:
+        # pairs, padded: no packing, Liger's fused loss or compiled layers (the plan turned them off).
+        # DPO's reference model is TRL's: under LoRA the model with its adapter off, else a frozen copy
+        # loaded from the model's own folder; ORPO has none.
+        return trainer_class(preference_trainer(cfg))(
+            model=model,
+            args=args,
+            train_dataset=train,
+            eval_dataset=evaluation,
+            processing_class=tokenizer,
+            peft_config=peft,
+            callbacks=callbacks,
+        )
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):

@@ -40,6 +40,15 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 15.0
 PatchFn = Callable[[dict[str, Any]], None]
+# What TRL's preference trainers log (DPO and ORPO alike) -> status.progress: the chosen answer's reward
+# above the rejected one's, and the share of pairs where it is above (MLflow keeps TRL's names, with _
+# for /: rewards_margins, eval_rewards_accuracies)
+PREFERENCE_METRICS = {
+    "rewards/margins": "rewardMargin",
+    "rewards/accuracies": "rewardAccuracy",
+    "eval_rewards/margins": "evalRewardMargin",
+    "eval_rewards/accuracies": "evalRewardAccuracy",
+}
 
 
 def _shown(loss: float | None) -> float | None:
@@ -70,6 +79,9 @@ class ProgressState:
     eval_loss: float | None = None
     # the base model's eval loss, before the first step (evaluation.base_eval; catalog.base_eval_loss)
     base_eval_loss: float | None = None
+    # preference tuning's rewards (TRL's rewards/margins and rewards/accuracies, with eval_ before them
+    # at an evaluation): status.progress.rewardMargin and the like (PREFERENCE_METRICS)
+    rewards: dict[str, float] = field(default_factory=dict)
     tokens_per_second: float | None = None
     eta_seconds: int | None = None
     checkpoint_latest: str | None = None
@@ -103,6 +115,7 @@ class ProgressState:
             "loss": _shown(self.loss),
             "evalLoss": _shown(self.eval_loss),
             "baseEvalLoss": _shown(self.base_eval_loss),
+            **{key: _shown(value) for key, value in self.rewards.items()},
             "tokensPerSecond": round(self.tokens_per_second, 1) if self.tokens_per_second else None,
             "etaSeconds": self.eta_seconds,
             "updatedAt": _now_rfc3339(),
@@ -110,7 +123,7 @@ class ProgressState:
         sent: dict[str, Any] = {k: v for k, v in progress.items() if v is not None}
         # JSON has no NaN or infinity: the API server refused the whole update with one in it, so
         # the status kept an old, finite loss. A null in a merge patch removes the field instead.
-        for key in ("loss", "evalLoss", "baseEvalLoss"):
+        for key in ("loss", "evalLoss", "baseEvalLoss", *PREFERENCE_METRICS.values()):
             value = sent.get(key)
             if isinstance(value, float) and not math.isfinite(value):
                 sent[key] = None
@@ -216,6 +229,9 @@ class ProgressReporter:
             self.state.loss = float(logs["loss"])
         if "eval_loss" in logs:
             self.state.eval_loss = float(logs["eval_loss"])
+        for logged, key in PREFERENCE_METRICS.items():
+            if logged in logs:
+                self.state.rewards[key] = float(logs[logged])
         if tokens_per_second:
             self.state.tokens_per_second = tokens_per_second
 

@@ -51,14 +51,16 @@ from ..sources.data_check import EXIT_BAD_INPUT, BadInputError, DataCheck
 from ..volume import catalog, checkpoints, resume
 from . import evaluation, failures, oom, quantization
 from .build import (
+    build_config,
     build_datasets,
     build_model,
     build_peft_config,
-    build_sft_config,
+    build_sft_config,  # noqa: F401 (kubetune_trainer.training.train.build_sft_config: the bench and tests)
     build_tokenizer,
     build_trainer,
     check_data,
     model_shape,
+    plan_training,
 )
 from .ledger import Ledger, process_start_time
 from .preemption import PreemptionGuard, barrier
@@ -338,7 +340,7 @@ def _plan(cfg: TrainerConfig, retries: list[dict[str, Any]] | None = None) -> An
     if fraction is not None:
         log.info("GPU memory capped at %.0f%% of the GPU (%s)", 100 * fraction, GPU_MEMORY_ENV)
     plan = run_plan.make_plan(
-        cfg.spec.training, hw, shape=model_shape(cfg), tuning=tuning, **run_plan.method_of(cfg.spec)
+        plan_training(cfg), hw, shape=model_shape(cfg), tuning=tuning, **run_plan.method_of(cfg.spec)
     )
     plan = oom.apply(plan, retries or [])
     for what, why in plan.reasons.items():
@@ -450,7 +452,7 @@ def _fit(
     tokenizer = build_tokenizer(cfg)
     model = build_model(cfg, plan, varlen_kernel=tuning.varlen_kernel)
     ensure_chat_format(model, tokenizer)
-    args = build_sft_config(
+    args = build_config(
         cfg, plan, has_eval=eval_ds is not None, progress_bar=attempt.progress_bar, tuning=tuning
     )
     callback = _callback(attempt, tracker, reporter, plan, ledger, extra_status)
@@ -463,6 +465,7 @@ def _fit(
         peft=build_peft_config(cfg),
         callbacks=[callback],
         plan=plan,
+        cfg=cfg,
     )
     if reporter is not None:
         reporter.state.total_steps = _planned_steps(trainer)
