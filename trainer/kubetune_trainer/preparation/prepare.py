@@ -445,7 +445,14 @@ def pair_stats(cfg: TrainerConfig, tokenizer: Any, train: Any, evaluation: Any) 
             f"tokens or more (row(s) {first}{', ...' if len(filled) > 5 else ''} of split "
             f"{cfg.spec.dataset.split!r}): neither answer would be seen",
         )
-    lengths.sort()
+    return _data_stats(lengths, evaluation, tokens, loss_tokens, truncated)
+
+
+def _data_stats(
+    lengths: list[int], evaluation: Any, tokens: int, loss_tokens: int, truncated: int
+) -> DataStats:
+    """The statistics of the training rows (``lengths``: each row's, before truncation), SFT's or pairs'."""
+    lengths = sorted(lengths)
     count = len(lengths)
     return DataStats(
         train_examples=count,
@@ -454,6 +461,7 @@ def pair_stats(cfg: TrainerConfig, tokenizer: Any, train: Any, evaluation: Any) 
         length_p50=_percentile(lengths, 0.5),
         length_p95=_percentile(lengths, 0.95),
         length_max=lengths[-1] if lengths else 0,
+        # not rounded: the refusal compares it with the allowed share (1 of 20,001 is above 0)
         truncated_fraction=truncated / count if count else 0.0,
         loss_token_fraction=round(loss_tokens / tokens, 4) if tokens else 0.0,
     )
@@ -478,19 +486,7 @@ def stats(cfg: TrainerConfig, train: Any, evaluation: Any) -> DataStats:
         tokens += len(kept)
         loss_tokens += sum(1 for label in kept if label != -100)
         truncated += n > limit
-    lengths.sort()
-    count = len(lengths)
-    return DataStats(
-        train_examples=count,
-        eval_examples=len(evaluation) if evaluation is not None else 0,
-        tokens=tokens,
-        length_p50=_percentile(lengths, 0.5),
-        length_p95=_percentile(lengths, 0.95),
-        length_max=lengths[-1] if lengths else 0,
-        # not rounded: the refusal compares it with the allowed share (1 of 20,001 is above 0)
-        truncated_fraction=truncated / count if count else 0.0,
-        loss_token_fraction=round(loss_tokens / tokens, 4) if tokens else 0.0,
-    )
+    return _data_stats(lengths, evaluation, tokens, loss_tokens, truncated)
 
 
 def check_truncation(cfg: TrainerConfig, data: DataStats) -> None:

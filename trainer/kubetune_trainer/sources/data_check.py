@@ -323,16 +323,23 @@ def problem_in_row(row: dict[str, Any], fmt: str, *, assistant_only_loss: bool =
     return _pair_problem(row.get("prompt"), row.get("completion"))
 
 
+def value_problem(column: str, value: Any, expected: str) -> str | None:
+    """What is wrong with one column's value where a string or a list of messages (no assistant turn
+    needed) is expected: None where it is one."""
+    if isinstance(value, list):
+        return _messages_problem(value, column, assistant_needed=False)
+    if not isinstance(value, str):
+        what = "missing" if value is None else _kind(value)
+        return f"column {column!r} is {what}; expected {expected}"
+    return None
+
+
 def _pair_problem(prompt: Any, completion: Any) -> str | None:
     """What is wrong with a prompt/completion row's two values (None: both strings or both messages)."""
     for column, value in (("prompt", prompt), ("completion", completion)):
-        if isinstance(value, list):
-            problem = _messages_problem(value, column, assistant_needed=False)
-            if problem:
-                return problem
-        elif not isinstance(value, str):
-            what = "missing" if value is None else _kind(value)
-            return f"column {column!r} is {what}; expected a string (or a list of messages)"
+        problem = value_problem(column, value, "a string (or a list of messages)")
+        if problem:
+            return problem
     if isinstance(prompt, list) != isinstance(completion, list):
         return "'prompt' and 'completion' differ in kind; expected both strings or both lists of messages"
     return None

@@ -33,11 +33,10 @@ from .data_check import (
     DataCheck,
     DataError,
     _check_eval_fraction,
-    _kind,
-    _messages_problem,
     content_hash,
     file_rows,
     splits_of,
+    value_problem,
 )
 
 # The row format of preference data (beside data_check.COLUMNS' SFT formats; never a spec value)
@@ -84,14 +83,10 @@ def pair_problem(row: dict[str, Any]) -> str | None:
     conversational = None
     for column in PAIR_COLUMNS:
         value = row.get(column)
-        if isinstance(value, list):
-            problem = _messages_problem(value, column, assistant_needed=False)
-            if problem:
-                return problem
-        elif not isinstance(value, str):
-            what = "missing" if value is None else _kind(value)
-            return f"column {column!r} is {what}; expected {_EXPECTED}"
-        elif column != "prompt" and not value.strip():
+        problem = value_problem(column, value, _EXPECTED)
+        if problem:
+            return problem
+        if isinstance(value, str) and column != "prompt" and not value.strip():
             return f"column {column!r} is an empty string; expected an answer to the prompt"
         kind = isinstance(value, list)
         if conversational is not None and kind != conversational:

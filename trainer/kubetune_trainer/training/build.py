@@ -367,34 +367,27 @@ def build_trainer(
     plan: Any = None,
     cfg: TrainerConfig | None = None,
 ) -> Any:
+    common: dict[str, Any] = {
+        "model": model,
+        "args": args,
+        "train_dataset": train,
+        "eval_dataset": evaluation,
+        "processing_class": tokenizer,
+        "peft_config": peft,
+        "callbacks": callbacks,
+    }
     if cfg is not None and cfg.spec.prefers:
         # pairs, padded: no packing, Liger's fused loss or compiled layers (the plan turned them off).
         # DPO's reference model is TRL's: under LoRA the model with its adapter off, else a frozen copy
         # loaded from the model's own folder; ORPO has none.
-        return trainer_class(preference_trainer(cfg))(
-            model=model,
-            args=args,
-            train_dataset=train,
-            eval_dataset=evaluation,
-            processing_class=tokenizer,
-            peft_config=peft,
-            callbacks=callbacks,
-        )
+        return trainer_class(preference_trainer(cfg))(**common)
     cls = trainer_class()
     compiled = plan is not None and plan.torch_compile
     if plan is not None and plan.liger and fast.apply_liger(model, layer_kernels=not compiled):
         cls = fast.fast_trainer_class(
             cls, max_length=args.max_length if compiled else None, loss_chunk_factor=plan.loss_chunk_factor
         )
-    trainer = cls(
-        model=model,
-        args=args,
-        train_dataset=train,
-        eval_dataset=evaluation,
-        processing_class=tokenizer,
-        peft_config=peft,
-        callbacks=callbacks,
-    )
+    trainer = cls(**common)
     if compiled:
         assert plan is not None
         if plan.fp8 != "off":
