@@ -43,6 +43,28 @@ def test_varlen_kernel_matches_reference_with_gqa(kernel: str, monkeypatch: pyte
         assert err < 2e-2, (kernel, float(err))
 
 
+def test_varlen_kernel_takes_fp32_inputs_as_qlora_gives_them() -> None:
+    """QLoRA's fp32 hidden states give fp32 q, k, v: computed in bf16, returned in fp32, gradients flow."""
+    torch.manual_seed(0)
+    lengths = [300, 17, 700]
+    total = sum(lengths)
+    q, k, v = (
+        torch.randn(total, heads, 128, device="cuda", dtype=torch.float32, requires_grad=True)
+        for heads in (16, 4, 4)
+    )
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    query, key, value = (t.transpose(0, 1)[None] for t in (q, k, v))
+    out, _ = varlen.varlen_attention_forward(
+        None, query, key, value, None, scaling=128**-0.5, cu_seq_lens_q=cu, max_length_q=max(lengths)
+    )
+    assert out.dtype == torch.float32
+    kk, vv = (t.detach().repeat_interleave(4, dim=1) for t in (k, v))
+    ref = varlen.reference(q.detach(), kk, vv, cu, 128**-0.5, None)
+    torch.testing.assert_close(out[0], ref, atol=2e-2, rtol=2e-2)
+    out.sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.float32
+
+
 def test_packed_fused_loss_matches_padded_loss_on_gpu() -> None:
     varlen.register()
     cfg = transformers.Qwen2Config(

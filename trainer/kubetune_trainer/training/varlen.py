@@ -126,10 +126,28 @@ def varlen_attention_forward(
     if query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
+        # FlashAttention takes bf16/fp16 only; QLoRA's hidden states are fp32 (the norms PEFT's k-bit
+        # preparation keeps in fp32), so q, k and v arrive in fp32: computed in bf16 and the output
+        # cast back, as transformers' FlashAttention integration does
+        wide = _narrow_dtype(query)
+        if wide is not None:
+            q, k, v = q.to(wide[1]), k.to(wide[1]), v.to(wide[1])
         out: Any = varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scaling, window_size=window)
+        if wide is not None:
+            out = out.to(wide[0])
     else:
         out = by_runs(q, k, v, cu, scaling, sliding_window)
     return out.reshape(batch, seq, q_heads, dim), None
+
+
+def _narrow_dtype(query: Any) -> tuple[Any, Any] | None:
+    """(fp32, the dtype to compute in) when ``query`` is fp32: autocast's, else bf16; None otherwise."""
+    import torch
+
+    if query.dtype != torch.float32:
+        return None
+    target = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else torch.bfloat16
+    return query.dtype, target
 
 
 def reference(q: Any, k: Any, v: Any, cu: Any, scaling: float | None, sliding_window: int | None) -> Any:
